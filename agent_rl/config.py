@@ -494,7 +494,8 @@ class SFTTrainerConfig:
     total_training_steps: int | None = None
     """Stop after this many optimizer steps (None: epochs decide)."""
     max_time_s: float | None = None
-    """Stop (and save) once this many seconds of training have passed (None: no limit)."""
+    """Training time budget in seconds: stop (and save) before a step that would end past it,
+    judged by the mean step time so far (None: no limit; model load and save come on top)."""
     save_freq: int = -1
     """Resumable checkpoint every K steps (-1: only the final model)."""
     test_freq: int = -1

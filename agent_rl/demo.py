@@ -22,6 +22,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
+# One config for demonstrations, evaluation and GRPO: the SFT model learns the observations
+# (topk, lengths, template) it will see in evaluation and RL.
+TRAIN_CFG = "configs/train/demo_grpo_cpu.yaml"
 
 
 class PeakMemory:
@@ -119,10 +122,9 @@ def train_and_evaluate(args: argparse.Namespace, work: Path, base_url: str) -> P
     """Demonstrations -> SFT -> eval -> GRPO -> eval -> report; returns the report's path."""
     kb, runs = work / "kb", work / "demo_runs"
     demos, sft_dir, rl_dir = work / "demos" / "kb_train.parquet", runs / "sft", runs / "grpo"
-    train_cfg = "configs/train/demo_grpo_cpu.yaml"
     if not demos.exists():
         run([PY, "-m", "data_prep", "demos", "--qa", str(kb / "train.parquet"), "--retriever-url", base_url,
-             "--out", str(demos), "--config", train_cfg, "--limit", str(args.demos)],
+             "--out", str(demos), "--config", TRAIN_CFG, "--limit", str(args.demos)],
             "build grounded demonstrations (real retriever observations)")
     if not (sft_dir / "model" / "config.json").exists():
         run([PY, "-m", "agent_rl.sft", "--config", "configs/sft/demo_cpu.yaml", f"data.train_files=[{demos}]",
@@ -131,7 +133,7 @@ def train_and_evaluate(args: argparse.Namespace, work: Path, base_url: str) -> P
     evals = {}
     for label, model in [("base", work / "model"), ("SFT", sft_dir)]:
         evals[label] = evaluate(label, model, base_url, kb, runs, args.eval_limit)
-    run([PY, "-m", "agent_rl.train_cli", "--config", train_cfg, f"actor_rollout_ref.model.path={sft_dir / 'model'}",
+    run([PY, "-m", "agent_rl.train_cli", "--config", TRAIN_CFG, f"actor_rollout_ref.model.path={sft_dir / 'model'}",
          f"retriever.url=[{base_url}/retrieve]", f"trainer.total_training_steps={args.rl_steps}",
          f"trainer.save_freq={args.rl_steps}", f"trainer.default_local_dir={rl_dir}", "trainer.resume_mode=disable"],
         f"GRPO for {args.rl_steps} steps from the SFT model")
@@ -140,8 +142,9 @@ def train_and_evaluate(args: argparse.Namespace, work: Path, base_url: str) -> P
 
 
 def evaluate(label: str, model: Path, base_url: str, kb: Path, runs: Path, limit: int) -> Path:
+    """Greedy evaluation with the RL run's settings (template, lengths, topk) in the three modes."""
     out = runs / f"eval_{label.lower().replace('+', '_')}"
-    run([PY, "-m", "agent_rl.evaluate", "--model", str(model), "--retriever-url", base_url,
+    run([PY, "-m", "agent_rl.evaluate", "--model", str(model), "--config", TRAIN_CFG, "--retriever-url", base_url,
          "--data", str(kb / "test.parquet"), "--mode", "agent", "rag", "direct", "--limit", str(limit),
          "--out", str(out), "--no-progress"], f"evaluate {label} (agent / rag / direct, {limit} questions)")
     return out

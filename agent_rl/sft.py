@@ -157,7 +157,7 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path | None = None,
 
     from tqdm import tqdm
 
-    t_start = time.perf_counter()
+    t_start, first_step = time.perf_counter(), step
     try:
         with tqdm(total=total, initial=step, desc="sft", unit="step", dynamic_ncols=True) as bar:
             while step < total:
@@ -174,7 +174,10 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path | None = None,
                     "sft/epoch": step / steps_per_epoch,
                     "timing/step": dt,
                 })
-                out_of_time = tr.max_time_s is not None and time.perf_counter() - t_start >= tr.max_time_s
+                # stop before a step that would end past the budget (mean step time so far)
+                elapsed = time.perf_counter() - t_start
+                done_here = step - first_step
+                out_of_time = tr.max_time_s is not None and elapsed + elapsed / done_here > tr.max_time_s
                 last = step == total or out_of_time
                 if val and ((tr.test_freq > 0 and step % tr.test_freq == 0) or last):
                     metrics["sft/val_loss"] = validation_loss(actor, val, bs)
@@ -189,8 +192,8 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path | None = None,
                 if tr.save_freq > 0 and step % tr.save_freq == 0 and not last:
                     save_checkpoint(step)
                 if out_of_time:
-                    print(f"\n[sft] time budget trainer.max_time_s={tr.max_time_s:g} reached at step {step}/{total}",
-                          flush=True)
+                    print(f"\n[sft] time budget trainer.max_time_s={tr.max_time_s:g}: stopping at step {step}/{total} "
+                          f"(another step would end past it)", flush=True)
                     break
         model_dir = run_dir / "model"
         actor.call_all("save", str(model_dir))

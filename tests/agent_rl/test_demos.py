@@ -34,7 +34,7 @@ def _cfg(topk: int = 1, **data) -> TrainConfig:
     return cfg
 
 
-# observations of 3 passages cut to 96 tokens (configs/train/demo_grpo_cpu.yaml)
+# observations of 3 passages cut to 96 tokens
 TRUNCATING = dict(topk=3, max_obs_length=96, max_response_length=512)
 
 
