@@ -110,19 +110,29 @@ def tiny_kb(tmp_path_factory):
     return out
 
 
-@pytest.fixture(scope="session")
-def retriever_url(tiny_kb, tmp_path_factory):
-    """A real retriever server (BM25 index over the tiny KB) in its own process."""
+def _serve(kb: Path, index_dir: Path, kind: str):
+    """Build a `kind` index of the KB and run a real retriever server over it; yields its URL."""
     try:
         from data_prep.indexing import build_index
         from retriever_server.launch import start_server, stop_server, wait_healthy
     except ImportError as e:
         pytest.skip(f"retriever server not available yet: {e}")
-    index_dir = tmp_path_factory.mktemp("index")
-    build_index(tiny_kb / "corpus.jsonl", index_dir, kind="bm25")
-    proc, base_url = start_server(index_dir, tiny_kb / "corpus.jsonl")
+    build_index(kb / "corpus.jsonl", index_dir, kind=kind, progress=False)
+    proc, base_url = start_server(index_dir, kb / "corpus.jsonl")
     try:
-        wait_healthy(base_url, timeout=120, proc=proc)
+        wait_healthy(base_url, timeout=300, proc=proc)
         yield base_url
     finally:
         stop_server(proc)
+
+
+@pytest.fixture(scope="session")
+def retriever_url(tiny_kb, tmp_path_factory):
+    """A real retriever server (BM25 index over the tiny KB) in its own process."""
+    yield from _serve(tiny_kb, tmp_path_factory.mktemp("index") / "bm25", "bm25")
+
+
+@pytest.fixture(scope="session")
+def dense_retriever_url(tiny_kb, tmp_path_factory):
+    """A real retriever server over a flat FAISS index of the tiny KB (the encoder path too)."""
+    yield from _serve(tiny_kb, tmp_path_factory.mktemp("index") / "flat", "flat")

@@ -227,31 +227,6 @@ def test_cli_bad_input(case, tmp_path, model_dir):
 
 
 # ----------------------------------------------------------------------------- real engine + retriever
-@pytest.fixture(scope="session")
-def eval_kb(tmp_path_factory):
-    from data_prep.synthetic import generate_kb
-
-    out = tmp_path_factory.mktemp("eval_kb")
-    generate_kb(out, seed=0, n_entities=60)
-    return out
-
-
-@pytest.fixture(scope="session")
-def eval_retriever(eval_kb, tmp_path_factory):
-    """A real retriever process over a flat dense index of the small KB."""
-    from data_prep.indexing import build_index
-    from retriever_server.launch import start_server, stop_server, wait_healthy
-
-    index = tmp_path_factory.mktemp("eval_index") / "flat"
-    build_index(eval_kb / "corpus.jsonl", index, kind="flat", progress=False)
-    proc, url = start_server(index, eval_kb / "corpus.jsonl")
-    try:
-        wait_healthy(url, timeout=300, proc=proc)
-        yield url
-    finally:
-        stop_server(proc)
-
-
 @pytest.fixture
 def spy_rollout(monkeypatch):
     """Records the question ids each RolloutManager.rollout call ran (the real call still runs)."""
@@ -270,9 +245,9 @@ def spy_rollout(monkeypatch):
 
 
 @pytest.mark.slow
-def test_resume_computes_only_missing_questions(aio, engine, eval_kb, tmp_path, spy_rollout):
+def test_resume_computes_only_missing_questions(aio, engine, tiny_kb, tmp_path, spy_rollout):
     n, k = 5, 2
-    prompts = ev.load_questions([eval_kb / "test.parquet"], limit=n, seed=0)
+    prompts = ev.load_questions([tiny_kb / "test.parquet"], limit=n, seed=0)
     out = tmp_path / "ev"
     run = lambda: aio(ev.run_evaluation(small_cfg(), prompts, ["direct"], out, engine=engine, progress=False), timeout=600)
     first = run()
@@ -321,14 +296,14 @@ def test_finished_evaluation_loads_no_engine(aio, tmp_path, model_dir, monkeypat
 
 
 @pytest.mark.slow
-def test_rag_and_agent_modes_with_real_retriever(aio, engine, eval_kb, eval_retriever, tmp_path, spy_rollout):
+def test_rag_and_agent_modes_with_real_retriever(aio, engine, tiny_kb, dense_retriever_url, tmp_path, spy_rollout):
     from agent_rl.retrieval_client import RetrieverClient, SyncRetrieverClient, format_passages
 
-    prompts = ev.load_questions([eval_kb / "test.parquet"], limit=2, seed=1)
-    cfg = small_cfg(**{"retriever.url": f"[{eval_retriever}]"})
+    prompts = ev.load_questions([tiny_kb / "test.parquet"], limit=2, seed=1)
+    cfg = small_cfg(**{"retriever.url": f"[{dense_retriever_url}]"})
 
     async def go():
-        client = RetrieverClient([eval_retriever])
+        client = RetrieverClient([dense_retriever_url])
         try:
             return await ev.run_evaluation(cfg, prompts, ["rag", "agent"], tmp_path / "ev", engine=engine,
                                            retriever=client, progress=False)
@@ -339,7 +314,7 @@ def test_rag_and_agent_modes_with_real_retriever(aio, engine, eval_kb, eval_retr
     assert res.computed == {"rag": 2, "agent": 2}
     recs = [json.loads(x) for x in (tmp_path / "ev" / ev.PREDICTIONS).read_text().splitlines()]
     by = {(r["mode"], r["id"]): r for r in recs}
-    with SyncRetrieverClient([eval_retriever]) as sync:
+    with SyncRetrieverClient([dense_retriever_url]) as sync:
         for p in prompts:
             # rag: the prompt holds exactly the top-k passages the server returns for the question
             docs = format_passages(sync.search([p.question], topk=2)[0]).strip()
@@ -355,12 +330,12 @@ def test_rag_and_agent_modes_with_real_retriever(aio, engine, eval_kb, eval_retr
 
 
 @pytest.mark.slow
-def test_rag_retrieval_failure_is_recorded(aio, engine, eval_kb, tmp_path):
+def test_rag_retrieval_failure_is_recorded(aio, engine, tiny_kb, tmp_path):
     """A retriever that dies mid-run: the question still gets an answer attempt, and the
     failure is in its record and the summary (a silent failure would flatter no baseline)."""
     from agent_rl.retrieval_client import RetrieverClient
 
-    prompts = ev.load_questions([eval_kb / "test.parquet"], limit=1, seed=2)
+    prompts = ev.load_questions([tiny_kb / "test.parquet"], limit=1, seed=2)
 
     async def go():
         dead = RetrieverClient(["http://127.0.0.1:9"], max_retries=0, connect_timeout=0.5)

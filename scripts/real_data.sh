@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The real-data run (issue 7): the README's commands on ../shared/data.
+#   wiki_35k corpus -> flat index -> retriever -> grounded demonstrations from NQ (AmbigQA
+#   train) and HotpotQA/2Wiki (R1-Searcher train) -> cold-start SFT -> evaluation of the base
+#   and SFT models on NQ test and HotpotQA dev samples in agent / rag / direct modes -> table.
+# Every step is skipped when its output exists, so an interrupted run continues.
+#   bash scripts/real_data.sh            (EVAL_N=500 questions per set, SFT_MINUTES=10, DEMOS_N=3000)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+SHARED=${AGENT_RL_SHARED_DATA:-../shared/data}
+OUT=${OUT:-artifacts/real}
+INDEX=${INDEX:-artifacts/wiki35k_flat}
+EVAL_N=${EVAL_N:-500}
+DEMOS_N=${DEMOS_N:-3000}
+SFT_MINUTES=${SFT_MINUTES:-10}
+PORT=${PORT:-8035}
+CFG=configs/train/wiki35k_grpo_cpu.yaml
+URL=http://127.0.0.1:$PORT
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_CPU_OMP_THREADS_BIND=all
+[ -f "$SHARED/corpus/wiki_35k.jsonl" ] || { echo "no $SHARED/corpus/wiki_35k.jsonl (set AGENT_RL_SHARED_DATA)" >&2; exit 2; }
+mkdir -p "$OUT"
+step() { echo; echo "[real] $*"; }
+
+step "QA sets into the system's format"
+for spec in "ambigqa/train.jsonl nq_train nq train" "r1searcher_train/train.jsonl hotpot_train hotpotqa_2wiki train" \
+            "nq/test.jsonl nq_test nq test" "hotpotqa/dev.jsonl hotpotqa_dev hotpotqa dev"; do
+  set -- $spec
+  [ -f "$OUT/$2.parquet" ] || $PY -m data_prep qa --input "$SHARED/qa/$1" --out "$OUT/$2.parquet" --source "$3" --split "$4"
+done
+$PY -m data_prep overlap --train "$OUT/nq_train.parquet" --test "$OUT/nq_test.parquet"
+$PY -m data_prep overlap --train "$OUT/hotpot_train.parquet" --test "$OUT/hotpotqa_dev.parquet"
+
+step "model and dense index of wiki_35k"
+$PY -m data_prep model --out artifacts/model
+[ -f "$INDEX/meta.json" ] || $PY -m data_prep index --corpus "$SHARED/corpus/wiki_35k.jsonl" --out "$INDEX" --kind flat
+
+step "retriever on $URL"
+$PY -m retriever_server --index "$INDEX" --corpus "$SHARED/corpus/wiki_35k.jsonl" --port "$PORT" --log-level warning \
+  > "$OUT/retriever.log" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null' EXIT
+for _ in $(seq 300); do curl -sf "$URL/health" >/dev/null && break; sleep 1; done
+curl -sf "$URL/health" >/dev/null || { echo "retriever did not come up: $OUT/retriever.log" >&2; exit 1; }
+
+step "grounded demonstrations"
+for qa in nq_train hotpot_train; do
+  [ -f "$OUT/demos_$qa.parquet" ] || $PY -m data_prep demos --qa "$OUT/$qa.parquet" --retriever-url "$URL" \
+    --out "$OUT/demos_$qa.parquet" --config "$CFG" --model artifacts/model --limit "$DEMOS_N" --dropped "$OUT/demos_$qa.dropped.jsonl"
+done
+
+step "cold-start SFT ($SFT_MINUTES min budget)"
+SFT=runs/sft/wiki35k_cpu
+[ -f "$SFT/model/config.json" ] || $PY -m agent_rl.sft --config configs/sft/wiki35k_cpu.yaml \
+  "data.train_files=[$OUT/demos_nq_train.parquet,$OUT/demos_hotpot_train.parquet]" \
+  "trainer.max_time_s=$((SFT_MINUTES * 60))" "trainer.default_local_dir=$SFT"
+
+step "evaluation: $EVAL_N questions of NQ test and HotpotQA dev, agent / rag / direct"
+for pair in "base artifacts/model" "sft $SFT"; do
+  set -- $pair
+  $PY -m agent_rl.evaluate --model "$2" --config "$CFG" --retriever-url "$URL" \
+    --data "$OUT/nq_test.parquet" "$OUT/hotpotqa_dev.parquet" --mode agent rag direct --limit "$EVAL_N" \
+    --out "runs/eval/real_$1" --no-progress
+done
+{ for src in nq hotpotqa; do
+    $PY -m agent_rl.report base=runs/eval/real_base SFT=runs/eval/real_sft --source "$src"; done
+} | tee "$OUT/report.md"
