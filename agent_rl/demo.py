@@ -35,6 +35,7 @@ class PeakMemory:
 
         self._psutil = psutil
         self.peak = 0
+        self.stage_peak = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(every_s,), daemon=True)
 
@@ -48,7 +49,13 @@ class PeakMemory:
                 except self._psutil.Error:
                     pass
             self.peak = max(self.peak, total)
+            self.stage_peak = max(self.stage_peak, total)
             self._stop.wait(every_s)
+
+    def new_stage(self) -> int:
+        """The peak since the last call (or the start), and start a new stage."""
+        peak, self.stage_peak = self.stage_peak, 0
+        return peak
 
     def __enter__(self) -> "PeakMemory":
         self._thread.start()
@@ -59,11 +66,18 @@ class PeakMemory:
         self._thread.join()
 
 
+MEMORY: PeakMemory | None = None
+"""The demo's memory sampler (set by main): each stage reports its own peak."""
+
+
 def run(cmd: list[str], what: str) -> None:
     print(f"\n[demo] {what}\n$ {' '.join(cmd)}", flush=True)
     t0 = time.time()
+    if MEMORY is not None:
+        MEMORY.new_stage()
     subprocess.run(cmd, check=True, cwd=ROOT)
-    print(f"[demo] {what}: done in {time.time() - t0:.0f}s", flush=True)
+    peak = f", peak memory {MEMORY.new_stage() / 2**30:.2f} GiB" if MEMORY is not None else ""
+    print(f"[demo] {what}: done in {time.time() - t0:.0f}s{peak}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     t_start = time.time()
     server = None
+    global MEMORY
     with PeakMemory() as mem:
+        MEMORY = mem
         try:
             run([PY, "-m", "data_prep", "model", "--out", str(model)], "prepare the embedded policy")
             if not (kb / "test.parquet").exists():
