@@ -9,6 +9,10 @@ shared machines; the ratios are the result):
   overlap generation, more trajectories in flight than engine batch slots.
 - plain: the same number of prompts, each generating as many tokens as its interleaved
   trajectory sampled (ignore_eos), all in one batch: the engine's limit (ratio 1.0).
+- plain_prefill (a diagnostic): as plain, but each prompt also carries its trajectory's
+  observation and feedback tokens, so the engine does the same prefill and the same decoding
+  without turn boundaries: plain vs plain_prefill is the cost of prefilling observations,
+  plain_prefill vs interleaved the cost of the turn boundaries (tool waits, re-scheduling).
 - batch_per_turn: Search-R1's loop (`run_llm_loop`): every active sequence generates, the
   whole batch waits for the slowest; then all searches go out as ONE batched request; then
   the next turn. Written here, on the same engine, prompts, retriever and stop strings.
@@ -159,7 +163,7 @@ async def main_async(args) -> dict:
     try:
         wait_healthy(url, timeout=120, proc=proc)
         client = RetrieverClient(url, timeout=30.0)
-        model = str(ROOT / cfg.actor_rollout_ref.model.path)
+        model = args.model or str(ROOT / cfg.actor_rollout_ref.model.path)
         engine = await RolloutEngine.create(model, r, max_model_len=4096)
         tok = engine.get_tokenizer()
         df = pd.read_parquet(tmp / "kb" / "train.parquet")
@@ -195,6 +199,17 @@ async def main_async(args) -> dict:
         res.update(plain_tok_s=tok_plain / t_plain, plain_tokens=tok_plain, plain_s=t_plain)
 
         await engine.reset_prefix_cache()
+        t0 = time.perf_counter()
+        outs = await asyncio.gather(*(
+            engine.generate(it.prompt_ids + [x for x, m in zip(t.response_ids, t.loss_mask) if not m],
+                            Sampling(max_tokens=max(1, c), stop=(), ignore_eos=True))
+            for it, t, c in zip(items, trajs, counts)
+        ))
+        t_pp = time.perf_counter() - t0
+        res.update(plain_prefill_tok_s=sum(len(o.token_ids) for o in outs) / t_pp, plain_prefill_s=t_pp,
+                   observation_tokens=sum(len(t.loss_mask) - sum(t.loss_mask) for t in trajs))
+
+        await engine.reset_prefix_cache()
         ret_b = LatencyRetriever(client, lo, hi, seed=1)
         tok_b, t_b, s_b = await batch_per_turn(engine, tok, ret_b, items, cfg, sampling)
         res.update(batch_per_turn_tok_s=tok_b / t_b, batch_per_turn_tokens=tok_b, batch_per_turn_s=t_b,
@@ -217,6 +232,8 @@ async def main_async(args) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="16 trajectories, short turns (a smoke run)")
+    ap.add_argument("--model", default=None, help="policy (default: the embedded model; an SFT checkpoint "
+                                                   "follows the format, so its turns are searches, not feedback)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--tool-latency-ms", default="20-200", help="added latency per retriever request, LO-HI ms")
     ap.add_argument("--trajectories", type=int, default=64)
@@ -237,8 +254,12 @@ def main() -> None:
     print(f"{'mode':<16}{'tokens':>8}{'seconds':>9}{'tok/s':>9}{'searches':>10}")
     print(f"{'interleaved':<16}{res['interleaved_tokens']:>8}{res['interleaved_s']:>9.2f}{res['interleaved_tok_s']:>9.1f}{res['interleaved_searches']:>10}")
     print(f"{'plain':<16}{res['plain_tokens']:>8}{res['plain_s']:>9.2f}{res['plain_tok_s']:>9.1f}{'-':>10}")
+    print(f"{'plain_prefill':<16}{res['plain_tokens']:>8}{res['plain_prefill_s']:>9.2f}{res['plain_prefill_tok_s']:>9.1f}{'-':>10}")
     print(f"{'batch_per_turn':<16}{res['batch_per_turn_tokens']:>8}{res['batch_per_turn_s']:>9.2f}{res['batch_per_turn_tok_s']:>9.1f}{res['batch_per_turn_searches']:>10}")
-    print(f"ratio_to_plain={res['ratio_to_plain']:.3f}  ratio_to_batch_per_turn={res['ratio_to_batch_per_turn']:.3f}")
+    print(f"ratio_to_plain={res['ratio_to_plain']:.3f}  ratio_to_batch_per_turn={res['ratio_to_batch_per_turn']:.3f}  "
+          f"ratio_to_plain_prefill={res['interleaved_tok_s'] / res['plain_prefill_tok_s']:.3f}  "
+          f"(observation/feedback tokens prefilled: {res['observation_tokens']}; valid actions "
+          f"{res['valid_action_rate']:.0%}, turns {res['turns_mean']:.2f}/trajectory)")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2))
 

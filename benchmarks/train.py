@@ -21,8 +21,11 @@ interleaved, median of --reps after a warm-up:
 Phases (bf16 worker, fp32 worker, naive, LoRA) run one after another so that only one set
 of models is in memory; inside a phase the variants are interleaved.
 
-`weight_sync_s` and `step_timing` are left null: the driver's benchmark fills them (the
-weight push and the GRPO step split need the rollout engine). Absolute numbers drift on a
+`weight_sync_s` and `step_timing` come from real GRPO runs (`agent-rl-train` with
+configs/train/demo_grpo_cpu.yaml, full fine-tuning and LoRA r16, --rl-steps steps each, Ray
+workers and the vLLM engine, a retriever over a generated knowledge base): the median over the
+steps after the first of each `timing/*` metric the trainer logs (generation, reference,
+old log-probs, values, advantages, actor update, weight push into vLLM). Absolute numbers drift on a
 shared machine: read the ratios, and run it on a quiet one. With other processes on the
 cores, OpenMP's spinning threads can slow every parallel region several-fold (measured: a
 bf16 linear forward+backward 4x slower with 2 threads than 1); OMP_WAIT_POLICY=PASSIVE
@@ -197,12 +200,54 @@ def bench(model: str, batch: TokenBatch, warm: TokenBatch, reps: int) -> tuple[d
     return summary(secs), summary(lora_secs)
 
 
+def grpo_step_split(model: str, steps: int, lora_rank: int, work: Path, url: str) -> dict[str, float]:
+    """Median per-phase seconds of GRPO steps 2..`steps` of a real `agent-rl-train` run."""
+    import subprocess
+
+    run_dir = work / f"grpo_lora{lora_rank}"
+    cmd = [sys.executable, "-m", "agent_rl.train_cli", "--config", str(ROOT / "configs/train/demo_grpo_cpu.yaml"),
+           f"actor_rollout_ref.model.path={model}", f"actor_rollout_ref.model.lora_rank={lora_rank}",
+           f"data.train_files=[{work / 'kb' / 'train.parquet'}]", "data.val_files=[]",
+           f"retriever.url=[{url}/retrieve]", f"trainer.total_training_steps={steps}", "trainer.save_freq=-1",
+           f"trainer.default_local_dir={run_dir}", "trainer.resume_mode=disable", "trainer.logger=[jsonl]"]
+    print(f"GRPO {steps} steps, lora_rank={lora_rank} ...", flush=True)
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"agent-rl-train failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if r.get("step", 0) >= 2] or rows
+    keys = sorted({k for r in rows for k in r if k.startswith("timing/")})
+    return {k.removeprefix("timing/"): statistics.median(r[k] for r in rows if k in r) for k in keys}
+
+
+def rl_timings(model: str, steps: int) -> dict[str, dict[str, float]]:
+    """GRPO step splits for full fine-tuning and LoRA, on a retriever over a generated KB."""
+    import tempfile
+
+    from data_prep.indexing import build_index
+    from data_prep.synthetic import generate_kb
+    from retriever_server.launch import start_server, stop_server, wait_healthy
+
+    work = Path(tempfile.mkdtemp(prefix="bench-train-"))
+    generate_kb(work / "kb", seed=0, n_entities=200)
+    build_index(work / "kb" / "corpus.jsonl", work / "index", kind="bm25", progress=False)
+    proc, url = start_server(work / "index", work / "kb" / "corpus.jsonl")
+    try:
+        wait_healthy(url, timeout=120, proc=proc)
+        return {name: grpo_step_split(model, steps, rank, work, url) for name, rank in (("full_ft", 0), ("lora", 16))}
+    finally:
+        stop_server(proc)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small batch, one repetition (smoke test)")
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--model", default=str(ROOT / "artifacts" / "model"))
     ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--rl-model", default=None,
+                    help="policy of the GRPO step runs (default --model; an SFT checkpoint gives realistic turns)")
+    ap.add_argument("--rl-steps", type=int, default=None, help="GRPO steps per run (default 4, quick 2)")
     args = ap.parse_args()
     if args.quick:
         batch, reps = make_batch(4, (20, 40), (30, 60)), args.reps or 1
@@ -212,6 +257,8 @@ def main() -> None:
     padded = batch.input_ids.numel()
     print(f"batch: {len(batch)} sequences, {batch.num_tokens} tokens ({padded} padded), "
           f"threads {torch.get_num_threads()}, reps {reps}", flush=True)
+    steps = args.rl_steps or (2 if args.quick else 4)
+    timing = rl_timings(args.rl_model or args.model, steps)
     full, lora = bench(args.model, batch, warm, reps)
     result = {
         **{k: full[k] for k in ("update_tok_s", "bare_tok_s", "ratio_to_bare", "speedup_vs_naive")},
@@ -219,8 +266,11 @@ def main() -> None:
         "lora": lora,
         "batch": {"sequences": len(batch), "tokens": batch.num_tokens, "padded_tokens": padded},
         "threads": torch.get_num_threads(),
-        "weight_sync_s": None,  # filled by the driver's benchmark (needs the rollout engine)
-        "step_timing": None,  # ditto: generation / ref / old log-probs / adv / update / sync split
+        "weight_sync_s": timing["full_ft"].get("sync"),
+        "weight_sync_s_lora": timing["lora"].get("sync"),
+        "step_timing": timing["full_ft"],
+        "step_timing_lora": timing["lora"],
+        "rl_steps": steps,
     }
     print(f"{'':10} {'update tok/s':>12} {'bare tok/s':>11} {'ratio':>6} {'naive tok/s':>12} {'speedup':>8} "
           f"{'fp32 upd':>9} {'padded bare':>11} {'logprob tok/s':>13}")
@@ -230,6 +280,13 @@ def main() -> None:
               f"{full['naive_tok_s']:12.0f} {r['speedup_vs_naive']:8.2f} "
               f"{r.get('update_fp32_tok_s', nan):9.0f} {r.get('bare_padded_tok_s', nan):11.0f} "
               f"{r['old_logprob_tok_s']:13.0f}")
+    phases = list(timing["full_ft"])
+    print(f"\nGRPO step split (s, median of steps 2..{steps}; configs/train/demo_grpo_cpu.yaml, policy "
+          f"{args.rl_model or args.model})")
+    print(f"{'':10} " + " ".join(f"{p:>12}" for p in phases))
+    for name in ("full_ft", "lora"):
+        print(f"{name:10} " + " ".join(f"{timing[name].get(p, nan):12.2f}" for p in phases))
+    print(f"weight_sync_s: {result['weight_sync_s']:.2f} (full), {result['weight_sync_s_lora']:.2f} (LoRA, merged weights)")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")
