@@ -84,7 +84,10 @@ def build_items(tokenizer, questions, prompt_kind: str) -> list[Item]:
         )
     items = []
     for q, golds, src in questions:
-        ids = tokenizer.encode(demo + P.prompt_text(q, "agent"))
+        if prompt_kind == "chat":  # the training template: what an SFT checkpoint was trained on
+            ids = P.build_prompt_ids(tokenizer, q, template="chat", mode="agent")
+        else:
+            ids = tokenizer.encode(demo + P.prompt_text(q, "agent"))
         items.append(Item(q, golds, src, ids))
     return items
 
@@ -154,7 +157,7 @@ async def main_async(args) -> dict:
     r = cfg.actor_rollout_ref.rollout
     r.dtype, r.max_num_seqs, r.max_tokens_per_turn = args.dtype, args.max_num_seqs, args.max_tokens_per_turn
     r.max_concurrent_trajectories, r.enable_prefix_caching = args.in_flight, not args.no_prefix_caching
-    r.chat_template, r.temperature = False, args.temperature
+    r.chat_template, r.temperature = args.prompt == "chat", args.temperature
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-rollout-"))
     generate_kb(tmp / "kb", seed=0, n_entities=200)
@@ -215,6 +218,16 @@ async def main_async(args) -> dict:
         res.update(batch_per_turn_tok_s=tok_b / t_b, batch_per_turn_tokens=tok_b, batch_per_turn_s=t_b,
                    batch_per_turn_searches=s_b)
 
+        # decode throughput by batch size: how much a shrinking batch (batch-per-turn) loses here
+        scaling = {}
+        for b in (1, 8, 64):
+            await engine.reset_prefix_cache()
+            t0 = time.perf_counter()
+            outs = await asyncio.gather(*(engine.generate(it.prompt_ids, Sampling(max_tokens=64, stop=(), ignore_eos=True))
+                                          for it in (items * (1 + b // len(items)))[:b]))
+            scaling[b] = sum(len(o.token_ids) for o in outs) / (time.perf_counter() - t0)
+        res["plain_tok_s_by_batch"] = scaling
+
         res["ratio_to_plain"] = res["interleaved_tok_s"] / res["plain_tok_s"]
         res["ratio_to_batch_per_turn"] = res["interleaved_tok_s"] / res["batch_per_turn_tok_s"]
         res["settings"] = dict(trajectories=args.trajectories, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
@@ -245,7 +258,9 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (lower: more searches)")
     ap.add_argument("--no-prefix-caching", action="store_true")
-    ap.add_argument("--prompt", choices=["few_shot", "search_r1"], default="few_shot")
+    ap.add_argument("--prompt", choices=["few_shot", "search_r1", "chat"], default="few_shot",
+                    help="few_shot: three examples before the instruction (the untrained model); search_r1: the "
+                         "bare instruction; chat: the training chat template (use with an SFT --model)")
     args = ap.parse_args()
     if args.quick:
         args.trajectories, args.max_turns, args.max_tokens_per_turn, args.max_response_length = 16, 2, 32, 256
@@ -260,6 +275,8 @@ def main() -> None:
           f"ratio_to_plain_prefill={res['interleaved_tok_s'] / res['plain_prefill_tok_s']:.3f}  "
           f"(observation/feedback tokens prefilled: {res['observation_tokens']}; valid actions "
           f"{res['valid_action_rate']:.0%}, turns {res['turns_mean']:.2f}/trajectory)")
+    print("plain decoding tok/s by batch size (64 tokens each): "
+          + ", ".join(f"batch {b}: {v:.0f}" for b, v in res["plain_tok_s_by_batch"].items()))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2))
 
