@@ -32,7 +32,6 @@ import json
 import os
 import random
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,9 +143,7 @@ async def main_async(args) -> dict:
     from agent_rl.engine import RolloutEngine, Sampling
     from agent_rl.retrieval_client import RetrieverClient
     from agent_rl.rollout import RolloutManager
-    from data_prep.indexing import build_index
-    from data_prep.synthetic import generate_kb
-    from retriever_server.launch import start_server, stop_server, wait_healthy
+    from benchmarks.kb_server import kb_retriever
 
     import pandas as pd
 
@@ -159,12 +156,7 @@ async def main_async(args) -> dict:
     r.max_concurrent_trajectories, r.enable_prefix_caching = args.in_flight, not args.no_prefix_caching
     r.chat_template, r.temperature = args.prompt == "chat", args.temperature
 
-    tmp = Path(tempfile.mkdtemp(prefix="bench-rollout-"))
-    generate_kb(tmp / "kb", seed=0, n_entities=200)
-    build_index(tmp / "kb" / "corpus.jsonl", tmp / "index", kind="bm25", progress=False)
-    proc, url = start_server(tmp / "index", tmp / "kb" / "corpus.jsonl")
-    try:
-        wait_healthy(url, timeout=120, proc=proc)
+    with kb_retriever("bench-rollout-") as (tmp, url):
         client = RetrieverClient(url, timeout=30.0)
         model = args.model or str(ROOT / cfg.actor_rollout_ref.model.path)
         engine = await RolloutEngine.create(model, r, max_model_len=4096)
@@ -238,8 +230,6 @@ async def main_async(args) -> dict:
         await engine.shutdown()
         await client.aclose()
         return res
-    finally:
-        stop_server(proc)
 
 
 def main() -> None:

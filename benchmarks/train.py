@@ -222,21 +222,10 @@ def grpo_step_split(model: str, steps: int, lora_rank: int, work: Path, url: str
 
 def rl_timings(model: str, steps: int) -> dict[str, dict[str, float]]:
     """GRPO step splits for full fine-tuning and LoRA, on a retriever over a generated KB."""
-    import tempfile
+    from benchmarks.kb_server import kb_retriever
 
-    from data_prep.indexing import build_index
-    from data_prep.synthetic import generate_kb
-    from retriever_server.launch import start_server, stop_server, wait_healthy
-
-    work = Path(tempfile.mkdtemp(prefix="bench-train-"))
-    generate_kb(work / "kb", seed=0, n_entities=200)
-    build_index(work / "kb" / "corpus.jsonl", work / "index", kind="bm25", progress=False)
-    proc, url = start_server(work / "index", work / "kb" / "corpus.jsonl")
-    try:
-        wait_healthy(url, timeout=120, proc=proc)
+    with kb_retriever("bench-train-") as (work, url):
         return {name: grpo_step_split(model, steps, rank, work, url) for name, rank in (("full_ft", 0), ("lora", 16))}
-    finally:
-        stop_server(proc)
 
 
 def main() -> None:
