@@ -25,7 +25,6 @@ import json
 import os
 import random
 import re
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -55,6 +54,9 @@ def share(xs) -> float:
 
 
 async def measure(model: str, url: str, args: argparse.Namespace) -> dict:
+    import torch
+
+    from agent_rl.algos.filtering import filter_groups
     from agent_rl.config import TrainConfig, load_config
     from agent_rl.data import load_prompts
     from agent_rl.engine import RolloutEngine
@@ -85,15 +87,18 @@ async def measure(model: str, url: str, args: argparse.Namespace) -> dict:
         sampled, metrics = await mgr.rollout(prompts, n=args.n, greedy=False)
         res = [evaluate_response(t.response_text, prompts[t.group_id].golden_answers, cfg.reward) for t in sampled]
         turns = [sampled_turns(t, mgr.tokenizer) for t in sampled]
+        scores = torch.tensor([r.score for r in res])
+        group_ids = [t.group_id for t in sampled]
         groups: dict[int, list[float]] = {}
-        for t, r in zip(sampled, res):
-            groups.setdefault(t.group_id, []).append(r.score)
+        for g, r in zip(group_ids, res):
+            groups.setdefault(g, []).append(r.score)
         out.update({
             "first_turn_well_formed": share(bool(ts) and CLOSED.search(ts[0]) for ts in turns),
             "no_invalid_answered": share(t.num_invalid == 0 and t.finish_reason == "answer" for t in sampled),
             "valid_format": share(r.valid_format for r in res),
             "em": sum(r.metric for r in res) / len(res),
-            "groups_nonzero_var": share(statistics.pvariance(v) > 0 for v in groups.values()),
+            # the trainer's own rule for a group with signal (DAPO's dynamic-sampling filter)
+            "groups_nonzero_var": filter_groups(scores, group_ids).metrics["frac_groups_kept"],
             "groups_all_zero": share(max(v) == 0 for v in groups.values()),
             "searches_mean": metrics["rollout/searches_mean"],
             "sampled_s": round(time.time() - t0, 1),
