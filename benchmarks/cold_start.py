@@ -139,24 +139,17 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false")):
         os.environ.setdefault(k, v)
 
-    from retriever_server.launch import start_server, stop_server, wait_healthy
+    from contextlib import nullcontext
 
-    server, url = None, args.retriever_url
+    from benchmarks.kb_server import serve_index
+
     rows = []
-    try:
-        if url is None:
-            kb, index = Path(args.kb), Path(args.index)
-            if not (index / "meta.json").is_file():
-                from data_prep.indexing import build_index
-                build_index(kb / "corpus.jsonl", index, kind="flat")
-            server, url = start_server(index, kb / "corpus.jsonl")
-            wait_healthy(url, timeout=300, proc=server)
+    served = (nullcontext(args.retriever_url) if args.retriever_url
+              else serve_index(Path(args.index), Path(args.kb) / "corpus.jsonl"))
+    with served as url:
         for m in args.model:
             rows.append(asyncio.run(measure(m, url, args)))
             print(json.dumps(rows[-1]), flush=True)
-    finally:
-        if server is not None:
-            stop_server(server)
     print(f"\nCold start on {args.qa} ({rows[0]['questions']} questions, {args.n} samples each at T=1)\n")
     print(table(rows))
     if args.json:

@@ -1,4 +1,5 @@
-"""A real retriever over a small generated knowledge base, for the benchmarks that need one."""
+"""Real retrievers for the benchmarks: over a small generated knowledge base, or over a
+given corpus and index (built when missing)."""
 
 from __future__ import annotations
 
@@ -12,16 +13,27 @@ from pathlib import Path
 def kb_retriever(prefix: str, n_entities: int = 200) -> Iterator[tuple[Path, str]]:
     """Generate a KB (seed 0) in a fresh temp dir, serve a BM25 index of it in its own
     process; yields (work dir with kb/, base URL) and stops the server on exit."""
-    from data_prep.indexing import build_index
     from data_prep.synthetic import generate_kb
-    from retriever_server.launch import start_server, stop_server, wait_healthy
 
     work = Path(tempfile.mkdtemp(prefix=prefix))
     generate_kb(work / "kb", seed=0, n_entities=n_entities)
-    build_index(work / "kb" / "corpus.jsonl", work / "index", kind="bm25", progress=False)
-    proc, url = start_server(work / "index", work / "kb" / "corpus.jsonl")
-    try:
-        wait_healthy(url, timeout=120, proc=proc)
+    with serve_index(work / "index", work / "kb" / "corpus.jsonl", kind="bm25") as url:
         yield work, url
+
+
+@contextmanager
+def serve_index(index: Path, corpus: Path, kind: str = "flat", log_path: Path | None = None) -> Iterator[str]:
+    """Serve `index` over `corpus` in its own process, building a `kind` index first when
+    `index` has none; yields the base URL and stops the server on exit (also on errors)."""
+    from retriever_server.launch import start_server, stop_server, wait_healthy
+
+    if not (Path(index) / "meta.json").is_file():
+        from data_prep.indexing import build_index
+
+        build_index(corpus, index, kind=kind)
+    proc, url = start_server(index, corpus, log_path=log_path)
+    try:
+        wait_healthy(url, timeout=300, proc=proc)
+        yield url
     finally:
         stop_server(proc)

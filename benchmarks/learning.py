@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from agent_rl import report
     from agent_rl.evaluate import EvalInputError, resolve_model_dir
-    from retriever_server.launch import start_server, stop_server, wait_healthy
+    from benchmarks.kb_server import serve_index
 
     kb, index = Path(args.kb), Path(args.index)
     args.test = kb / "test.parquet"
@@ -189,28 +189,19 @@ def main(argv: list[str] | None = None) -> int:
     if not args.test.is_file():
         print(f"learning: {args.test} missing (agent-rl-prep synthetic --out {kb})", file=sys.stderr)
         return 2
-    if not (index / "meta.json").is_file():
-        run([PY, "-m", "data_prep", "index", "--corpus", str(kb / "corpus.jsonl"), "--out", str(index), "--kind", "flat"],
-            "build the flat index")
     work.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
-    server = None
     try:
-        server, url = start_server(index, kb / "corpus.jsonl", log_path=work / "retriever.log")
-        wait_healthy(url, timeout=300, proc=server)
-
-        evaluate(sft, list(MODES), url, args, work / "eval_sft")
-        if (work / "rl").exists():  # an earlier, interrupted attempt: RL restarts from the SFT model
-            (work / "rl").rename(work / f"rl.{time.strftime('%Y%m%d-%H%M%S')}.old")
-        steps, seconds = train(sft, url, args, work / "rl")
-        rl_model = resolve_model_dir(work / "rl")
-        evaluate(rl_model, ["agent"], url, args, work / "eval_rl")
+        with serve_index(index, kb / "corpus.jsonl", log_path=work / "retriever.log") as url:
+            evaluate(sft, list(MODES), url, args, work / "eval_sft")
+            if (work / "rl").exists():  # an earlier, interrupted attempt: RL restarts from the SFT model
+                (work / "rl").rename(work / f"rl.{time.strftime('%Y%m%d-%H%M%S')}.old")
+            steps, seconds = train(sft, url, args, work / "rl")
+            rl_model = resolve_model_dir(work / "rl")
+            evaluate(rl_model, ["agent"], url, args, work / "eval_rl")
     except KeyboardInterrupt:
         print("\n[learning] interrupted", file=sys.stderr)
         return 130
-    finally:
-        if server is not None:
-            stop_server(server)
 
     result = assemble(work, steps, seconds)
     result.update(budget_minutes=args.minutes, wall_minutes=(time.time() - t_start) / 60, config=str(args.config),

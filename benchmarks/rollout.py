@@ -91,8 +91,10 @@ def build_items(tokenizer, questions, prompt_kind: str) -> list[Item]:
     return items
 
 
-async def batch_per_turn(engine, tokenizer, retriever, items, cfg, sampling) -> tuple[int, float, int]:
-    """Search-R1's synchronous loop on our engine; returns (sampled tokens, seconds, searches)."""
+async def batch_per_turn(engine, tokenizer, retriever, items, cfg, sampling) -> tuple[int, float, int, dict]:
+    """Search-R1's synchronous loop on our engine; returns (sampled tokens, seconds, searches,
+    breakdown): the breakdown splits the wall time into generation and tool waits and gives
+    the sequences active at each turn."""
     from dataclasses import replace
 
     from agent_rl import prompts as P
@@ -103,15 +105,20 @@ async def batch_per_turn(engine, tokenizer, retriever, items, cfg, sampling) -> 
     resp_len = [0] * len(items)
     active = list(range(len(items)))
     sampled = searches = 0
+    gen_s = tool_s = 0.0
+    active_by_turn = []
     t0 = time.perf_counter()
     for turn in range(max_turns + 1):
         active = [i for i in active if resp_len[i] < budget]
         if not active:
             break
+        active_by_turn.append(len(active))
+        tg = time.perf_counter()
         outs = await asyncio.gather(*(
             engine.generate(ctx[i], replace(sampling, max_tokens=min(sampling.max_tokens, budget - resp_len[i])))
             for i in active
         ))
+        gen_s += time.perf_counter() - tg
         queries, next_active = [], []
         for i, out in zip(active, outs):
             ctx[i] += out.token_ids
@@ -123,10 +130,12 @@ async def batch_per_turn(engine, tokenizer, retriever, items, cfg, sampling) -> 
             next_active.append(i)
             queries.append((i, content) if action == "search" else (i, None))
         real = [(i, q) for i, q in queries if q is not None]
+        tt = time.perf_counter()
         try:  # one batched request per turn, as Search-R1's batch_search
             texts = [format_passages(r) for r in await retriever.search([q for _, q in real], cfg.retriever.topk)] if real else []
         except Exception:  # noqa: BLE001 - same recovery as the manager: error observations
             texts = [P.SEARCH_ERROR_TEXT] * len(real)
+        tool_s += time.perf_counter() - tt
         searches += len(real)
         obs = {i: P.encode_observation(tokenizer, t, cfg.data.max_obs_length)[0] for (i, _), t in zip(real, texts)}
         for i, q in queries:
@@ -135,7 +144,7 @@ async def batch_per_turn(engine, tokenizer, retriever, items, cfg, sampling) -> 
             ctx[i] += add
             resp_len[i] += len(add)
         active = next_active
-    return sampled, time.perf_counter() - t0, searches
+    return sampled, time.perf_counter() - t0, searches, dict(gen_s=gen_s, tool_s=tool_s, active_by_turn=active_by_turn)
 
 
 async def main_async(args) -> dict:
@@ -206,9 +215,10 @@ async def main_async(args) -> dict:
 
         await engine.reset_prefix_cache()
         ret_b = LatencyRetriever(client, lo, hi, seed=1)
-        tok_b, t_b, s_b = await batch_per_turn(engine, tok, ret_b, items, cfg, sampling)
+        tok_b, t_b, s_b, parts = await batch_per_turn(engine, tok, ret_b, items, cfg, sampling)
         res.update(batch_per_turn_tok_s=tok_b / t_b, batch_per_turn_tokens=tok_b, batch_per_turn_s=t_b,
-                   batch_per_turn_searches=s_b)
+                   batch_per_turn_searches=s_b, batch_per_turn_tool_s=parts["tool_s"],
+                   batch_per_turn_gen_s=parts["gen_s"], batch_per_turn_active_by_turn=parts["active_by_turn"])
 
         # decode throughput by batch size: how much a shrinking batch (batch-per-turn) loses here
         scaling = {}
@@ -222,6 +232,11 @@ async def main_async(args) -> dict:
 
         res["ratio_to_plain"] = res["interleaved_tok_s"] / res["plain_tok_s"]
         res["ratio_to_batch_per_turn"] = res["interleaved_tok_s"] / res["batch_per_turn_tok_s"]
+        # What any scheduler could reach on this engine: plain_prefill does the same prefill and
+        # decoding with no turn boundaries at all (no tool waits, one full batch), so it bounds
+        # interleaved from above; the bounds are the ratios a perfect scheduler would score.
+        res["bound_ratio_to_plain"] = res["plain_prefill_tok_s"] / res["plain_tok_s"]
+        res["bound_ratio_to_batch_per_turn"] = res["plain_prefill_tok_s"] / res["batch_per_turn_tok_s"]
         res["settings"] = dict(trajectories=args.trajectories, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
                                in_flight=args.in_flight, prefix_caching=not args.no_prefix_caching,
                                max_turns=args.max_turns, max_tokens_per_turn=args.max_tokens_per_turn,
@@ -265,6 +280,11 @@ def main() -> None:
           f"ratio_to_plain_prefill={res['interleaved_tok_s'] / res['plain_prefill_tok_s']:.3f}  "
           f"(observation/feedback tokens prefilled: {res['observation_tokens']}; valid actions "
           f"{res['valid_action_rate']:.0%}, turns {res['turns_mean']:.2f}/trajectory)")
+    print(f"bounds (a perfect scheduler = plain_prefill): ratio_to_plain <= {res['bound_ratio_to_plain']:.3f}, "
+          f"ratio_to_batch_per_turn <= {res['bound_ratio_to_batch_per_turn']:.3f}")
+    print(f"batch_per_turn: {res['batch_per_turn_gen_s']:.2f} s generating, {res['batch_per_turn_tool_s']:.2f} s "
+          f"waiting on tools ({res['batch_per_turn_tool_s'] / res['batch_per_turn_s']:.1%}); sequences active by "
+          f"turn {res['batch_per_turn_active_by_turn']}")
     print("plain decoding tok/s by batch size (64 tokens each): "
           + ", ".join(f"batch {b}: {v:.0f}" for b, v in res["plain_tok_s_by_batch"].items()))
     if args.json:

@@ -57,6 +57,12 @@ def _cmd_overlap(args) -> int:
     print(f"test questions also in train: {n} of {n_test} ({n / max(n_test, 1):.1%})")
     for q in examples:
         print(f"  {q}")
+    if args.drop_from_train:
+        from data_prep.qa import drop_overlap
+
+        n_train, dropped = drop_overlap(args.train, args.test, args.drop_from_train)
+        print(f"train without the shared questions: {n_train - dropped} of {n_train} rows "
+              f"({dropped} dropped) -> {args.drop_from_train}")
     return 1 if n and args.fail_on_overlap else 0
 
 
@@ -169,6 +175,8 @@ def build_parser(with_index_args: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--test", required=True, metavar="FILE", help="test QA file")
     p.add_argument("--examples", type=int, default=5, metavar="N", help="shared questions to print (default 5)")
     p.add_argument("--fail-on-overlap", action="store_true", help="exit with status 1 if any question is shared")
+    p.add_argument("--drop-from-train", metavar="OUT",
+                   help="also write the train file without the shared questions to OUT (.parquet)")
     p.set_defaults(func=_cmd_overlap)
 
     p = sub.add_parser("index", help="encode a corpus and build a FAISS (flat|hnsw|ivfpq) or BM25 index",

@@ -390,3 +390,15 @@ def check_overlap(train_path: str | Path, test_path: str | Path, max_examples: i
     train = {normalize_question(q) for q in read_qa(train_path)["question"]}
     shared = [q for q in read_qa(test_path)["question"] if normalize_question(q) in train]
     return len(shared), shared[:max_examples]
+
+
+def drop_overlap(train_path: str | Path, test_path: str | Path, out: str | Path) -> tuple[int, int]:
+    """Write the train file without the rows whose normalised question occurs in the test
+    file (parquet, atomically), so a test question is never trained on. Returns
+    ``(n_train_rows, n_dropped)``."""
+    test = {normalize_question(q) for q in read_qa(test_path)["question"]}
+    df = read_qa(train_path)
+    keep = [normalize_question(q) not in test for q in df["question"]]
+    with atomic_path(out) as tmp:
+        df[keep].reset_index(drop=True).to_parquet(tmp, index=False)
+    return len(df), len(df) - sum(keep)

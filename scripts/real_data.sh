@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The real-data run (issue 7): the README's commands on ../shared/data.
 #   wiki_35k corpus -> flat index -> retriever -> grounded demonstrations from NQ (AmbigQA
-#   train) and HotpotQA/2Wiki (R1-Searcher train) -> cold-start SFT -> evaluation of the base
-#   and SFT models on NQ test and HotpotQA dev samples in agent / rag / direct modes -> table.
+#   train), HotpotQA/2Wiki (R1-Searcher train) and MuSiQue train, minus every question that
+#   is also in a test set -> cold-start SFT -> evaluation of the base and SFT models on NQ
+#   test and HotpotQA dev samples in agent / rag / direct modes -> table.
 # Every step is skipped when its output exists, so an interrupted run continues.
-#   bash scripts/real_data.sh            (EVAL_N=500 questions per set, SFT_MINUTES=10, DEMOS_N=3000)
+#   bash scripts/real_data.sh   (EVAL_N=500 questions per set, SFT_MINUTES=20, DEMOS_N=all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -12,8 +13,8 @@ SHARED=${AGENT_RL_SHARED_DATA:-../shared/data}
 OUT=${OUT:-artifacts/real}
 INDEX=${INDEX:-artifacts/wiki35k_flat}
 EVAL_N=${EVAL_N:-500}
-DEMOS_N=${DEMOS_N:-3000}
-SFT_MINUTES=${SFT_MINUTES:-10}
+DEMOS_N=${DEMOS_N:-}                 # empty: every training question is a candidate
+SFT_MINUTES=${SFT_MINUTES:-20}
 PORT=${PORT:-8035}
 CFG=configs/train/wiki35k_grpo_cpu.yaml
 URL=http://127.0.0.1:$PORT
@@ -23,13 +24,25 @@ mkdir -p "$OUT"
 step() { echo; echo "[real] $*"; }
 
 step "QA sets into the system's format"
+TRAIN_SETS="nq_train hotpot_train musique_train"
 for spec in "ambigqa/train.jsonl nq_train nq train" "r1searcher_train/train.jsonl hotpot_train hotpotqa_2wiki train" \
+            "musique/train.jsonl musique_train musique train" \
             "nq/test.jsonl nq_test nq test" "hotpotqa/dev.jsonl hotpotqa_dev hotpotqa dev"; do
   set -- $spec
   [ -f "$OUT/$2.parquet" ] || $PY -m data_prep qa --input "$SHARED/qa/$1" --out "$OUT/$2.parquet" --source "$3" --split "$4"
 done
-$PY -m data_prep overlap --train "$OUT/nq_train.parquet" --test "$OUT/nq_test.parquet"
-$PY -m data_prep overlap --train "$OUT/hotpot_train.parquet" --test "$OUT/hotpotqa_dev.parquet"
+
+step "train questions that are also test questions: counted, then dropped from training"
+for tr in $TRAIN_SETS; do
+  [ -f "$OUT/${tr}_clean.parquet" ] && continue
+  cp "$OUT/$tr.parquet" "$OUT/${tr}_clean.tmp.parquet"
+  for te in nq_test hotpotqa_dev; do
+    echo "$tr vs $te:"
+    $PY -m data_prep overlap --train "$OUT/${tr}_clean.tmp.parquet" --test "$OUT/$te.parquet" \
+      --drop-from-train "$OUT/${tr}_clean.tmp.parquet"
+  done
+  mv "$OUT/${tr}_clean.tmp.parquet" "$OUT/${tr}_clean.parquet"
+done
 
 step "model and dense index of wiki_35k"
 $PY -m data_prep model --out artifacts/model
@@ -44,15 +57,19 @@ for _ in $(seq 300); do curl -sf "$URL/health" >/dev/null && break; sleep 1; don
 curl -sf "$URL/health" >/dev/null || { echo "retriever did not come up: $OUT/retriever.log" >&2; exit 1; }
 
 step "grounded demonstrations"
-for qa in nq_train hotpot_train; do
-  [ -f "$OUT/demos_$qa.parquet" ] || $PY -m data_prep demos --qa "$OUT/$qa.parquet" --retriever-url "$URL" \
-    --out "$OUT/demos_$qa.parquet" --config "$CFG" --model artifacts/model --limit "$DEMOS_N" --dropped "$OUT/demos_$qa.dropped.jsonl"
+DEMO_FILES=""
+for qa in $TRAIN_SETS; do
+  [ -f "$OUT/demos_$qa.parquet" ] || $PY -m data_prep demos --qa "$OUT/${qa}_clean.parquet" --retriever-url "$URL" \
+    --out "$OUT/demos_$qa.parquet" --config "$CFG" --model artifacts/model ${DEMOS_N:+--limit "$DEMOS_N"} \
+    --dropped "$OUT/demos_$qa.dropped.jsonl"
+  DEMO_FILES="$DEMO_FILES,$OUT/demos_$qa.parquet"
 done
 
 step "cold-start SFT ($SFT_MINUTES min budget)"
-SFT=runs/sft/wiki35k_cpu
+RUN=$(basename "$OUT")
+SFT=runs/sft/$RUN
 [ -f "$SFT/model/config.json" ] || $PY -m agent_rl.sft --config configs/sft/wiki35k_cpu.yaml \
-  "data.train_files=[$OUT/demos_nq_train.parquet,$OUT/demos_hotpot_train.parquet]" \
+  "data.train_files=[${DEMO_FILES#,}]" "trainer.total_training_steps=0" \
   "trainer.max_time_s=$((SFT_MINUTES * 60))" "trainer.default_local_dir=$SFT"
 
 step "evaluation: $EVAL_N questions of NQ test and HotpotQA dev, agent / rag / direct"
@@ -60,8 +77,8 @@ for pair in "base artifacts/model" "sft $SFT"; do
   set -- $pair
   $PY -m agent_rl.evaluate --model "$2" --config "$CFG" --retriever-url "$URL" \
     --data "$OUT/nq_test.parquet" "$OUT/hotpotqa_dev.parquet" --mode agent rag direct --limit "$EVAL_N" \
-    --out "runs/eval/real_$1" --no-progress
+    --out "runs/eval/${RUN}_$1" --no-progress
 done
 { for src in nq hotpotqa; do
-    $PY -m agent_rl.report base=runs/eval/real_base SFT=runs/eval/real_sft --source "$src"; done
+    $PY -m agent_rl.report base=runs/eval/${RUN}_base SFT=runs/eval/${RUN}_sft --source "$src"; done
 } | tee "$OUT/report.md"

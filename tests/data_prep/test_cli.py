@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,6 +70,10 @@ def test_qa_and_overlap(tmp_path):
     assert p.returncode == 0 and "test questions also in train: 1 of 1 (100.0%)" in p.stdout, p.stderr
     p = run("overlap", "--train", "train.parquet", "--test", str(test), "--fail-on-overlap", cwd=tmp_path)
     assert p.returncode == 1
+    p = run("overlap", "--train", "train.parquet", "--test", str(test), "--drop-from-train", "clean.parquet",
+            cwd=tmp_path)
+    assert p.returncode == 0 and "1 of 2 rows (1 dropped)" in p.stdout, p.stderr
+    assert list(pd.read_parquet(tmp_path / "clean.parquet")["question"]) == ["C d?"]
 
 
 def test_synthetic_is_deterministic_across_processes_and_checks(tmp_path):
