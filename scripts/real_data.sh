@@ -52,7 +52,7 @@ step "retriever on $URL"
 $PY -m retriever_server --index "$INDEX" --corpus "$SHARED/corpus/wiki_35k.jsonl" --port "$PORT" --log-level warning \
   > "$OUT/retriever.log" 2>&1 &
 SERVER=$!
-trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null' EXIT
+trap 'rc=$?; kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true; exit $rc' EXIT  # keep the run's status
 for _ in $(seq 300); do curl -sf "$URL/health" >/dev/null && break; sleep 1; done
 curl -sf "$URL/health" >/dev/null || { echo "retriever did not come up: $OUT/retriever.log" >&2; exit 1; }
 
