@@ -508,7 +508,7 @@ def report_lines(res: BuildResult, seconds: float) -> list[str]:
         cut = sum(r["num_obs_truncated"] > 0 for r in res.rows)
         if cut:
             lines.append(f"[demos] {cut} demonstrations have observations cut to data.max_obs_length tokens "
-                         "(as the rollout cuts them; the cut may remove </information>)")
+                         "(as the rollout cuts them: the passages are cut, the tags kept)")
     return lines
 
 

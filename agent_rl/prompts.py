@@ -112,9 +112,13 @@ def build_prompt_ids(
     raise ValueError(f"unknown template {template!r}; expected 'base' or 'chat'")
 
 
+OBS_OPEN, OBS_CLOSE = "\n\n<information>", "</information>\n\n"
+"""The observation block's framing (`format_observation`)."""
+
+
 def format_observation(docs_text: str) -> str:
     """Search-R1's observation block (generation.py: `.strip()` of the passages, then tags)."""
-    return f"\n\n<information>{docs_text.strip()}</information>\n\n"
+    return f"{OBS_OPEN}{docs_text.strip()}{OBS_CLOSE}"
 
 
 def encode_text(tokenizer: Any, text: str) -> list[int]:
@@ -123,15 +127,26 @@ def encode_text(tokenizer: Any, text: str) -> list[int]:
 
 
 def encode_observation(tokenizer: Any, docs_text: str, max_obs_length: int) -> tuple[list[int], bool]:
-    """Ids of the observation block for `docs_text`, cut to `max_obs_length` tokens.
+    """Ids of the observation block for `docs_text`, at most `max_obs_length` tokens; the
+    boolean says whether the passages were cut.
 
-    Truncation is in tokens (as Search-R1's `_process_next_obs`), which may cut the closing
-    `</information>` tag; the boolean says whether it was cut.
+    Truncation is in tokens, as Search-R1's `_process_next_obs`, but the cut falls on the
+    passages, not on the block: the ids are those of `OBS_OPEN`, the first passage tokens
+    that fit, then `OBS_CLOSE`. Search-R1 cuts the whole block, which drops the closing
+    `</information>`: the model then reads an unclosed block, writes its next turn inside it,
+    and its answer there counts as retrieved text (no `<answer>` outside `<information>`).
+    Only when `max_obs_length` cannot hold the two tags is the block itself cut.
     """
     if max_obs_length < 0:
         raise ValueError(f"max_obs_length must be >= 0, got {max_obs_length}")
     ids = encode_text(tokenizer, format_observation(docs_text))
-    return (ids[:max_obs_length], True) if len(ids) > max_obs_length else (ids, False)
+    if len(ids) <= max_obs_length:
+        return ids, False
+    head, tail = encode_text(tokenizer, OBS_OPEN), encode_text(tokenizer, OBS_CLOSE)
+    room = max_obs_length - len(head) - len(tail)
+    if room <= 0:
+        return ids[:max_obs_length], True
+    return head + encode_text(tokenizer, docs_text.strip())[:room] + tail, True
 
 
 def parse_action(text: str) -> tuple[str | None, str]:

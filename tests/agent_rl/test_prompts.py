@@ -64,8 +64,19 @@ def test_observation_format_and_token_truncation(tok):
     ids, cut = P.encode_observation(tok, docs, max_obs_length=1000)
     assert not cut and tok.decode(ids) == P.format_observation(docs)
     assert ids == tok.encode(P.format_observation(docs), add_special_tokens=False)  # no BOS/EOS
-    short, cut = P.encode_observation(tok, docs, max_obs_length=7)
-    assert cut and short == ids[:7]  # cut in tokens, not characters
+    head = tok.encode("\n\n<information>", add_special_tokens=False)
+    tail = tok.encode("</information>\n\n", add_special_tokens=False)
+    body = tok.encode(docs.strip(), add_special_tokens=False)
+    n = len(head) + 3 + len(tail)
+    short, cut = P.encode_observation(tok, docs, max_obs_length=n)
+    # cut in tokens, not characters, and inside the block: the closing tag always survives
+    assert cut and short == head + body[:3] + tail and len(short) == n
+    text = tok.decode(short)
+    assert text.startswith("\n\n<information>Doc") and text.endswith("</information>\n\n")
+    assert text.count("</information>") == 1
+    assert P.encode_observation(tok, docs, max_obs_length=len(ids)) == (ids, False)  # exactly fits: untouched
+    tiny, cut = P.encode_observation(tok, docs, max_obs_length=len(head) + len(tail))  # no room: the block is cut
+    assert cut and tiny == ids[: len(head) + len(tail)]
 
 
 def test_feedback_text_is_search_r1s():
