@@ -152,50 +152,48 @@ async def batch_per_turn(engine, tokenizer, retriever, items, cfg, sampling) -> 
     return sampled, time.perf_counter() - t0, searches, dict(gen_s=gen_s, tool_s=tool_s, active_by_turn=active_by_turn)
 
 
-async def mgr_warm(engine, client, lo, hi, cfg, tok, items) -> None:
+async def interleaved(engine, client, lo, hi, cfg, tok, items, seed: int):
+    """The manager's rollout of `items` from an empty prefix cache; (trajectories, metrics,
+    retriever, seconds)."""
     from agent_rl.rollout import RolloutManager
 
-    await engine.reset_prefix_cache()
-    await RolloutManager(engine, LatencyRetriever(client, lo, hi, seed=99), cfg, tokenizer=tok).rollout(items, n=1)
-
-
-async def measure_round(engine, client, lo, hi, cfg, tok, items, sampling, seed: int) -> dict:
-    """One measurement of the four modes, in this order, each from an empty prefix cache."""
-    from agent_rl.engine import Sampling
-    from agent_rl.rollout import RolloutManager
-
-    res = {}
     await engine.reset_prefix_cache()
     ret = LatencyRetriever(client, lo, hi, seed=seed)
     mgr = RolloutManager(engine, ret, cfg, tokenizer=tok)
     t0 = time.perf_counter()
     trajs, metrics = await mgr.rollout(items, n=1)
-    t_int = time.perf_counter() - t0
+    return trajs, metrics, ret, time.perf_counter() - t0
+
+
+async def plain(engine, prompts: list[list[int]], counts: list[int]) -> tuple[int, float]:
+    """All `prompts` in one batch from an empty prefix cache, each generating exactly its
+    count of tokens; (tokens generated, seconds)."""
+    from agent_rl.engine import Sampling
+
+    await engine.reset_prefix_cache()
+    t0 = time.perf_counter()
+    outs = await asyncio.gather(*(
+        engine.generate(p, Sampling(max_tokens=max(1, c), stop=(), ignore_eos=True)) for p, c in zip(prompts, counts)
+    ))
+    return sum(len(o.token_ids) for o in outs), time.perf_counter() - t0
+
+
+async def measure_round(engine, client, lo, hi, cfg, tok, items, sampling, seed: int) -> dict:
+    """One measurement of the four modes, in this order, each from an empty prefix cache."""
+    res = {}
+    trajs, metrics, ret, t_int = await interleaved(engine, client, lo, hi, cfg, tok, items, seed)
     tok_int = sum(sum(t.loss_mask) for t in trajs)
     res.update(interleaved_tok_s=tok_int / t_int, interleaved_tokens=tok_int, interleaved_s=t_int,
                interleaved_searches=ret.queries, searches_per_trajectory=metrics["rollout/searches_mean"],
                turns_mean=metrics["rollout/turns_mean"], valid_action_rate=metrics["rollout/valid_action_rate"])
 
-    await engine.reset_prefix_cache()
     counts = [sum(t.loss_mask) for t in trajs]
-    t0 = time.perf_counter()
-    outs = await asyncio.gather(*(
-        engine.generate(it.prompt_ids, Sampling(max_tokens=max(1, c), stop=(), ignore_eos=True))
-        for it, c in zip(items, counts)
-    ))
-    t_plain = time.perf_counter() - t0
-    tok_plain = sum(len(o.token_ids) for o in outs)
+    tok_plain, t_plain = await plain(engine, [it.prompt_ids for it in items], counts)
     res.update(plain_tok_s=tok_plain / t_plain, plain_tokens=tok_plain, plain_s=t_plain)
 
-    await engine.reset_prefix_cache()
-    t0 = time.perf_counter()
-    outs = await asyncio.gather(*(
-        engine.generate(it.prompt_ids + [x for x, m in zip(t.response_ids, t.loss_mask) if not m],
-                        Sampling(max_tokens=max(1, c), stop=(), ignore_eos=True))
-        for it, t, c in zip(items, trajs, counts)
-    ))
-    t_pp = time.perf_counter() - t0
-    res.update(plain_prefill_tok_s=sum(len(o.token_ids) for o in outs) / t_pp, plain_prefill_s=t_pp,
+    observed = [it.prompt_ids + [x for x, m in zip(t.response_ids, t.loss_mask) if not m] for it, t in zip(items, trajs)]
+    tok_pp, t_pp = await plain(engine, observed, counts)
+    res.update(plain_prefill_tok_s=tok_pp / t_pp, plain_prefill_s=t_pp,
                observation_tokens=sum(len(t.loss_mask) - sum(t.loss_mask) for t in trajs))
 
     await engine.reset_prefix_cache()
@@ -262,7 +260,7 @@ async def main_async(args) -> dict:
         # Warm-up: one untimed pass of the interleaved rollout. The engine's CPU kernels are
         # prepared per batch shape on first use; a short warm-up left the mode measured first
         # ~10% slower (interleaved/plain_prefill 0.85 first vs 0.95 second, same engine).
-        await mgr_warm(engine, client, lo, hi, cfg, tok, items)
+        await interleaved(engine, client, lo, hi, cfg, tok, items, seed=99)
         rounds = [await measure_round(engine, client, lo, hi, cfg, tok, items, sampling, seed=k)
                   for k in range(args.repeats)]
         res = median_round(rounds)
@@ -271,11 +269,8 @@ async def main_async(args) -> dict:
         # decode throughput by batch size: how much a shrinking batch (batch-per-turn) loses here
         scaling = {}
         for b in (1, 8, 64):
-            await engine.reset_prefix_cache()
-            t0 = time.perf_counter()
-            outs = await asyncio.gather(*(engine.generate(it.prompt_ids, Sampling(max_tokens=64, stop=(), ignore_eos=True))
-                                          for it in (items * (1 + b // len(items)))[:b]))
-            scaling[b] = sum(len(o.token_ids) for o in outs) / (time.perf_counter() - t0)
+            n, secs = await plain(engine, [it.prompt_ids for it in (items * (1 + b // len(items)))[:b]], [64] * b)
+            scaling[b] = n / secs
         res["plain_tok_s_by_batch"] = scaling
 
         res["settings"] = dict(trajectories=args.trajectories, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
