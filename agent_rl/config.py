@@ -121,8 +121,9 @@ class ActorConfig:
     """Max gradient norm."""
     state_masking: bool = True
     """Mask retrieved/observation tokens out of loss and KL (Search-R1 name)."""
-    bf16_autocast: bool = True
-    """Run forward/backward under bf16 autocast (fp32 master weights)."""
+    bf16_autocast: str = "auto"
+    """bf16 autocast for forward/backward (fp32 master weights): auto (where the hardware runs
+    bf16 natively: AMX/AVX512-BF16, ARM BF16, CUDA; fp32 elsewhere) | true | false."""
     shuffle: bool = False
     """Shuffle sequences before splitting a batch into mini-batches (veRL actor.shuffle)."""
     strategy: str = "auto"
@@ -141,8 +142,9 @@ class RolloutConfig:
     """Nucleus sampling."""
     max_tokens_per_turn: int = 128
     """Generation budget of one assistant turn."""
-    dtype: str = "bfloat16"
-    """Engine dtype (float32 makes engine logprobs equal the trainer's)."""
+    dtype: str = "auto"
+    """Engine dtype: auto (bfloat16 where the hardware runs it natively, else float32) |
+    bfloat16 | float32 | float16. float32 makes engine logprobs equal the trainer's."""
     gpu_memory_utilization: float = 0.5
     """vLLM GPU memory fraction (GPU only)."""
     tensor_model_parallel_size: int = 1
@@ -217,8 +219,8 @@ class CriticConfig:
     """Aggregation of the value loss: token-mean | seq-mean-token-mean | seq-mean-token-sum."""
     shuffle: bool = False
     """Shuffle sequences before splitting into mini-batches."""
-    bf16_autocast: bool = True
-    """Run the critic's forward/backward under bf16 autocast (fp32 master weights)."""
+    bf16_autocast: str = "auto"
+    """bf16 autocast for the critic's forward/backward: auto | true | false (as actor.bf16_autocast)."""
     strategy: str = "auto"
     """Data parallelism: auto | fsdp | replicas (as actor.strategy)."""
 

@@ -22,6 +22,7 @@ recomputes, so at temperature 1 the two agree up to numerics.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import math
@@ -110,6 +111,13 @@ def configure_vllm_env(cfg: RolloutConfig) -> dict[str, str]:
     }
     os.environ.update(env)
     return env
+
+
+def engine_dtype(setting: str) -> tuple[str, str]:
+    """The engine's dtype for `setting` (auto | a dtype name) on this host, and why."""
+    from data_prep.hardware import cuda_available, resolve_dtype
+
+    return resolve_dtype(setting, "cuda" if cuda_available() else "cpu")
 
 
 def _tied_embeddings(model_dir: str) -> bool:
@@ -250,6 +258,9 @@ class RolloutEngine:
     async def create(cls, model_path: str, cfg: RolloutConfig, max_model_len: int = 2048) -> RolloutEngine:
         if cfg.engine_mode not in ("inproc", "mp"):
             raise ValueError(f"rollout.engine_mode must be 'inproc' or 'mp', got {cfg.engine_mode!r}")
+        dtype, why = engine_dtype(cfg.dtype)
+        cfg = dataclasses.replace(cfg, dtype=dtype)  # the resolved dtype, as reported downstream
+        log.info("rollout engine dtype: %s (%s)", dtype, why)
         self = cls(model_path, cfg, max_model_len)
         configure_vllm_env(cfg)
         from vllm.engine.arg_utils import AsyncEngineArgs, EngineArgs

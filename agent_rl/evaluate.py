@@ -353,6 +353,7 @@ async def run_evaluation(cfg: TrainConfig, prompts: Sequence[Prompt], modes: Seq
 
     `engine` / `retriever`: reuse a running `RolloutEngine` / search client (tests, the
     learning benchmark); created from `cfg` otherwise (and shut down at the end)."""
+    from agent_rl.engine import engine_dtype
     from agent_rl.rollout import RolloutManager
 
     bad = [m for m in modes if m not in MODES]
@@ -362,7 +363,7 @@ async def run_evaluation(cfg: TrainConfig, prompts: Sequence[Prompt], modes: Seq
         raise EvalInputError("no questions to evaluate")
     out = Path(out_dir)
     model_dir = resolve_model_dir(engine.model_path if engine is not None else cfg.actor_rollout_ref.model.path)
-    dtype = engine.cfg.dtype if engine is not None else cfg.actor_rollout_ref.rollout.dtype
+    dtype = engine.cfg.dtype if engine is not None else engine_dtype(cfg.actor_rollout_ref.rollout.dtype)[0]
     sink = PredictionsFile(out / PREDICTIONS)
     done = sink.open()  # takes the directory's lock before anything in it changes
     own_engine = own_client = None
@@ -421,7 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0, help="seed of the --limit sample and of the engine (default 0)")
     ap.add_argument("--max-turns", type=int, default=None, help="turns with search in agent mode (default: config max_turns)")
     ap.add_argument("--topk", type=int, default=None, help="passages per search / rag prompt (default: config retriever.topk)")
-    ap.add_argument("--dtype", default=None, choices=("bfloat16", "float32", "float16"), help="engine dtype (default: config)")
+    ap.add_argument("--dtype", default=None, choices=("auto", "bfloat16", "float32", "float16"),
+                    help="engine dtype (default: config; auto: bfloat16 where native, else float32)")
     ap.add_argument("--config", default=None, help="training YAML to take lengths, template and reward settings from")
     ap.add_argument("--concurrency", type=int, default=None, help="questions in flight (default: rollout.max_concurrent_trajectories)")
     ap.add_argument("--max-model-len", type=int, default=4096, help="engine context length (default 4096)")
@@ -470,6 +472,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         resolve_model_dir(args.model)
         cfg = config_from_args(args)
+        from agent_rl.precision import announce_run
+
+        announce_run(cfg)
         prompts = load_questions(args.data or cfg.data.val_files, args.limit, args.seed)
         if any(m in NEEDS_RETRIEVER for m in modes):
             if not args.retriever_url:

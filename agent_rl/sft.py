@@ -216,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false")):
         os.environ.setdefault(k, v)
     cfg = load_config(SFTConfig, args.config, args.overrides)
+    from agent_rl.precision import announce_run
+
+    announce_run(cfg, engine=False)
     try:
         run_sft(cfg)
     except KeyboardInterrupt:

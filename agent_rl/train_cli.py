@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault(k, v)
 
     cfg = load_config(TrainConfig, args.config, args.overrides)
+    from agent_rl.precision import announce_run
+
+    announce_run(cfg, critic=cfg.algorithm.adv_estimator == "gae")
     if not args.no_wait_retriever:
         wait_for_retriever(cfg.retriever.url, cfg.trainer.retriever_health_timeout_s)
 

@@ -237,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
         return _demos(argv[1:])
     try:
         args = build_parser(with_index_args=argv[:1] == ["index"]).parse_args(argv)
+        from data_prep.hardware import announce
+
+        announce()
         return int(args.func(args) or 0)
     except DataPrepError as e:
         print(f"error: {e}", file=sys.stderr)

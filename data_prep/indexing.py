@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from data_prep.encoder import DEFAULT_BACKEND, DEFAULT_PRECISION, Encoder, EncoderIdentity, describe_encoder
+from data_prep.encoder import DEFAULT_BACKEND, Encoder, EncoderIdentity, describe_encoder
 from data_prep.store import OFFSETS_FILE, PassageStore, scan_corpus, sha256_file
 
 log = logging.getLogger(__name__)
@@ -374,8 +374,8 @@ def add_index_arguments(parser: argparse.ArgumentParser) -> None:
                         help="pooling (default: from the model's sentence-transformers config)")
     parser.add_argument("--backend", choices=("torch", "onnx"), default=None,
                         help=f"encoder runtime (default: {DEFAULT_BACKEND} on CPU, torch on GPU)")
-    parser.add_argument("--precision", choices=("fp32", "bf16", "int8"), default=None,
-                        help=f"encoder precision (default: {DEFAULT_PRECISION} with onnx, fp32 with torch)")
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16", "int8"), default=None,
+                        help="encoder precision (default auto: int8 ONNX where the CPU has VNNI, else fp32)")
     parser.add_argument("--batch-size", type=int, default=256, help="passages per encoder batch")
     parser.add_argument("--shard-size", type=int, default=16384,
                         help="passages per embedding checkpoint (an interrupted build resumes)")

@@ -22,8 +22,8 @@ class Settings(BaseModel):
     """Query encoder spec ('minilm' or a local dir); None: the one recorded in the index."""
     encoder_backend: Literal["torch", "onnx"] | None = None
     """Query encoder runtime; None: onnx on CPU, torch on GPU (data_prep.encoder)."""
-    encoder_precision: Literal["fp32", "bf16", "int8"] | None = None
-    """Query encoder precision; None: int8 with onnx, fp32 with torch."""
+    encoder_precision: Literal["auto", "fp32", "bf16", "int8"] | None = None
+    """Query encoder precision; None/auto: int8 ONNX where the CPU has VNNI, else fp32."""
     pooling: Literal["mean", "cls"] | None = None
     """Pooling override; None: the one recorded in the index."""
     num_threads: int | None = None

@@ -77,7 +77,7 @@ class ActorWorker:
         model = model_io.load_policy(m.path, m.dtype, m.lora_rank, m.lora_alpha, m.target_modules,
                                      m.enable_gradient_checkpointing)
         self.model = model.to(self.device)
-        self.autocast = torch.bfloat16 if a.bf16_autocast else None
+        self.autocast = dist.autocast_dtype(a.bf16_autocast, self.device)
         self.policy = LogProbModel(self.model, self.autocast)
         if self.fsdp:
             dist.wrap_fsdp(self.policy, dist.decoder_layer_types(self.model), self.autocast)

@@ -63,7 +63,7 @@ class CriticWorker:
         self.fsdp = dist.use_fsdp(self.cfg.strategy)
         lm = model_io.load_policy(self.model_path, cfg.actor_rollout_ref.model.dtype)
         trunk = lm.get_decoder()
-        autocast = torch.bfloat16 if self.cfg.bf16_autocast else None
+        autocast = dist.autocast_dtype(self.cfg.bf16_autocast, self.device)
         # seeded so every rank starts from the same head (replicas must agree)
         with torch.random.fork_rng():
             torch.manual_seed(0)

@@ -12,6 +12,7 @@ also runs on gloo, so the CPU tests cover it).
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from datetime import timedelta
@@ -19,6 +20,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch import nn
+
+log = logging.getLogger(__name__)
 
 
 def free_port() -> int:
@@ -33,6 +36,16 @@ def device_for(rank: int) -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", rank % torch.cuda.device_count())
     return torch.device("cpu")
+
+
+def autocast_dtype(setting: object, device: torch.device) -> torch.dtype | None:
+    """bf16 when `setting` (auto | true | false) resolves to autocast on `device`, else None (fp32).
+    auto asks data_prep.hardware: emulated bf16 is up to 12x slower per training step."""
+    from data_prep.hardware import resolve_autocast
+
+    on, why = resolve_autocast(setting, device.type)
+    log.info("training precision: %s", why)
+    return torch.bfloat16 if on else None
 
 
 def init(rank: int, world_size: int, init_method: str | None) -> None:

