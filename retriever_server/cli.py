@@ -20,7 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kind", choices=("auto", "dense", "bm25", "hybrid"))
     p.add_argument("--encoder", help="query encoder: 'minilm' or a local model dir (default: as indexed)")
     p.add_argument("--encoder-backend", choices=("torch", "onnx"))
-    p.add_argument("--encoder-precision", choices=("fp32", "bf16", "int8"))
+    p.add_argument("--encoder-precision", choices=("auto", "fp32", "bf16", "int8"))
     p.add_argument("--pooling", choices=("mean", "cls"))
     p.add_argument("--num-threads", type=int)
     p.add_argument("--no-verify-corpus-hash", dest="verify_corpus_hash", action="store_const", const=False,
@@ -38,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", help="require header X-API-Key (default: env RETRIEVER_API_KEY if set)")
     p.add_argument("--host")
     p.add_argument("--port", type=int)
+    p.add_argument("--parent-pid", type=int, default=None,
+                   help="exit when this process is gone (launchers pass their own pid: a killed launcher leaves no server)")
     p.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"))
     return p
 
@@ -48,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     args = vars(build_parser().parse_args(argv))
     config = args.pop("config")
+    parent_pid = args.pop("parent_pid")
     if args["api_key"] is None:
         args["api_key"] = os.environ.get("RETRIEVER_API_KEY") or None
     try:
@@ -58,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     if not settings.index or not settings.corpus:
         print("agent-rl-retriever: --index and --corpus are required (or set them in --config)", file=sys.stderr)
         return 2
+    from data_prep.hardware import announce
+
+    announce()
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     import uvicorn
@@ -77,6 +83,10 @@ def main(argv: list[str] | None = None) -> int:
                              access_log=False, loop="auto", http="auto", timeout_keep_alive=30,
                              backlog=4096)
     server = uvicorn.Server(config_)
+    if parent_pid:
+        from retriever_server.watchdog import exit_with
+
+        exit_with(parent_pid, lambda: setattr(server, "should_exit", True))
     server.run()
     if fatal:
         print(f"agent-rl-retriever: refusing to start: {fatal[0]}", file=sys.stderr)

@@ -29,7 +29,9 @@ def start_server(index_dir: str | os.PathLike | Sequence[str | os.PathLike], cor
     default; its path is `proc.log_path`)."""
     port = port or free_port(host)
     dirs = [index_dir] if isinstance(index_dir, (str, os.PathLike)) else list(index_dir)
-    cmd = [sys.executable, "-m", "retriever_server", "--corpus", str(corpus), "--host", host, "--port", str(port)]
+    # --parent-pid: the server exits when this process dies, even by SIGKILL (retriever_server.watchdog)
+    cmd = [sys.executable, "-m", "retriever_server", "--corpus", str(corpus), "--host", host, "--port", str(port),
+           "--parent-pid", str(os.getpid())]
     for d in dirs:
         cmd += ["--index", str(d)]
     cmd += [str(a) for a in extra_args]
