@@ -153,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nCold start on {args.qa} ({rows[0]['questions']} questions, {args.n} samples each at T=1)\n")
     print(table(rows))
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+        from data_prep.hardware import hardware_info
+
+        Path(args.json).write_text(json.dumps({"hardware": hardware_info(), "rows": rows}, indent=1) + "\n")
     return 0
 
 

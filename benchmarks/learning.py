@@ -204,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
     result = assemble(work, steps, seconds)
-    result.update(budget_minutes=args.minutes, wall_minutes=(time.time() - t_start) / 60, config=str(args.config),
+    from data_prep.hardware import hardware_info
+
+    result.update(hardware=hardware_info(), budget_minutes=args.minutes, wall_minutes=(time.time() - t_start) / 60, config=str(args.config),
                   overrides=args.overrides, sft_model=str(sft), rl_model=str(rl_model))
     table = report.comparison([("SFT", work / "eval_sft"), ("SFT+RL", work / "eval_rl")])
     print("\n" + report.comparison_markdown(table, title=f"Learning benchmark: {steps} RL steps in {seconds / 60:.1f} min"))

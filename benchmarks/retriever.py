@@ -169,6 +169,8 @@ def rss_mb(pid: int) -> float:
 
 # ----------------------------------------------------------------------------- main
 def main(argv=None) -> int:
+    from data_prep.hardware import hardware_info
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small corpus, short runs (smoke test)")
     ap.add_argument("--json", help="write the results here")
@@ -284,7 +286,7 @@ def main(argv=None) -> int:
         "recall@3": rec_fast, "recall@3_fp32": rec_plain, "recall@3_change": rec_fast - rec_plain,
         "recall_questions": nrec, "num_passages": meta["num_passages"], "corpus": str(corpus),
         "startup_s": startup_s, "server_rss_mb": rss0, "server_rss_mb_after": rss1, "quick": args.quick,
-        "rows": rows,
+        "rows": rows, "hardware": hardware_info(encoder=f"{fast.backend}-{fast.precision}"),
     }
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")

@@ -299,7 +299,7 @@ def main() -> None:
     ap.add_argument("--max-response-length", type=int, default=512)
     ap.add_argument("--max-num-seqs", type=int, default=64, help="engine batch slots")
     ap.add_argument("--in-flight", type=int, default=128, help="trajectories in flight")
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default="auto", help="engine dtype (auto: bfloat16 where native, else float32)")
     ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (lower: more searches)")
     ap.add_argument("--no-prefix-caching", action="store_true")
     ap.add_argument("--prompt", choices=["few_shot", "search_r1", "chat"], default="few_shot",
@@ -327,6 +327,11 @@ def main() -> None:
     print("plain decoding tok/s by batch size (64 tokens each): "
           + ", ".join(f"batch {b}: {v:.0f}" for b, v in res["plain_tok_s_by_batch"].items()))
     if args.json:
+        from data_prep.hardware import hardware_info
+
+        from agent_rl.engine import engine_dtype
+
+        res["hardware"] = hardware_info(engine=" ".join(engine_dtype(args.dtype)))
         Path(args.json).write_text(json.dumps(res, indent=2))
 
 

@@ -84,7 +84,7 @@ def rl_fields(worker: ActorWorker, batch: TokenBatch) -> TokenBatch:
                              rollout_logprobs=old * batch.loss_mask)
 
 
-def make_cfg(model: str, n: int, lora_rank: int = 0, bf16: bool = True) -> ActorRolloutRefConfig:
+def make_cfg(model: str, n: int, lora_rank: int = 0, bf16: bool | str = "auto") -> ActorRolloutRefConfig:
     cfg = ActorRolloutRefConfig()
     cfg.model.path = model
     cfg.model.lora_rank = lora_rank
@@ -133,12 +133,13 @@ def bare_padded_step(worker: ActorWorker, batch: TokenBatch) -> None:
     lm = worker.model
     length = batch.input_ids.shape[1]
     attn = (torch.arange(length)[None] < batch.seq_lens[:, None]).long()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    ac = worker.autocast
+    with torch.autocast("cpu", dtype=ac or torch.bfloat16, enabled=ac is not None):
         hidden = model_io.decoder(lm)(input_ids=batch.input_ids, attention_mask=attn, use_cache=False).last_hidden_state
     rows = torch.cat([torch.full((int(r),), i) for i, r in enumerate(batch.response_lens)])
     cols = torch.cat([torch.arange(int(p) - 1, int(n) - 1) for p, n in zip(batch.prompt_lens, batch.seq_lens)])
     targets = batch.input_ids[rows, cols + 1]
-    logp, _ = token_logprobs(hidden[rows, cols], model_io.lm_head_weight(lm), targets, torch.bfloat16, False)
+    logp, _ = token_logprobs(hidden[rows, cols], model_io.lm_head_weight(lm), targets, ac or torch.float32, False)
     logp.sum().backward()
     worker.optim.optimizer.zero_grad(set_to_none=True)
 
@@ -169,10 +170,13 @@ def bench(model: str, batch: TokenBatch, warm: TokenBatch, reps: int) -> tuple[d
         "bare_padded": lambda b: bare_padded_step(w, b),
         "old_logprob": lambda b: w.compute_log_probs(b),
     }, warm, batch, reps)
+    autocast = w.autocast
+    params = sum(p.numel() for p in w.model.parameters())
     del w
-    w = ActorWorker(make_cfg(model, n, bf16=False), total_steps=1000)
-    secs.update(measure({"update_fp32": lambda b: w.update_policy(b)}, warm, batch, reps))
-    del w
+    if autocast is not None:  # auto chose bf16: the fp32 update splits the speed-up
+        w = ActorWorker(make_cfg(model, n, bf16=False), total_steps=1000)
+        secs.update(measure({"update_fp32": lambda b: w.update_policy(b)}, warm, batch, reps))
+        del w
     from transformers import AutoModelForCausalLM
 
     naive = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).train()
@@ -197,7 +201,16 @@ def bench(model: str, batch: TokenBatch, warm: TokenBatch, reps: int) -> tuple[d
         out["actor_step_recompute_s"] = s["update"] + s["old_logprob"]
         return out
 
-    return summary(secs), summary(lora_secs)
+    full = summary(secs)
+    # model FLOP utilisation: 6 * parameters * tokens/s over a matmul probe in the same dtype
+    from data_prep.hardware import matmul_flops
+
+    probe = matmul_flops("bfloat16" if autocast is not None else "float32", n=1024, seconds=1.0)
+    full["mfu"] = 6 * params * full["update_tok_s"] / probe
+    full["matmul_probe_flops"] = probe
+    full["params"] = params
+    full["update_dtype"] = "bf16 autocast" if autocast is not None else "fp32"
+    return full, summary(lora_secs)
 
 
 def grpo_step_split(model: str, steps: int, lora_rank: int, work: Path, url: str) -> dict[str, float]:
@@ -238,6 +251,9 @@ def main() -> None:
                     help="policy of the GRPO step runs (default --model; an SFT checkpoint gives realistic turns)")
     ap.add_argument("--rl-steps", type=int, default=None, help="GRPO steps per run (default 4, quick 2)")
     args = ap.parse_args()
+    from data_prep.hardware import announce, hardware_info
+
+    announce()
     if args.quick:
         batch, reps = make_batch(4, (20, 40), (30, 60)), args.reps or 1
     else:  # the 8 x 512 tokens, with Search-R1-like variation
@@ -250,7 +266,8 @@ def main() -> None:
     timing = rl_timings(args.rl_model or args.model, steps)
     full, lora = bench(args.model, batch, warm, reps)
     result = {
-        **{k: full[k] for k in ("update_tok_s", "bare_tok_s", "ratio_to_bare", "speedup_vs_naive")},
+        **{k: full[k] for k in ("update_tok_s", "bare_tok_s", "ratio_to_bare", "speedup_vs_naive", "mfu")},
+        "hardware": hardware_info(actor=full["update_dtype"]),
         "full_ft": full,
         "lora": lora,
         "batch": {"sequences": len(batch), "tokens": batch.num_tokens, "padded_tokens": padded},
@@ -276,6 +293,8 @@ def main() -> None:
     for name in ("full_ft", "lora"):
         print(f"{name:10} " + " ".join(f"{timing[name].get(p, nan):12.2f}" for p in phases))
     print(f"weight_sync_s: {result['weight_sync_s']:.2f} (full), {result['weight_sync_s_lora']:.2f} (LoRA, merged weights)")
+    print(f"mfu {full['mfu']:.3f}: 6 x {full['params'] / 1e6:.0f}M params x {full['update_tok_s']:.0f} tok/s / "
+          f"{full['matmul_probe_flops'] / 1e9:.1f} GFLOP/s matmul probe ({full['update_dtype']})")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")

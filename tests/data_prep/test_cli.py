@@ -56,7 +56,9 @@ def test_user_errors_exit_1_without_traceback(tmp_path):
     for args in cases:
         p = run(*args, cwd=tmp_path)
         assert p.returncode == 1, (args, p.stderr)
-        assert p.stderr.startswith("error: ") and "Traceback" not in p.stderr, p.stderr
+        # every command starts with the hardware line; the user's error comes right after it
+        err = "".join(l for l in p.stderr.splitlines(True) if not l.startswith("[hardware] "))
+        assert err.startswith("error: ") and "Traceback" not in p.stderr, p.stderr
     assert not (tmp_path / "o.jsonl").exists() and not (tmp_path / "o.parquet").exists()
 
 

@@ -67,9 +67,16 @@ def test_fast_variants_stay_close_to_fp32(backend, precision, fp32):
     assert not EncoderIdentity.mismatches(ident, fp32.identity())
 
 
-def test_default_is_the_fast_cpu_variant():
+def test_default_is_the_fast_cpu_variant(monkeypatch):
+    from data_prep import hardware
+
+    # int8 only where the CPU has int8 dot products (VNNI); fp32 ONNX elsewhere
     e = Encoder()
-    assert (e.backend, e.precision) == ("onnx", "int8")
+    assert (e.backend, e.precision) == ("onnx", "int8" if hardware.has_vnni() else "fp32")
+    monkeypatch.setattr(hardware, "has_vnni", lambda info=None: True)
+    assert Encoder().precision == "int8"
+    monkeypatch.setattr(hardware, "has_vnni", lambda info=None: False)
+    assert Encoder().precision == "fp32"
     assert e.identity()["name"] == "all-MiniLM-L6-v2"
     assert e.encode_queries([]).shape == (0, 384)
 
