@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 
 
-def update_tokens_per_s(model_dir: str, autocast: str, seq_len: int = 256, rows: int = 2, steps: int = 2) -> dict:
+def update_tokens_per_s(model_dir: str, autocast: str, seq_len: int = 512, rows: int = 1, steps: int = 1) -> dict:
     import torch
 
-    from agent_rl.workers import dist, model_io
+    from agent_rl.training.workers import dist, model_io
 
     device = dist.device_for(0)
     ac = dist.autocast_dtype(autocast, device)
@@ -34,13 +34,13 @@ def update_tokens_per_s(model_dir: str, autocast: str, seq_len: int = 256, rows:
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (rows, seq_len), generator=g).to(device)
 
-    def step() -> None:
+    def step(ids=ids) -> None:
         with torch.autocast(device.type, dtype=ac or torch.bfloat16, enabled=ac is not None):
             loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         model.zero_grad(set_to_none=True)
 
-    step()  # warm-up: allocation and kernel selection
+    step(ids[:, : seq_len // 2])  # warm-up: allocation and kernel selection, at half the cost
     t0 = time.perf_counter()
     for _ in range(steps):
         step()
@@ -49,7 +49,7 @@ def update_tokens_per_s(model_dir: str, autocast: str, seq_len: int = 256, rows:
 
 
 async def _generation(model_dir: str, rollout_cfg, batch: int, tokens: int) -> dict:
-    from agent_rl.engine import RolloutEngine, Sampling
+    from agent_rl.rollout.engine import RolloutEngine, Sampling
 
     t0 = time.perf_counter()
     engine = await RolloutEngine.create(model_dir, rollout_cfg, max_model_len=512)

@@ -96,7 +96,7 @@ class ActorConfig:
     ppo_epochs: int = 1
     """Passes over each rollout batch."""
     policy_loss: str = "vanilla"
-    """Policy loss registered in agent_rl.algos (veRL: policy_loss.loss_mode); vanilla = PPO clip."""
+    """Policy loss registered in agent_rl.training.algos (veRL: policy_loss.loss_mode); vanilla = PPO clip."""
     clip_ratio: float = 0.2
     """PPO clip epsilon (used for low and high when those are unset)."""
     clip_ratio_low: float | None = None
@@ -171,6 +171,11 @@ class RolloutConfig:
     """Token budget of one engine step (prefill chunking); None: vLLM's default."""
     tool_timeout_s: float = 120.0
     """Upper bound on one tool call including the client's retries; exceeded -> error observation."""
+
+    @property
+    def template(self) -> str:
+        """The prompt template `chat_template` selects: "chat" | "base" (derived here only)."""
+        return "chat" if self.chat_template else "base"
 
 
 @dataclass

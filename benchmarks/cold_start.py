@@ -56,15 +56,15 @@ def share(xs) -> float:
 async def measure(model: str, url: str, args: argparse.Namespace) -> dict:
     import torch
 
-    from agent_rl.algos.filtering import filter_groups
     from agent_rl.config import TrainConfig, load_config
-    from agent_rl.data import load_prompts
-    from agent_rl.engine import RolloutEngine
-    from agent_rl.evaluate import resolve_model_dir
-    from agent_rl.report import wilson_interval
-    from agent_rl.retrieval_client import RetrieverClient
-    from agent_rl.reward import evaluate_response
-    from agent_rl.rollout import RolloutManager
+    from agent_rl.evaluation.evaluate import resolve_model_dir
+    from agent_rl.evaluation.report import wilson_interval
+    from agent_rl.rollout.engine import RolloutEngine
+    from agent_rl.rollout.manager import RolloutManager
+    from agent_rl.rollout.retrieval_client import RetrieverClient
+    from agent_rl.rollout.reward import evaluate_response
+    from agent_rl.training.algos.filtering import filter_groups
+    from agent_rl.training.data import load_prompts
 
     model_dir = str(resolve_model_dir(model))
     cfg = load_config(TrainConfig, args.config, [*args.overrides, f"retriever.url=[{url}]"])

@@ -52,7 +52,7 @@ def run(cmd: list[str], what: str) -> None:
 
 def evaluate(model: Path, modes: list[str], url: str, args: argparse.Namespace, out: Path) -> dict:
     """`agent-rl-eval` in its own process (its engine must not share the cores with training)."""
-    cmd = [PY, "-m", "agent_rl.evaluate", "--model", str(model), "--retriever-url", url,
+    cmd = [PY, "-m", "agent_rl.evaluation.evaluate", "--model", str(model), "--retriever-url", url,
            "--data", str(args.test), "--mode", *modes, "--out", str(out), "--limit", str(args.eval_limit),
            "--seed", str(args.seed), "--config", str(args.config), "--no-progress"]
     run(cmd + ["--", *args.overrides] if args.overrides else cmd, f"evaluate {model} in {', '.join(modes)}")
@@ -63,8 +63,8 @@ def train(sft: Path, url: str, args: argparse.Namespace, run_dir: Path) -> tuple
     """RL from `sft` until the budget is spent; returns (steps, training seconds). The
     trainer runs in this process (Ray actors for the workers), stopped between steps."""
     from agent_rl.config import TrainConfig, load_config
-    from agent_rl.train_cli import init_ray
-    from agent_rl.trainer import RayTrainer
+    from agent_rl.training.ray_workers import init_ray
+    from agent_rl.training.trainer import RayTrainer
 
     overrides = [
         f"actor_rollout_ref.model.path={sft}",
@@ -111,7 +111,7 @@ def train(sft: Path, url: str, args: argparse.Namespace, run_dir: Path) -> tuple
 
 def diagnostics(run_dir: Path, window: int = 5) -> dict:
     """What the curves say, in numbers: first vs last `window` steps of the run."""
-    from agent_rl.metrics import read_jsonl
+    from agent_rl.training.metrics import read_jsonl
 
     rows = [r for r in read_jsonl(run_dir) if r.get("step", 0) > 0]
     out: dict = {"steps_logged": len(rows)}
@@ -128,7 +128,7 @@ def diagnostics(run_dir: Path, window: int = 5) -> dict:
 def assemble(work: Path, steps: int, seconds: float) -> dict:
     """The benchmark's numbers from what the run left on disk: eval_sft/ (three modes),
     eval_rl/ (agent), rl/ (metrics.jsonl)."""
-    from agent_rl import report
+    from agent_rl.evaluation import report
 
     sft, rl = report.read_summary(work / "eval_sft")["modes"], report.read_summary(work / "eval_rl")["modes"]
 
@@ -147,7 +147,7 @@ def assemble(work: Path, steps: int, seconds: float) -> dict:
     result["goal_met"] = bool(result["em_rl"] - result["em_sft"] >= 0.10 and result["em_rl"] > result["em_rag"])
     result["diagnostics"] = diagnostics(work / "rl")
     try:
-        from agent_rl.plot import plot_run
+        from agent_rl.evaluation.plot import plot_run
 
         result["curves_png"] = str(plot_run(work / "rl", work / "curves.png"))
     except (OSError, ValueError) as e:  # no metrics (budget hit inside step 1): keep the numbers
@@ -174,8 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false")):
         os.environ.setdefault(k, v)
 
-    from agent_rl import report
-    from agent_rl.evaluate import EvalInputError, resolve_model_dir
+    from agent_rl.evaluation import report
+    from agent_rl.evaluation.evaluate import EvalInputError, resolve_model_dir
     from benchmarks.kb_server import serve_index
 
     kb, index = Path(args.kb), Path(args.index)

@@ -6,7 +6,7 @@ One engine, one retriever server, measured side by side in one run (absolute num
 shared machines; the ratios are the result), after one untimed interleaved pass that warms the
 engine up; `--repeats R` measures R rounds and reports the median of each number:
 
-- interleaved: `agent_rl.rollout.RolloutManager` — one coroutine per trajectory, tool calls
+- interleaved: `agent_rl.rollout.manager.RolloutManager` — one coroutine per trajectory, tool calls
   overlap generation, more trajectories in flight than engine batch slots.
 - plain: the same number of prompts, each generating as many tokens as its interleaved
   trajectory sampled (ignore_eos), all in one batch: the engine's limit (ratio 1.0).
@@ -78,12 +78,13 @@ class LatencyRetriever:
 
 
 def build_items(tokenizer, questions, prompt_kind: str) -> list[Item]:
-    from agent_rl import prompts as P
+    from agent_rl.rollout import observation as O
+    from agent_rl.rollout import prompts as P
 
     demo = ""
     if prompt_kind == "few_shot":
         demo = "".join(
-            f"Question: {q}\n<search> {s} </search>{P.format_observation(f'Doc 1(Title: {s}) {d}')}<answer> {a} </answer>\n\n"
+            f"Question: {q}\n<search> {s} </search>{O.format_observation(f'Doc 1(Title: {s}) {d}')}<answer> {a} </answer>\n\n"
             for q, s, d, a in DEMOS
         )
     items = []
@@ -102,8 +103,9 @@ async def batch_per_turn(engine, tokenizer, retriever, items, cfg, sampling) -> 
     the sequences active at each turn."""
     from dataclasses import replace
 
-    from agent_rl import prompts as P
-    from agent_rl.retrieval_client import format_passages
+    from agent_rl.rollout import observation as O
+    from agent_rl.rollout import prompts as P
+    from agent_rl.rollout.observation import format_passages
 
     max_turns, budget = cfg.max_turns, cfg.data.max_response_length
     ctx = [list(it.prompt_ids) for it in items]
@@ -139,10 +141,10 @@ async def batch_per_turn(engine, tokenizer, retriever, items, cfg, sampling) -> 
         try:  # one batched request per turn, as Search-R1's batch_search
             texts = [format_passages(r) for r in await retriever.search([q for _, q in real], cfg.retriever.topk)] if real else []
         except Exception:  # noqa: BLE001 - same recovery as the manager: error observations
-            texts = [P.SEARCH_ERROR_TEXT] * len(real)
+            texts = [O.SEARCH_ERROR_TEXT] * len(real)
         tool_s += time.perf_counter() - tt
         searches += len(real)
-        obs = {i: P.encode_observation(tokenizer, t, cfg.data.max_obs_length)[0] for (i, _), t in zip(real, texts)}
+        obs = {i: O.encode_observation(tokenizer, t, cfg.data.max_obs_length)[0] for (i, _), t in zip(real, texts)}
         for i, q in queries:
             add = obs[i] if q is not None else P.encode_text(tokenizer, P.FEEDBACK_INVALID)
             add = add[: budget - resp_len[i]]
@@ -155,7 +157,7 @@ async def batch_per_turn(engine, tokenizer, retriever, items, cfg, sampling) -> 
 async def interleaved(engine, client, lo, hi, cfg, tok, items, seed: int):
     """The manager's rollout of `items` from an empty prefix cache; (trajectories, metrics,
     retriever, seconds)."""
-    from agent_rl.rollout import RolloutManager
+    from agent_rl.rollout.manager import RolloutManager
 
     await engine.reset_prefix_cache()
     ret = LatencyRetriever(client, lo, hi, seed=seed)
@@ -168,7 +170,7 @@ async def interleaved(engine, client, lo, hi, cfg, tok, items, seed: int):
 async def plain(engine, prompts: list[list[int]], counts: list[int]) -> tuple[int, float]:
     """All `prompts` in one batch from an empty prefix cache, each generating exactly its
     count of tokens; (tokens generated, seconds)."""
-    from agent_rl.engine import Sampling
+    from agent_rl.rollout.engine import Sampling
 
     await engine.reset_prefix_cache()
     t0 = time.perf_counter()
@@ -230,12 +232,12 @@ def median_round(rounds: list[dict]) -> dict:
 
 
 async def main_async(args) -> dict:
-    from agent_rl.config import TrainConfig
-    from agent_rl.engine import RolloutEngine, Sampling
-    from agent_rl.retrieval_client import RetrieverClient
-    from benchmarks.kb_server import kb_retriever
-
     import pandas as pd
+
+    from agent_rl.config import TrainConfig
+    from agent_rl.rollout.engine import RolloutEngine, Sampling
+    from agent_rl.rollout.retrieval_client import RetrieverClient
+    from benchmarks.kb_server import kb_retriever
 
     lo, hi = (float(x) for x in args.tool_latency_ms.split("-"))
     cfg = TrainConfig()
@@ -327,9 +329,8 @@ def main() -> None:
     print("plain decoding tok/s by batch size (64 tokens each): "
           + ", ".join(f"batch {b}: {v:.0f}" for b, v in res["plain_tok_s_by_batch"].items()))
     if args.json:
+        from agent_rl.rollout.engine import engine_dtype
         from data_prep.hardware import hardware_info
-
-        from agent_rl.engine import engine_dtype
 
         res["hardware"] = hardware_info(engine=" ".join(engine_dtype(args.dtype)))
         Path(args.json).write_text(json.dumps(res, indent=2))

@@ -50,11 +50,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
-from agent_rl.batch import TokenBatch, micro_batches  # noqa: E402
 from agent_rl.config import ActorRolloutRefConfig  # noqa: E402
+from agent_rl.training.batch import TokenBatch, micro_batches  # noqa: E402
+from agent_rl.training.workers.actor import ActorWorker  # noqa: E402
+from agent_rl.training.workers.forward import pack  # noqa: E402
 from agent_rl.types import Trajectory  # noqa: E402
-from agent_rl.workers.actor import ActorWorker  # noqa: E402
-from agent_rl.workers.forward import pack  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- data
@@ -127,8 +127,8 @@ def bare_step(worker: ActorWorker, batch: TokenBatch) -> None:
 
 def bare_padded_step(worker: ActorWorker, batch: TokenBatch) -> None:
     """`bare_step` on the padded (B, L) batch with an attention mask: the cost of padding."""
-    from agent_rl.workers import model_io
-    from agent_rl.workers.forward import token_logprobs
+    from agent_rl.training.workers import model_io
+    from agent_rl.training.workers.forward import token_logprobs
 
     lm = worker.model
     length = batch.input_ids.shape[1]
@@ -218,7 +218,7 @@ def grpo_step_split(model: str, steps: int, lora_rank: int, work: Path, url: str
     import subprocess
 
     run_dir = work / f"grpo_lora{lora_rank}"
-    cmd = [sys.executable, "-m", "agent_rl.train_cli", "--config", str(ROOT / "configs/train/demo_grpo_cpu.yaml"),
+    cmd = [sys.executable, "-m", "agent_rl.training.cli", "--config", str(ROOT / "configs/train/demo_grpo_cpu.yaml"),
            f"actor_rollout_ref.model.path={model}", f"actor_rollout_ref.model.lora_rank={lora_rank}",
            f"data.train_files=[{work / 'kb' / 'train.parquet'}]", "data.val_files=[]",
            f"retriever.url=[{url}/retrieve]", f"trainer.total_training_steps={steps}", "trainer.save_freq=-1",

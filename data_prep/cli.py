@@ -109,14 +109,20 @@ def _cmd_kbcheck(args) -> int:
     return 0 if report["ok"] else 1
 
 
+DEMOS_MODULE = "agent_rl.coldstart.demos"
+"""Where `agent-rl-prep demos` dispatches (the rollout's own template and tokenization)."""
+
+
 def _demos(argv: list[str]) -> int:
     """`demos` belongs to agent_rl (same template and tokenization path as the rollout);
-    data_prep only dispatches, so it imports nothing of agent_rl at module level."""
+    data_prep only dispatches to it by name, so data_prep depends on no other package."""
+    import importlib
+
     try:
-        import agent_rl.demos as demos
+        demos = importlib.import_module(DEMOS_MODULE)
     except ModuleNotFoundError as e:
-        if e.name in ("agent_rl", "agent_rl.demos"):
-            print("error: demos needs agent_rl.demos (not yet available)", file=sys.stderr)
+        if e.name in ("agent_rl", "agent_rl.coldstart", DEMOS_MODULE):
+            print(f"error: demos needs {DEMOS_MODULE} (install the agent_rl package)", file=sys.stderr)
             return 2
         raise
     return int(demos.main(argv) or 0)
@@ -227,7 +233,7 @@ def build_parser(with_index_args: bool = False) -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_kbcheck)
 
     sub.add_parser("demos", add_help=False,
-                   help="build cold-start demonstration trajectories (agent_rl.demos; `demos --help`)")
+                   help="build cold-start demonstration trajectories (agent_rl.coldstart.demos; `demos --help`)")
     return parser
 
 

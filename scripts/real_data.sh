@@ -68,17 +68,17 @@ done
 step "cold-start SFT ($SFT_MINUTES min budget)"
 RUN=$(basename "$OUT")
 SFT=runs/sft/$RUN
-[ -f "$SFT/model/config.json" ] || $PY -m agent_rl.sft --config configs/sft/wiki35k_cpu.yaml \
+[ -f "$SFT/model/config.json" ] || $PY -m agent_rl.coldstart.sft --config configs/sft/wiki35k_cpu.yaml \
   "data.train_files=[${DEMO_FILES#,}]" "trainer.total_training_steps=0" \
   "trainer.max_time_s=$((SFT_MINUTES * 60))" "trainer.default_local_dir=$SFT"
 
 step "evaluation: $EVAL_N questions of NQ test and HotpotQA dev, agent / rag / direct"
 for pair in "base artifacts/model" "sft $SFT"; do
   set -- $pair
-  $PY -m agent_rl.evaluate --model "$2" --config "$CFG" --retriever-url "$URL" \
+  $PY -m agent_rl.evaluation.evaluate --model "$2" --config "$CFG" --retriever-url "$URL" \
     --data "$OUT/nq_test.parquet" "$OUT/hotpotqa_dev.parquet" --mode agent rag direct --limit "$EVAL_N" \
     --out "runs/eval/${RUN}_$1" --no-progress
 done
 { for src in nq hotpotqa; do
-    $PY -m agent_rl.report base=runs/eval/${RUN}_base SFT=runs/eval/${RUN}_sft --source "$src"; done
+    $PY -m agent_rl.evaluation.report base=runs/eval/${RUN}_base SFT=runs/eval/${RUN}_sft --source "$src"; done
 } | tee "$OUT/report.md"

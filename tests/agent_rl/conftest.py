@@ -42,7 +42,7 @@ def aio():
 
 def _make_engine(aio: LoopThread, model_dir: Path, dtype: str):
     from agent_rl.config import RolloutConfig
-    from agent_rl.engine import RolloutEngine
+    from agent_rl.rollout.engine import RolloutEngine
 
     cfg = RolloutConfig(dtype=dtype, max_num_seqs=32, kv_cache_space_gb=1, seed=0)
     return aio(RolloutEngine.create(str(model_dir), cfg, max_model_len=MAX_MODEL_LEN), timeout=600)

@@ -15,13 +15,13 @@ import math
 import pytest
 import torch
 
-from agent_rl.algos import agg_loss
-from agent_rl.batch import TokenBatch
 from agent_rl.config import ActorRolloutRefConfig
+from agent_rl.training.algos import agg_loss
+from agent_rl.training.batch import TokenBatch
+from agent_rl.training.workers import forward as fw
+from agent_rl.training.workers import model_io
+from agent_rl.training.workers.actor import ActorWorker
 from agent_rl.types import Trajectory
-from agent_rl.workers import forward as fw
-from agent_rl.workers import model_io
-from agent_rl.workers.actor import ActorWorker
 
 
 # ----------------------------------------------------------------------------- helpers

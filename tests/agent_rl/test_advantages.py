@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from agent_rl.algos import (
+from agent_rl.config import AlgorithmConfig
+from agent_rl.training.algos import (
     ADV_ESTIMATORS,
     compute_gae,
     discounted_returns,
@@ -13,7 +14,6 @@ from agent_rl.algos import (
     place_outcome_reward,
     register_adv_est,
 )
-from agent_rl.config import AlgorithmConfig
 
 
 def outcome(scores, T=4):
@@ -211,3 +211,12 @@ def test_registry_lists_known_names_and_rejects_duplicates():
 
 def test_config_default_estimator_is_registered():
     assert get_adv_estimator(AlgorithmConfig().adv_estimator) is not None
+
+
+def test_needs_critic_is_declared_at_registration():
+    from agent_rl.training.algos import needs_critic
+
+    assert needs_critic("gae") is True
+    assert not any(needs_critic(n) for n in ("grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"))
+    with pytest.raises(ValueError, match="unknown advantage estimator"):
+        needs_critic("nope")

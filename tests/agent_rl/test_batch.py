@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agent_rl.batch import TokenBatch, concat_rows, micro_batches, shard, shard_indices, split_mini_batches
+from agent_rl.training.batch import TokenBatch, concat_rows, micro_batches, shard, shard_indices, split_mini_batches
 from agent_rl.types import Trajectory
 
 

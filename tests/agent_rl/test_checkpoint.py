@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from agent_rl.checkpoint import CheckpointManager
+from agent_rl.training.checkpoint import CheckpointManager
 
 
 def _save(mgr: CheckpointManager, step: int, **kw):

@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
-from agent_rl.batch import TokenBatch
 from agent_rl.config import TrainConfig
+from agent_rl.training.batch import TokenBatch
+from agent_rl.training.workers import model_io
+from agent_rl.training.workers.critic import CriticWorker
 from agent_rl.types import Trajectory
-from agent_rl.workers import model_io
-from agent_rl.workers.critic import CriticWorker
 
 
 def make_trajs(n: int, seed: int) -> list[Trajectory]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from agent_rl.data import Prompt, PromptLoader, drop_overlong, load_prompts
+from agent_rl.training.data import Prompt, PromptLoader, drop_overlong, load_prompts
 
 
 def _prompts(n: int) -> list[Prompt]:

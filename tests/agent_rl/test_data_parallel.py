@@ -17,12 +17,12 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from agent_rl.batch import TokenBatch, shard
 from agent_rl.config import ActorRolloutRefConfig
+from agent_rl.training.batch import TokenBatch, shard
+from agent_rl.training.workers import dist as wdist
+from agent_rl.training.workers import model_io
+from agent_rl.training.workers.actor import ActorWorker
 from agent_rl.types import Trajectory
-from agent_rl.workers import dist as wdist
-from agent_rl.workers import model_io
-from agent_rl.workers.actor import ActorWorker
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 
 Integration tests build demonstrations from the tiny knowledge base against a real retriever
 server (BM25, own process) with the real tokenizer, then check them against (a) an
-independent assembly from `agent_rl.prompts` and the server's results, and (b) the rollout
+independent assembly from `agent_rl.rollout.prompts` and the server's results, and (b) the rollout
 manager driven by a scripted engine that replays the stored model turns, with the real
 HTTP retriever client.
 """
@@ -15,10 +15,13 @@ from dataclasses import replace
 
 import pytest
 
-from agent_rl import demos as D
-from agent_rl import prompts as P
-from agent_rl import reward as R
+from agent_rl.coldstart import demo_file as DF
+from agent_rl.coldstart import demos as D
+from agent_rl.coldstart import plan as PL
 from agent_rl.config import TrainConfig
+from agent_rl.rollout import observation as O
+from agent_rl.rollout import prompts as P
+from agent_rl.rollout import reward as R
 
 
 def _cfg(topk: int = 1, **data) -> TrainConfig:
@@ -47,48 +50,48 @@ KB_BRIDGE = {
 
 
 def test_plan_uses_kb_hops_decompositions_or_the_question():
-    p = D.plan_queries(KB_BRIDGE, max_searches=2)
+    p = PL.plan_queries(KB_BRIDGE, max_searches=2)
     assert p.queries == KB_BRIDGE["hop_queries"] and p.hop_answers == ["Zimette Heirard", "Grulcrest"]
     assert not p.comparison
-    assert D.plan_queries({**KB_BRIDGE, "kind": "comparison"}, 2).comparison
+    assert PL.plan_queries({**KB_BRIDGE, "kind": "comparison"}, 2).comparison
     musique = {"id": "m", "question": "When was the publisher of Crux launched?", "golden_answers": ["1998"],
                "question_decomposition": json.dumps([{"question": "Crux >> publisher", "answer": "Taylor & Francis"},
                                                      {"question": "When was #1 launched?", "answer": "1998"}])}
-    p = D.plan_queries(musique, 3)
+    p = PL.plan_queries(musique, 3)
     assert p.queries == ["Crux >> publisher", "When was Taylor & Francis launched?"]
     assert p.hop_answers == ["Taylor & Francis", "1998"]
     plain = {"id": "q", "question": " who wrote x ", "golden_answers": ["y"]}
-    assert D.plan_queries(plain, 1).queries == ["who wrote x"] and D.plan_queries(plain, 1).hop_answers == [None]
-    with pytest.raises(D.Drop) as e:
-        D.plan_queries(KB_BRIDGE, max_searches=1)
+    assert PL.plan_queries(plain, 1).queries == ["who wrote x"] and PL.plan_queries(plain, 1).hop_answers == [None]
+    with pytest.raises(PL.Drop) as e:
+        PL.plan_queries(KB_BRIDGE, max_searches=1)
     assert e.value.reason == "too_many_searches"
-    with pytest.raises(D.Drop) as e:
-        D.plan_queries({**KB_BRIDGE, "hop_queries": ["a", " "]}, 2)
+    with pytest.raises(PL.Drop) as e:
+        PL.plan_queries({**KB_BRIDGE, "hop_queries": ["a", " "]}, 2)
     assert e.value.reason == "no_query"
 
 
 def test_contains_matches_whole_normalised_words():
-    assert D.contains("Doc 1(Title: \"X\") born in 1850 in Grulcrest.", "1850")
-    assert D.contains("founded by The Zentrix Labs", "zentrix labs")
-    assert not D.contains("population of about 18503", "1850")
-    assert not D.contains("Annette Holt was", "Ann")
-    assert D.contains("Thyrald Clouvwick (1940–1999) was", "1940")
-    assert not D.contains("anything", "the")  # normalises to nothing: never a match
-    assert D.grounded_answer(["Zumwyn Baxine Grestner", "Zumwyn Grestner"], ["x", "Zumwyn Grestner was"]) == "Zumwyn Grestner"
-    assert D.grounded_answer(["a b"], ["nothing here"]) is None
+    assert PL.contains("Doc 1(Title: \"X\") born in 1850 in Grulcrest.", "1850")
+    assert PL.contains("founded by The Zentrix Labs", "zentrix labs")
+    assert not PL.contains("population of about 18503", "1850")
+    assert not PL.contains("Annette Holt was", "Ann")
+    assert PL.contains("Thyrald Clouvwick (1940–1999) was", "1940")
+    assert not PL.contains("anything", "the")  # normalises to nothing: never a match
+    assert PL.grounded_answer(["Zumwyn Baxine Grestner", "Zumwyn Grestner"], ["x", "Zumwyn Grestner was"]) == "Zumwyn Grestner"
+    assert PL.grounded_answer(["a b"], ["nothing here"]) is None
 
 
 def test_segments_close_one_action_each_vary_and_form_a_valid_response():
-    plan = D.plan_queries(KB_BRIDGE, 2)
+    plan = PL.plan_queries(KB_BRIDGE, 2)
     firsts, finals = set(), set()
     for seed in range(60):
-        segs = D.write_segments(plan, "Grulcrest", random.Random(seed))
+        segs = PL.write_segments(plan, "Grulcrest", random.Random(seed))
         assert [P.parse_action(s) for s in segs] == [
             ("search", KB_BRIDGE["hop_queries"][0]), ("search", KB_BRIDGE["hop_queries"][1]), ("answer", "Grulcrest")]
         firsts.add(segs[0])
         finals.add(segs[-1])
         # as the rollout assembles it (observations between the turns) it is well formed
-        text = "".join(s + P.format_observation("Doc 1(Title: x) y") for s in segs[:-1]) + segs[-1]
+        text = "".join(s + O.format_observation("Doc 1(Title: x) y") for s in segs[:-1]) + segs[-1]
         assert R.format_error(text) is None
         assert "Zimette Heirard" in segs[1]  # the second turn states the intermediate answer
     assert len(firsts) >= 4 and len(finals) >= 4
@@ -105,7 +108,7 @@ def kb_rows(tiny_kb):
 @pytest.fixture(scope="module")
 def built(aio, kb_rows, retriever_url, tokenizer):
     """Demonstrations for every train question of the tiny KB (real retriever, real tokenizer)."""
-    from agent_rl.retrieval_client import RetrieverClient
+    from agent_rl.rollout.retrieval_client import RetrieverClient
 
     async def run():
         async with RetrieverClient(retriever_url) as client:
@@ -139,7 +142,8 @@ def test_demos_are_grounded_well_formed_and_use_the_hops(built, kb_rows):
 def test_token_ids_equal_an_assembly_from_the_rollout_functions(aio, settings, built, kb_rows, retriever_url, tokenizer):
     """Independent of the builder: prompt ids, encode_text of each model turn (mask 1) and
     encode_observation of the server's passages (mask 0), in order."""
-    from agent_rl.retrieval_client import RetrieverClient, SyncRetrieverClient, format_passages
+    from agent_rl.rollout.observation import format_passages
+    from agent_rl.rollout.retrieval_client import RetrieverClient, SyncRetrieverClient
 
     cfg = _cfg(**settings)
     rows = built.rows
@@ -160,7 +164,7 @@ def test_token_ids_equal_an_assembly_from_the_rollout_functions(aio, settings, b
                 ids += seg_ids
                 mask += [1] * len(seg_ids)
                 if k < len(docs):
-                    obs, _ = P.encode_observation(tokenizer, format_passages(docs[k]), cfg.data.max_obs_length)
+                    obs, _ = O.encode_observation(tokenizer, format_passages(docs[k]), cfg.data.max_obs_length)
                     ids += obs
                     mask += [0] * len(obs)
             assert r["response_ids"] == ids and r["loss_mask"] == mask
@@ -188,7 +192,7 @@ class _ReplayEngine:
         return self.tokenizer
 
     async def generate(self, prompt_ids, sampling):
-        from agent_rl.engine import GenerateResult
+        from agent_rl.rollout.engine import GenerateResult
 
         ids = self.turns.pop(0)
         assert len(ids) <= sampling.max_tokens
@@ -196,9 +200,9 @@ class _ReplayEngine:
 
 
 def test_rollout_manager_replaying_the_turns_reproduces_the_demonstration(aio, built, retriever_url, tokenizer):
-    from agent_rl.data import Prompt
-    from agent_rl.retrieval_client import RetrieverClient
-    from agent_rl.rollout import RolloutManager
+    from agent_rl.rollout.manager import RolloutManager
+    from agent_rl.rollout.retrieval_client import RetrieverClient
+    from agent_rl.training.data import Prompt
 
     cfg = _cfg()
 
@@ -223,7 +227,7 @@ def test_rollout_manager_replaying_the_turns_reproduces_the_demonstration(aio, b
 
 
 def test_ungrounded_candidates_are_dropped_and_counted(aio, built, kb_rows, retriever_url, tokenizer):
-    from agent_rl.retrieval_client import RetrieverClient
+    from agent_rl.rollout.retrieval_client import RetrieverClient
 
     kept_ids = {r["id"] for r in built.rows}
     good = [r for r in kb_rows if r["id"] in kept_ids and r["kind"] == "bridge"][:3]
@@ -249,7 +253,7 @@ def test_ungrounded_candidates_are_dropped_and_counted(aio, built, kb_rows, retr
 
 
 def test_length_limits_of_the_rl_config_drop_what_the_rollout_could_not_produce(aio, built, kb_rows, retriever_url, tokenizer):
-    from agent_rl.retrieval_client import RetrieverClient
+    from agent_rl.rollout.retrieval_client import RetrieverClient
 
     kept = {r["id"]: r for r in built.rows}
     two = [r for r in kb_rows if kept.get(r["id"], {}).get("num_searches") == 2][:4]
@@ -279,10 +283,10 @@ def test_cli_writes_parquet_with_settings_and_a_drop_report(kb_rows, tiny_kb, re
     assert rc == 0
     printed = capsys.readouterr().out
     assert "30 candidates: kept" in printed
-    meta = D.read_settings(out)
+    meta = DF.read_settings(out)
     assert meta["candidates"] == 30 and meta["kept"] + sum(meta["dropped"].values()) == 30
     assert meta["max_obs_length"] == 256 and meta["topk"] == 1 and meta["template"] == "chat" and meta["max_searches"] == 2
-    trajs = D.read_demos(out)
+    trajs = DF.read_demos(out)
     assert len(trajs) == meta["kept"] and len(dropped.read_text().splitlines()) == 30 - meta["kept"]
     for t in trajs:
         assert len(t.loss_mask) == len(t.response_ids) and t.loss_mask[0] == 1 and t.loss_mask[-1] == 1
@@ -308,6 +312,6 @@ def test_read_demos_rejects_a_broken_row_naming_it(tmp_path):
     row = {"id": "x", "question": "q?", "golden_answers": ["a"], "data_source": "kb", "kind": "single",
            "answer": "a", "queries": ["q"], "segments": ["s"], "num_searches": 1, "prompt_ids": [1, 2],
            "response_ids": [3, 4, 5], "loss_mask": [1, 0], "prompt_text": "p", "response_text": "r"}
-    D.write_demos([row], tmp_path / "bad.parquet", {})
+    DF.write_demos([row], tmp_path / "bad.parquet", {})
     with pytest.raises(ValueError, match=r"bad.parquet: row 0 \(id x\).*loss_mask"):
-        D.read_demos(tmp_path / "bad.parquet")
+        DF.read_demos(tmp_path / "bad.parquet")

@@ -8,7 +8,7 @@ import statistics
 import pytest
 import torch
 
-from agent_rl.engine import Sampling
+from agent_rl.rollout.engine import Sampling
 
 pytestmark = pytest.mark.slow
 
@@ -150,7 +150,7 @@ def test_kernel_scan_guard_hides_modules_vllm_cannot_scan():
     import sys
     import types
 
-    from agent_rl.engine import _kernel_scan_guard
+    from agent_rl.rollout.engine import _kernel_scan_guard
 
     class Weird:  # like llvmlite's _lib_wrapper: __dict__ resolves to a non-mapping
         __slots__ = ()
@@ -166,7 +166,7 @@ def test_kernel_scan_guard_hides_modules_vllm_cannot_scan():
             vars(mod.lib).get("kernel")  # what vLLM does
         with _kernel_scan_guard():
             assert "fake_llvmlite_ffi" not in sys.modules
-            assert "agent_rl.engine" in sys.modules  # ordinary modules stay
+            assert "agent_rl.rollout.engine" in sys.modules  # ordinary modules stay
         assert sys.modules["fake_llvmlite_ffi"] is mod
     finally:
         sys.modules.pop("fake_llvmlite_ffi", None)
@@ -176,7 +176,7 @@ def test_multiprocess_engine_mode(aio, model_dir, hf_model, tokenizer, hf_logpro
     """engine_mode="mp" (vLLM AsyncLLM, core in a child process): same generate contract, and
     load_weights through /dev/shm + collective_rpc reaches the child's model."""
     from agent_rl.config import RolloutConfig
-    from agent_rl.engine import RolloutEngine
+    from agent_rl.rollout.engine import RolloutEngine
 
     cfg = RolloutConfig(dtype="float32", max_num_seqs=8, kv_cache_space_gb=1, engine_mode="mp")
     eng = aio(RolloutEngine.create(str(model_dir), cfg, max_model_len=1024), timeout=600)

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from agent_rl import evaluate as ev
 from agent_rl.config import TrainConfig, load_config
-from agent_rl.data import Prompt
-from agent_rl.prompts import FEEDBACK_INVALID
+from agent_rl.evaluation import evaluate as ev
+from agent_rl.rollout.prompts import FEEDBACK_INVALID
+from agent_rl.training.data import Prompt
 from agent_rl.types import Trajectory
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -205,7 +205,7 @@ def test_mismatch_refused_before_the_engine_loads(tmp_path, aio, model_dir):
 
 # ----------------------------------------------------------------------------- CLI, bad input
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agent_rl.evaluate", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "agent_rl.evaluation.evaluate", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
 
 
@@ -230,7 +230,7 @@ def test_cli_bad_input(case, tmp_path, model_dir):
 @pytest.fixture
 def spy_rollout(monkeypatch):
     """Records the question ids each RolloutManager.rollout call ran (the real call still runs)."""
-    from agent_rl.rollout import RolloutManager
+    from agent_rl.rollout.manager import RolloutManager
 
     calls: list[tuple[str, str]] = []
     real = RolloutManager.rollout
@@ -277,7 +277,7 @@ def test_resume_computes_only_missing_questions(aio, engine, tiny_kb, tmp_path, 
 def test_finished_evaluation_loads_no_engine(aio, tmp_path, model_dir, monkeypatch):
     """Rerunning a finished evaluation (e.g. the learning benchmark resumed) rewrites the
     summary without loading a model."""
-    from agent_rl.engine import RolloutEngine
+    from agent_rl.rollout.engine import RolloutEngine
 
     async def refuse(*a, **k):
         raise AssertionError("engine loaded for a finished evaluation")
@@ -297,7 +297,8 @@ def test_finished_evaluation_loads_no_engine(aio, tmp_path, model_dir, monkeypat
 
 @pytest.mark.slow
 def test_rag_and_agent_modes_with_real_retriever(aio, engine, tiny_kb, dense_retriever_url, tmp_path, spy_rollout):
-    from agent_rl.retrieval_client import RetrieverClient, SyncRetrieverClient, format_passages
+    from agent_rl.rollout.observation import format_passages
+    from agent_rl.rollout.retrieval_client import RetrieverClient, SyncRetrieverClient
 
     prompts = ev.load_questions([tiny_kb / "test.parquet"], limit=2, seed=1)
     cfg = small_cfg(**{"retriever.url": f"[{dense_retriever_url}]"})
@@ -333,7 +334,7 @@ def test_rag_and_agent_modes_with_real_retriever(aio, engine, tiny_kb, dense_ret
 def test_rag_retrieval_failure_is_recorded(aio, engine, tiny_kb, tmp_path):
     """A retriever that dies mid-run: the question still gets an answer attempt, and the
     failure is in its record and the summary (a silent failure would flatter no baseline)."""
-    from agent_rl.retrieval_client import RetrieverClient
+    from agent_rl.rollout.retrieval_client import RetrieverClient
 
     prompts = ev.load_questions([tiny_kb / "test.parquet"], limit=1, seed=2)
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from agent_rl.algos import filter_groups
+from agent_rl.training.algos import filter_groups
 
 
 def test_filter_groups_keeps_groups_with_signal():

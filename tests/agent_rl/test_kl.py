@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from agent_rl.algos import (
+from agent_rl.config import KLCtrlConfig
+from agent_rl.training.algos import (
     AdaptiveKLController,
     FixedKLController,
     agg_loss,
@@ -14,7 +15,6 @@ from agent_rl.algos import (
     kl_penalty,
     make_kl_controller,
 )
-from agent_rl.config import KLCtrlConfig
 
 
 def test_estimators_hand_values():

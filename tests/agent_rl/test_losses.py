@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from agent_rl.algos import (
+from agent_rl.config import ActorConfig
+from agent_rl.training.algos import (
     agg_loss,
     agg_normalizers,
     entropy_from_logits,
@@ -14,7 +15,6 @@ from agent_rl.algos import (
     ppo_policy_loss,
     value_loss,
 )
-from agent_rl.config import ActorConfig
 
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 

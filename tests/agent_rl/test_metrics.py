@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from agent_rl.metrics import MetricsLogger, check_metrics, read_jsonl
-from agent_rl.plot import main as plot_main
+from agent_rl.evaluation.plot import main as plot_main
+from agent_rl.training.metrics import MetricsLogger, check_metrics, read_jsonl
 
 
 def _tb_scalars(run_dir) -> dict[str, list[tuple[int, float]]]:

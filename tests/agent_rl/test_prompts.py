@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent_rl import prompts as P
+from agent_rl.rollout import observation as O
+from agent_rl.rollout import prompts as P
 
 
 @pytest.fixture(scope="module")
@@ -58,24 +59,24 @@ def test_modes_and_bad_arguments(tok):
 
 def test_observation_format_and_token_truncation(tok):
     docs = "Doc 1(Title: Kradholt) Kradholt is a city.\nDoc 2(Title: B) text\n"
-    assert P.format_observation(docs) == (
+    assert O.format_observation(docs) == (
         "\n\n<information>Doc 1(Title: Kradholt) Kradholt is a city.\nDoc 2(Title: B) text</information>\n\n"
     )
-    ids, cut = P.encode_observation(tok, docs, max_obs_length=1000)
-    assert not cut and tok.decode(ids) == P.format_observation(docs)
-    assert ids == tok.encode(P.format_observation(docs), add_special_tokens=False)  # no BOS/EOS
+    ids, cut = O.encode_observation(tok, docs, max_obs_length=1000)
+    assert not cut and tok.decode(ids) == O.format_observation(docs)
+    assert ids == tok.encode(O.format_observation(docs), add_special_tokens=False)  # no BOS/EOS
     head = tok.encode("\n\n<information>", add_special_tokens=False)
     tail = tok.encode("</information>\n\n", add_special_tokens=False)
     body = tok.encode(docs.strip(), add_special_tokens=False)
     n = len(head) + 3 + len(tail)
-    short, cut = P.encode_observation(tok, docs, max_obs_length=n)
+    short, cut = O.encode_observation(tok, docs, max_obs_length=n)
     # cut in tokens, not characters, and inside the block: the closing tag always survives
     assert cut and short == head + body[:3] + tail and len(short) == n
     text = tok.decode(short)
     assert text.startswith("\n\n<information>Doc") and text.endswith("</information>\n\n")
     assert text.count("</information>") == 1
-    assert P.encode_observation(tok, docs, max_obs_length=len(ids)) == (ids, False)  # exactly fits: untouched
-    tiny, cut = P.encode_observation(tok, docs, max_obs_length=len(head) + len(tail))  # no room: the block is cut
+    assert O.encode_observation(tok, docs, max_obs_length=len(ids)) == (ids, False)  # exactly fits: untouched
+    tiny, cut = O.encode_observation(tok, docs, max_obs_length=len(head) + len(tail))  # no room: the block is cut
     assert cut and tiny == ids[: len(head) + len(tail)]
 
 
@@ -103,8 +104,8 @@ def test_parse_action(text, expected):
 
 
 def test_reward_never_reads_the_invalid_action_feedback_as_an_answer():
-    from agent_rl.prompts import FEEDBACK_INVALID, reward_view
-    from agent_rl.reward import evaluate_response
+    from agent_rl.rollout.prompts import FEEDBACK_INVALID, reward_view
+    from agent_rl.rollout.reward import evaluate_response
 
     # A model that never answers: only the environment's feedback mentions <answer>.
     text = "<think>hmm</think> I am not sure." + FEEDBACK_INVALID + "still not sure"

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from agent_rl.demo import plan_stages
+from agent_rl.quickstart import plan_stages
 
 # calibrated speeds (update tok/s, generation tok/s, engine load s): an AVX2 host in fp32 and
 # an AVX512-BF16 host in bf16, as measured by `python -m agent_rl.calibrate`
-SLOW = (60.0, 125.0, 25.0)
+SLOW = (130.0, 100.0, 8.0)
 FAST = (236.0, 800.0, 10.0)
 
 
@@ -35,4 +35,4 @@ def test_sft_steps_follow_the_update_speed():
     # SFT's training time is the time left after evaluation (and GRPO); steps = time / step cost
     plan = plan_stages(900, 100.0, 10_000.0, 0.0)
     sft_train_s = plan.sft_minutes * 60
-    assert plan.sft_steps == int(sft_train_s / (8 * 330 / 100.0))
+    assert plan.sft_steps == int(sft_train_s / (8 * 500 / 100.0))

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from agent_rl.retrieval_client import RetrieverClient, server_base_url
+from agent_rl.rollout.retrieval_client import RetrieverClient, server_base_url
 
 
 def test_retriever_urls_accept_search_r1_and_base_forms():
@@ -21,7 +21,7 @@ def test_retriever_urls_accept_search_r1_and_base_forms():
 
 
 def _batch():
-    from agent_rl.batch import TokenBatch
+    from agent_rl.training.batch import TokenBatch
     from agent_rl.types import Trajectory
 
     g = torch.Generator().manual_seed(0)
@@ -40,8 +40,8 @@ def test_two_ranks_match_one_rank(model_dir):
     import ray
 
     from agent_rl.config import TrainConfig, load_config
-    from agent_rl.ray_workers import WorkerGroup
-    from agent_rl.workers.actor import ActorWorker
+    from agent_rl.training.ray_workers import WorkerGroup
+    from agent_rl.training.workers.actor import ActorWorker
 
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False)

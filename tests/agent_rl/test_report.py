@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from agent_rl import report
+from agent_rl.evaluation import report
 
 
 def rec(mode="agent", src="nq", qid="0", em=0.0, subem=0.0, f1=0.0, searches=0, turns=1, valid=True,

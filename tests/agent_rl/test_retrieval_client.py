@@ -10,8 +10,13 @@ import time
 import httpx
 import pytest
 
-from agent_rl.retrieval_client import (RetrieverClient, RetrieverRequestError, RetrieverUnavailable,
-                                       SyncRetrieverClient, format_passages)
+from agent_rl.rollout.observation import format_passages
+from agent_rl.rollout.retrieval_client import (
+    RetrieverClient,
+    RetrieverRequestError,
+    RetrieverUnavailable,
+    SyncRetrieverClient,
+)
 from retriever_server.schemas import Document, ScoredDocument
 
 PASSAGES = [

@@ -3,7 +3,7 @@
 import pytest
 
 from agent_rl.config import RewardConfig
-from agent_rl.reward import (
+from agent_rl.rollout.reward import (
     em,
     evaluate_response,
     extract_answer,

@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from agent_rl import prompts as P
 from agent_rl.config import TrainConfig
-from agent_rl.engine import GenerateResult, Sampling
-from agent_rl.retrieval_client import RetrieverClient, RetrieverUnavailable, format_passages
-from agent_rl.rollout import RolloutManager
+from agent_rl.rollout import observation as O
+from agent_rl.rollout import prompts as P
+from agent_rl.rollout.engine import GenerateResult, Sampling
+from agent_rl.rollout.manager import RolloutManager
+from agent_rl.rollout.observation import format_passages
+from agent_rl.rollout.retrieval_client import RetrieverClient, RetrieverUnavailable
 from retriever_server.schemas import Document, ScoredDocument
 
 
@@ -131,7 +133,7 @@ def test_ids_masks_logprobs_are_exactly_engine_output_plus_observations(tok):
     eng, ret = ScriptedEngine(tok, script), FakeRetriever()
     cfg = make_cfg(max_turns=3)
     traj = run(RolloutManager(eng, ret, cfg, tokenizer=tok).run_trajectory([1, 2, 3], Sampling(), 3))
-    obs = [P.encode_observation(tok, format_passages(FakeRetriever.docs(q, 3)), 256)[0] for q in ["Kradholt", "second"]]
+    obs = [O.encode_observation(tok, format_passages(FakeRetriever.docs(q, 3)), 256)[0] for q in ["Kradholt", "second"]]
     r = eng.results
     assert ret.queries == ["Kradholt", "second"]
     # 1. token-in-token-out: response = turn ids + observation ids, nothing re-encoded
@@ -184,7 +186,7 @@ def test_total_length_limit_caps_turns_and_observations(tok):
 def test_retriever_failure_becomes_error_observation_and_trajectory_continues(tok):
     eng = ScriptedEngine(tok, ["<search> q </search>", "<answer> a </answer>"])
     traj = run(RolloutManager(eng, FakeRetriever(fail=True), make_cfg(), tokenizer=tok).run_trajectory([5], Sampling(), 3))
-    err = P.encode_observation(tok, P.SEARCH_ERROR_TEXT, 256)[0]
+    err = O.encode_observation(tok, O.SEARCH_ERROR_TEXT, 256)[0]
     assert traj.response_ids == eng.results[0].token_ids + err + eng.results[1].token_ids
     assert (traj.num_tool_failures, traj.num_searches, traj.finish_reason) == (1, 1, "answer")
 
@@ -250,7 +252,7 @@ FEW_SHOT = [
 def few_shot_prompt(question: str) -> str:
     """Examples in the exact observation format make even the untrained model search."""
     shots = "".join(
-        f"Question: {q}\n<search> {s} </search>{P.format_observation(f'Doc 1(Title: {s}) {d}')}<answer> {a} </answer>\n\n"
+        f"Question: {q}\n<search> {s} </search>{O.format_observation(f'Doc 1(Title: {s}) {d}')}<answer> {a} </answer>\n\n"
         for q, s, d, a in FEW_SHOT
     )
     return shots + f"Question: {question}\n"
@@ -300,7 +302,7 @@ def test_real_engine_search_trajectory_ids_masks_and_logprobs(aio, engine, token
     traj = aio(mgr.run_trajectory(prompt, Sampling(temperature=0.0, max_tokens=48), max_turns=1))
 
     assert traj.num_searches == 1 and len(ret.search_results) == 1, eng.results[0].text
-    obs = P.encode_observation(tokenizer, format_passages(ret.search_results[0][0]), 256)[0]
+    obs = O.encode_observation(tokenizer, format_passages(ret.search_results[0][0]), 256)[0]
     r = eng.results
     assert len(r) == 2 and traj.num_turns == 2
     assert traj.response_ids == r[0].token_ids + obs + r[1].token_ids
@@ -358,6 +360,6 @@ def test_retriever_down_gives_error_observation_and_does_not_hang(aio, engine, t
     finally:
         aio(dead.aclose())
     assert traj.num_searches == 1 and traj.num_tool_failures == 1
-    assert P.SEARCH_ERROR_TEXT in traj.response_text
+    assert O.SEARCH_ERROR_TEXT in traj.response_text
     assert traj.num_turns == 2  # it continued after the failure
     assert elapsed < 30

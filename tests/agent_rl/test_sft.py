@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent_rl import demos as D
-from agent_rl import sft
-from agent_rl.batch import TokenBatch
+from agent_rl.coldstart import demo_file as DF
+from agent_rl.coldstart import demos as D
+from agent_rl.coldstart import sft
 from agent_rl.config import SFTConfig, TrainConfig, load_config
+from agent_rl.training.batch import TokenBatch
 
 ROOT_CFG = str(Path(__file__).resolve().parents[2] / "configs" / "sft" / "demo_cpu.yaml")
 
@@ -30,7 +31,7 @@ def _rl_cfg() -> TrainConfig:
 
 @pytest.fixture(scope="module")
 def tiny_policy(model_dir, tmp_path_factory):
-    from agent_rl.workers import model_io
+    from agent_rl.training.workers import model_io
 
     return model_io.truncated_copy(model_dir, tmp_path_factory.mktemp("sft_tiny") / "model", num_layers=2)
 
@@ -38,7 +39,7 @@ def tiny_policy(model_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def demo_file(aio, tiny_kb, retriever_url, tokenizer, model_dir, tmp_path_factory):
     """40 grounded demonstrations of the tiny KB's train questions, as `agent-rl-prep demos` writes them."""
-    from agent_rl.retrieval_client import RetrieverClient
+    from agent_rl.rollout.retrieval_client import RetrieverClient
     from data_prep.qa import read_qa
 
     rows = read_qa(tiny_kb / "train.parquet").to_dict("records")[:48]
@@ -51,7 +52,7 @@ def demo_file(aio, tiny_kb, retriever_url, tokenizer, model_dir, tmp_path_factor
     res = aio(run())
     assert len(res.rows) >= 40, res.dropped
     path = tmp_path_factory.mktemp("demos") / "demos.parquet"
-    D.write_demos(res.rows[:40], path, D.settings_of(cfg, str(model_dir)))
+    DF.write_demos(res.rows[:40], path, DF.settings_of(cfg, str(model_dir)))
     return path
 
 
@@ -70,10 +71,10 @@ def test_sft_loss_mask_is_the_rl_loss_mask(aio, demo_file, retriever_url, tokeni
     exactly those mask-1 tokens."""
     import pyarrow.parquet as pq
 
-    from agent_rl.data import Prompt
-    from agent_rl.retrieval_client import RetrieverClient
-    from agent_rl.rollout import RolloutManager
-    from agent_rl.workers.actor import ActorWorker
+    from agent_rl.rollout.manager import RolloutManager
+    from agent_rl.rollout.retrieval_client import RetrieverClient
+    from agent_rl.training.data import Prompt
+    from agent_rl.training.workers.actor import ActorWorker
 
     rows = pq.read_table(demo_file).to_pylist()[:4]
     cfg = _rl_cfg()
@@ -110,7 +111,7 @@ def test_loss_falls_and_the_model_saves_loadable(demo_file, tiny_policy, tmp_pat
     import pyarrow.parquet as pq
 
     unseen = tmp_path / "val.parquet"
-    D.write_demos(pq.read_table(demo_file).to_pylist()[4:10], unseen, {})
+    DF.write_demos(pq.read_table(demo_file).to_pylist()[4:10], unseen, {})
     run_dir = tmp_path / "run"
     cfg = _sft_cfg(tiny_policy, demo_file, run_dir, "trainer.total_training_steps=8", "trainer.total_epochs=4",
                    "data.train_data_num=4", "actor_rollout_ref.actor.optim.lr=1e-3", f"data.val_files=[{unseen}]",
@@ -170,7 +171,7 @@ def test_demos_from_another_tokenizer_are_refused(demo_file, tiny_policy, tmp_pa
 
     rows = pq.read_table(demo_file).to_pylist()
     rows[0]["prompt_text"] = rows[0]["prompt_text"].replace("Answer", "Reply")
-    D.write_demos(rows, tmp_path / "other.parquet", {})
+    DF.write_demos(rows, tmp_path / "other.parquet", {})
     with pytest.raises(ValueError, match="different tokenizer"):
         sft.check_tokenizer([str(tmp_path / "other.parquet")], str(tiny_policy))
 

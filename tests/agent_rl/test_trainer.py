@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_rl.metrics import read_jsonl
+from agent_rl.training.metrics import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 PARAM = "model.layers.0.self_attn.q_proj.weight"
@@ -82,7 +82,7 @@ def _weights(path: Path):
 
 def run_in_process(est: str, kb: Path, url: str, run_dir: Path, extra: list[str] | None = None) -> Path:
     from agent_rl.config import TrainConfig, load_config
-    from agent_rl.trainer import RayTrainer
+    from agent_rl.training.trainer import RayTrainer
 
     _ray()
     args = [*overrides(kb, url, run_dir, est), *(extra or [])]
@@ -158,7 +158,7 @@ def test_ppo_two_steps_change_weights_and_log_finite_metrics(tiny_kb, retriever,
 def test_killed_run_resumes_from_its_checkpoint_on_the_same_data_order(grpo_run, tiny_kb, retriever, tmp_path):
     ray = _ray()
     run_dir = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "agent_rl.train_cli", "--config", "configs/train/demo_grpo_cpu.yaml",
+    cmd = [sys.executable, "-m", "agent_rl.training.cli", "--config", "configs/train/demo_grpo_cpu.yaml",
            *overrides(tiny_kb, retriever, run_dir, "grpo"),
            f"trainer.ray_address={ray.get_runtime_context().gcs_address}"]  # join the test's cluster
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -212,14 +212,14 @@ def _fake_rollout(answers_by_prompt: dict[str, list[str]], n: int):
 
 
 def _loader(k: int):
-    from agent_rl.data import Prompt, PromptLoader
+    from agent_rl.training.data import Prompt, PromptLoader
 
     return PromptLoader([Prompt(f"q{i}", f"question {i}", [f"a{i}"]) for i in range(k)], batch_size=2, shuffle=False)
 
 
 def test_collect_without_filtering_scores_and_keeps_every_group():
     from agent_rl.config import RewardConfig
-    from agent_rl.trainer import StepTimer, collect_groups
+    from agent_rl.training.trainer import StepTimer, collect_groups
 
     rollout, calls = _fake_rollout({"q0": ["a0", "zz"], "q1": ["zz", "zz"]}, n=2)
     trajs, consumed, metrics = collect_groups(_loader(4), rollout, RewardConfig(), 2, False, 0, StepTimer())
@@ -230,7 +230,7 @@ def test_collect_without_filtering_scores_and_keeps_every_group():
 
 def test_collect_with_filtering_drops_agreeing_groups_and_over_samples():
     from agent_rl.config import RewardConfig
-    from agent_rl.trainer import StepTimer, collect_groups
+    from agent_rl.training.trainer import StepTimer, collect_groups
 
     answers = {"q0": ["a0", "zz"], "q1": ["zz", "zz"], "q2": ["a2", "a2"], "q3": ["zz", "a3"],
                "q4": ["a4", "x"], "q5": ["x", "a5"]}
@@ -248,7 +248,7 @@ def test_collect_with_filtering_drops_agreeing_groups_and_over_samples():
 
 def test_collect_raises_when_no_group_has_signal():
     from agent_rl.config import RewardConfig
-    from agent_rl.trainer import StepTimer, collect_groups
+    from agent_rl.training.trainer import StepTimer, collect_groups
 
     rollout, _ = _fake_rollout({f"q{i}": ["zz", "zz"] for i in range(4)}, n=2)
     with pytest.raises(RuntimeError, match="nothing to learn"):

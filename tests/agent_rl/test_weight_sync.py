@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agent_rl.weight_sync import pack_weights, unpack_weights
+from agent_rl.training.weight_sync import pack_weights, unpack_weights
 
 
 def test_pack_unpack_round_trip_keeps_names_shapes_dtypes_and_values():
@@ -37,9 +37,9 @@ def sync_setup(model_dir, tmp_path_factory):
     import ray
 
     from agent_rl.config import TrainConfig, load_config
-    from agent_rl.ray_workers import WorkerGroup, make_rollout_worker
-    from agent_rl.weight_sync import WeightSync
-    from agent_rl.workers.actor import ActorWorker
+    from agent_rl.training.ray_workers import WorkerGroup, make_rollout_worker
+    from agent_rl.training.weight_sync import WeightSync
+    from agent_rl.training.workers.actor import ActorWorker
 
     cfg = load_config(
         TrainConfig,
@@ -69,7 +69,7 @@ def sync_setup(model_dir, tmp_path_factory):
 
 
 def _batch_of(tokenizer_ids: list[int], result, advantage: float = 0.0):
-    from agent_rl.batch import TokenBatch
+    from agent_rl.training.batch import TokenBatch
     from agent_rl.types import Trajectory
 
     traj = Trajectory(tokenizer_ids, list(result.token_ids), [1] * len(result.token_ids), list(result.logprobs))

@@ -1,0 +1,1 @@
+"""Cold start: grounded demonstration trajectories and SFT on them, before RL."""

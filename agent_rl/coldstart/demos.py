@@ -1,0 +1,348 @@
+"""Cold-start demonstrations: grounded trajectories in exactly the rollout's format.
+
+`agent-rl-prep demos --qa FILE --retriever-url URL --out demos.parquet [--max-searches K]
+[--limit N] [--seed S] [--config configs/train/X.yaml key=value ...]`
+
+A demonstration is a rollout of a scripted policy: the real `RolloutManager` runs with an
+engine that "samples" the demonstration's model turns (`<think> .. </think>` + `<search> q
+</search>`, then `<think> .. </think>` + `<answer> gold </answer>`) and a retriever that
+returns what the running retriever service answered for those queries. So the prompt
+template, the observation text and truncation, the response budget and the loss mask come
+from the rollout code itself (one tokenization path: `agent_rl.rollout.prompts`), with the RL run's
+settings (`--config`: template, max_obs_length, max_response_length, max_tokens_per_turn,
+retriever.topk, max_turns).
+
+Grounded: a candidate is kept only when the text the model would have read (each
+observation after truncation) contains a gold answer, and, when the data gives each hop's
+answer (the embedded knowledge base's `hop_answers`), each hop's observation contains its
+hop answer. Everything else is dropped and counted by reason.
+
+Queries, grounding checks and the wording of the model turns: `agent_rl.coldstart.plan`;
+the file format SFT reads: `agent_rl.coldstart.demo_file`.
+
+Output parquet, one row per demonstration: `prompt_ids`, `response_ids`, `loss_mask` (1 on
+the model's turns, 0 on observations), the `segments` (model turns as text), `prompt_text`,
+`response_text`, `queries`, `answer`, plus the QA row's id, question, golden_answers,
+data_source and kind. The settings used are stored in the file's metadata, which
+`agent-rl-sft` checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent_rl.coldstart.demo_file import settings_of, write_demos
+from agent_rl.coldstart.plan import DROP_REASONS, Drop, Plan, contains, grounded_answer, plan_queries, write_segments
+from agent_rl.config import TrainConfig, load_config
+from agent_rl.rollout import observation as O
+from agent_rl.rollout import prompts as P
+from agent_rl.rollout.engine import GenerateResult, Sampling
+from agent_rl.types import Trajectory
+
+SearchFn = Callable[[list[str], int], Awaitable[list[list[Any]]]]
+
+
+class ScriptedEngine:
+    """Stands in for the vLLM engine: "samples" the demonstration's turns, one per call.
+
+    Token ids are `prompts.encode_text` of each turn (the engine's own sampled ids for that
+    text would differ only in how the model chose to split it). A turn longer than the
+    call's max_tokens is cut, as the engine would.
+    """
+
+    def __init__(self, tokenizer: Any, segments: list[str], max_model_len: int):
+        self.tokenizer = tokenizer
+        self.turns = [P.encode_text(tokenizer, s) for s in segments]
+        self.max_model_len = max_model_len
+        self.calls = 0
+
+    def get_tokenizer(self) -> Any:
+        return self.tokenizer
+
+    async def generate(self, prompt_ids: list[int], sampling: Sampling) -> GenerateResult:
+        if self.calls >= len(self.turns):
+            raise RuntimeError("scripted engine: the rollout asked for more turns than the demonstration has")
+        ids = self.turns[self.calls]
+        self.calls += 1
+        finish = "stop"
+        if len(ids) > sampling.max_tokens:
+            ids, finish = ids[: sampling.max_tokens], "length"
+        return GenerateResult(ids, [0.0] * len(ids), finish, None, self.tokenizer.decode(ids, skip_special_tokens=True))
+
+
+class CachedSearch:
+    """`async search(queries, topk)` answering from results fetched from the retriever."""
+
+    def __init__(self, results: dict[str, list[Any]]):
+        self.results = results
+
+    async def search(self, queries: list[str], topk: int) -> list[list[Any]]:
+        return [self.results[q] for q in queries]
+
+
+def visible_observation(tokenizer: Any, docs: list[Any], max_obs_length: int) -> str:
+    """The observation text the policy reads for `docs` (formatted and truncated by the
+    rollout's own functions)."""
+    ids, _ = O.encode_observation(tokenizer, O.format_passages(docs), max_obs_length)
+    return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+# ----------------------------------------------------------------------------- building
+@dataclass
+class BuildResult:
+    rows: list[dict]
+    """One output row per kept demonstration."""
+    dropped: Counter = field(default_factory=Counter)
+    """Dropped candidates by reason."""
+    dropped_ids: list[tuple[str, str]] = field(default_factory=list)
+    """(QA id, reason) of every dropped candidate."""
+
+    @property
+    def candidates(self) -> int:
+        return len(self.rows) + sum(self.dropped.values())
+
+
+async def _fetch(search: SearchFn, queries: list[str], topk: int, chunk: int = 128) -> dict[str, list[Any] | None]:
+    """Results per unique query (batched requests); None for a query the server rejected."""
+    from agent_rl.rollout.retrieval_client import RetrieverRequestError
+
+    out: dict[str, list[Any] | None] = {}
+    for i in range(0, len(queries), chunk):
+        part = queries[i : i + chunk]
+        try:
+            got = await search(part, topk)
+        except RetrieverRequestError:  # one bad query must not sink its batch: ask one by one
+            got = []
+            for q in part:
+                try:
+                    got.append((await search([q], topk))[0])
+                except RetrieverRequestError:
+                    got.append(None)
+        out.update(zip(part, got))
+    return out
+
+
+async def _one_demo(row: dict, plan: Plan, results: dict, tokenizer: Any, cfg: TrainConfig, seed: int) -> dict:
+    """Ground, write and roll out one demonstration; raises Drop."""
+    from agent_rl.rollout.manager import RolloutManager
+    from agent_rl.training.data import Prompt
+
+    docs = [results[q] for q in plan.queries]
+    if any(d is None for d in docs):
+        raise Drop("retriever_rejected")
+    obs = [visible_observation(tokenizer, d, cfg.data.max_obs_length) for d in docs]
+    for q, a, o in zip(plan.queries, plan.hop_answers, obs):
+        if a is not None and not contains(o, a):
+            raise Drop("hop_answer_not_retrieved", f"{a!r} not in the observation for {q!r}")
+    golds = [str(g) for g in row["golden_answers"]]
+    answer = grounded_answer(golds, obs)
+    if answer is None:
+        raise Drop("answer_not_retrieved")
+    rng = random.Random(f"{seed}:{row['id']}")  # per row: wording independent of order and --limit
+    segments = write_segments(plan, answer, rng)
+
+    engine = ScriptedEngine(tokenizer, segments, cfg.data.max_prompt_length + cfg.data.max_response_length)
+    if max(map(len, engine.turns)) > cfg.actor_rollout_ref.rollout.max_tokens_per_turn:
+        raise Drop("turn_too_long")
+    manager = RolloutManager(engine, CachedSearch(results), cfg, tokenizer=tokenizer)
+    prompt = Prompt(id=str(row["id"]), question=str(row["question"]), golden_answers=golds,
+                    data_source=str(row.get("data_source") or ""))
+    (traj,), _ = await manager.rollout([prompt], n=1, greedy=True, mode="agent")
+    if traj.finish_reason != "answer" or traj.num_searches != len(plan.queries) or traj.num_invalid:
+        raise Drop("too_long", f"finish={traj.finish_reason} searches={traj.num_searches}")
+    return demo_row(row, traj, segments, plan.queries, answer, tokenizer)
+
+
+def demo_row(row: dict, traj: Trajectory, segments: list[str], queries: list[str], answer: str, tokenizer: Any) -> dict:
+    return {
+        "id": str(row["id"]),
+        "question": str(row["question"]),
+        "golden_answers": [str(g) for g in row["golden_answers"]],
+        "data_source": str(row.get("data_source") or ""),
+        "kind": str(row.get("kind") or row.get("type") or ""),
+        "answer": answer,
+        "queries": list(queries),
+        "segments": list(segments),
+        "num_searches": traj.num_searches,
+        "num_obs_truncated": traj.num_obs_truncated,
+        "prompt_ids": list(traj.prompt_ids),
+        "response_ids": list(traj.response_ids),
+        "loss_mask": list(traj.loss_mask),
+        "prompt_text": tokenizer.decode(traj.prompt_ids, skip_special_tokens=False),
+        "response_text": traj.response_text,
+    }
+
+
+async def build_demos(rows: Sequence[dict], search: SearchFn, tokenizer: Any, cfg: TrainConfig,
+                      max_searches: int, seed: int = 0, progress: Callable[[int], None] | None = None,
+                      chunk: int = 256) -> BuildResult:
+    """Demonstrations for QA `rows` (dicts with id, question, golden_answers, ...).
+
+    `search`: async (queries, topk) -> results per query (RetrieverClient.search).
+    """
+    if max_searches > cfg.max_turns:
+        raise ValueError(f"max_searches={max_searches} exceeds max_turns={cfg.max_turns}: the rollout "
+                         f"executes at most max_turns searches")
+    template = cfg.actor_rollout_ref.rollout.template
+    out = BuildResult(rows=[])
+
+    def drop(row: dict, reason: str) -> None:
+        out.dropped[reason] += 1
+        out.dropped_ids.append((str(row["id"]), reason))
+
+    for start in range(0, len(rows), chunk):
+        part = rows[start : start + chunk]
+        plans: list[Plan | None] = []
+        for row in part:
+            try:
+                plan = plan_queries(row, max_searches)
+                if len(P.build_prompt_ids(tokenizer, str(row["question"]), template)) > cfg.data.max_prompt_length:
+                    raise Drop("prompt_too_long")
+                plans.append(plan)
+            except Drop as e:
+                drop(row, e.reason)
+                plans.append(None)
+        wanted = list(dict.fromkeys(q for p in plans if p is not None for q in p.queries))
+        results = await _fetch(search, wanted, cfg.retriever.topk)
+        for row, plan in zip(part, plans):
+            if plan is None:
+                continue
+            try:
+                out.rows.append(await _one_demo(row, plan, results, tokenizer, cfg, seed))
+            except Drop as e:
+                drop(row, e.reason)
+        if progress is not None:
+            progress(len(part))
+    return out
+
+
+# ----------------------------------------------------------------------------- files
+def report_lines(res: BuildResult, seconds: float) -> list[str]:
+    n, kept = res.candidates, len(res.rows)
+    lines = [f"[demos] {n} candidates: kept {kept} ({100 * kept / max(1, n):.1f}%), "
+             f"dropped {n - kept} in {seconds:.1f}s"]
+    for reason, c in res.dropped.most_common():
+        lines.append(f"[demos]   dropped {c:6d}  {reason}: {DROP_REASONS[reason]}")
+    if kept:
+        kinds = Counter(r["kind"] or "-" for r in res.rows)
+        searches = Counter(r["num_searches"] for r in res.rows)
+        lens = [len(r["response_ids"]) for r in res.rows]
+        sampled = sum(sum(r["loss_mask"]) for r in res.rows)
+        lines.append("[demos] kept by kind: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
+                     + "; by searches: " + ", ".join(f"{k}: {v}" for k, v in sorted(searches.items())))
+        lines.append(f"[demos] response tokens: mean {sum(lens) / kept:.0f}, max {max(lens)}; "
+                     f"{100 * sampled / sum(lens):.0f}% are model tokens (loss mask 1)")
+        cut = sum(r["num_obs_truncated"] > 0 for r in res.rows)
+        if cut:
+            lines.append(f"[demos] {cut} demonstrations have observations cut to data.max_obs_length tokens "
+                         "(as the rollout cuts them: the passages are cut, the tags kept)")
+    return lines
+
+
+# ----------------------------------------------------------------------------- CLI
+def _select(rows: list[dict], limit: int | None, seed: int) -> list[dict]:
+    """A seeded random sample of `limit` rows, in file order (all rows without a limit)."""
+    if limit is None or limit >= len(rows):
+        return rows
+    keep = sorted(random.Random(seed).sample(range(len(rows)), limit))
+    return [rows[i] for i in keep]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="agent-rl-prep demos",
+        description="Build grounded cold-start demonstration trajectories with the rollout's own template, "
+                    "tags, observation formatting and tokenization, and real retriever observations.",
+        epilog="Example: agent-rl-prep demos --qa artifacts/kb/train.parquet --retriever-url http://127.0.0.1:8000 "
+               "--out artifacts/demos/kb_train.parquet --config configs/train/demo_grpo_cpu.yaml",
+    )
+    ap.add_argument("--qa", required=True, metavar="FILE", help="QA file (any format data_prep.qa.read_qa reads)")
+    ap.add_argument("--retriever-url", required=True, metavar="URL", help="running retriever (base URL or .../retrieve)")
+    ap.add_argument("--out", required=True, metavar="FILE", help="output .parquet (written atomically)")
+    ap.add_argument("--max-searches", type=int, default=None, metavar="K",
+                    help="most searches per demonstration (default: the config's max_turns)")
+    ap.add_argument("--limit", type=int, default=None, metavar="N", help="use a seeded random sample of N QA rows")
+    ap.add_argument("--seed", type=int, default=0, help="seed for --limit and the reasoning wording (default 0)")
+    ap.add_argument("--config", default=None, metavar="YAML",
+                    help="the RL run's config (configs/train/*.yaml): template, lengths, topk, max_turns, model")
+    ap.add_argument("--model", default=None, metavar="DIR",
+                    help="tokenizer directory (default: actor_rollout_ref.model.path of the config)")
+    ap.add_argument("--dropped", default=None, metavar="FILE", help="also write each dropped id and reason (jsonl)")
+    ap.add_argument("overrides", nargs="*", help="config overrides, e.g. data.max_response_length=400")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    for k, v in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false")):
+        os.environ.setdefault(k, v)
+    cfg = load_config(TrainConfig, args.config, args.overrides)
+    max_searches = cfg.max_turns if args.max_searches is None else args.max_searches
+    if max_searches < 1:
+        print(f"error: --max-searches must be >= 1, got {max_searches}", file=sys.stderr)
+        return 2
+    if max_searches > cfg.max_turns:
+        print(f"error: --max-searches {max_searches} exceeds max_turns={cfg.max_turns} of the config "
+              "(the rollout would not execute the extra searches); raise max_turns", file=sys.stderr)
+        return 2
+
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+
+    from agent_rl.rollout.retrieval_client import RetrieverClient, RetrieverUnavailable
+    from data_prep.io import DataPrepError
+    from data_prep.qa import read_qa
+
+    model = args.model or cfg.actor_rollout_ref.model.path
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        rows = _select(read_qa(args.qa).to_dict("records"), args.limit, args.seed)
+    except (OSError, DataPrepError) as e:  # missing files, malformed QA rows: one line, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    url = args.retriever_url  # base or Search-R1's .../retrieve form: the client accepts both
+
+    async def run() -> BuildResult:
+        client = RetrieverClient(url, timeout=cfg.retriever.timeout_s, max_retries=cfg.retriever.max_retries)
+        try:
+            await client.wait_healthy(timeout=cfg.trainer.retriever_health_timeout_s)
+            with tqdm(total=len(rows), desc="demos", unit="q", dynamic_ncols=True) as bar:
+                return await build_demos(rows, client.search, tokenizer, cfg, max_searches, args.seed, bar.update)
+        finally:
+            await client.aclose()
+
+    t0 = time.time()
+    try:
+        res = asyncio.run(run())
+    except RetrieverUnavailable as e:
+        print(f"error: retriever at {url}: {e}", file=sys.stderr)
+        return 1
+    for line in report_lines(res, time.time() - t0):
+        print(line, flush=True)
+    settings = settings_of(cfg, model, qa=str(args.qa), retriever_url=url, seed=args.seed,
+                           max_searches=max_searches, candidates=res.candidates, kept=len(res.rows),
+                           dropped=dict(res.dropped))
+    if args.dropped:
+        Path(args.dropped).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.dropped).write_text("".join(json.dumps({"id": i, "reason": r}) + "\n" for i, r in res.dropped_ids))
+    if not res.rows:
+        print("error: no grounded demonstration was kept (see the reasons above)", file=sys.stderr)
+        return 1
+    write_demos(res.rows, args.out, settings)
+    print(f"[demos] wrote {len(res.rows)} demonstrations to {args.out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

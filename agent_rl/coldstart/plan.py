@@ -1,0 +1,199 @@
+"""What a demonstration searches and says: query plans from a QA row, grounding checks, and
+the wording of the scripted model turns.
+
+Queries: the data's own decomposition when it has one (`hop_queries`, the knowledge base's
+hops: a bridge question searches hop 1, then hop 2 with the intermediate answer; a
+comparison searches both entities; or MuSiQue's `question_decomposition`, with `#k` replaced
+by the k-th answer), else the question itself. A candidate that cannot become a grounded
+demonstration raises `Drop` with one of `DROP_REASONS`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agent_rl.rollout.reward import normalize_answer
+
+DROP_REASONS = {
+    "no_query": "the row gives no usable search query",
+    "too_many_searches": "the decomposition needs more searches than --max-searches",
+    "prompt_too_long": "the prompt exceeds data.max_prompt_length",
+    "retriever_rejected": "the retriever rejected a query (4xx)",
+    "hop_answer_not_retrieved": "a hop's observation does not contain that hop's answer",
+    "answer_not_retrieved": "no observation contains a gold answer",
+    "turn_too_long": "a model turn exceeds rollout.max_tokens_per_turn",
+    "too_long": "the trajectory exceeds data.max_response_length",
+}
+
+
+
+# ----------------------------------------------------------------------------- queries
+@dataclass
+class Plan:
+    """What one QA row's demonstration will search: queries and, when known, hop answers."""
+
+    queries: list[str]
+    hop_answers: list[str | None]
+    comparison: bool = False
+
+
+class Drop(Exception):
+    """A candidate that cannot become a grounded demonstration; `reason` is a DROP_REASONS key."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        assert reason in DROP_REASONS, reason
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+def _as_list(value: Any) -> list:
+    if value is None:
+        return []
+    if isinstance(value, str):  # ragged columns may arrive as JSON text (data_prep.qa)
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return []
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    return list(value) if isinstance(value, (list, tuple)) else []
+
+
+def _musique_hops(decomposition: list) -> tuple[list[str], list[str | None]]:
+    """MuSiQue sub-questions with `#k` replaced by the k-th sub-answer (1-based)."""
+    queries, answers = [], []
+    for step in decomposition:
+        if not isinstance(step, dict) or not str(step.get("question") or "").strip():
+            return [], []
+        q = re.sub(r"#(\d+)", lambda m: str(answers[int(m.group(1)) - 1]) if 0 < int(m.group(1)) <= len(answers)
+                   else m.group(0), str(step["question"]))
+        queries.append(q.strip())
+        answers.append(str(step["answer"]).strip() if step.get("answer") else None)
+    return queries, answers
+
+
+def plan_queries(row: dict, max_searches: int) -> Plan:
+    """The searches of `row`'s demonstration (see the module docstring); raises Drop."""
+    queries = [str(q).strip() for q in _as_list(row.get("hop_queries"))]
+    answers: list[str | None] = [str(a).strip() for a in _as_list(row.get("hop_answers"))]
+    if not queries and row.get("question_decomposition") is not None:
+        queries, answers = _musique_hops(_as_list(row.get("question_decomposition")))
+    if not queries:
+        queries, answers = [str(row.get("question") or "").strip()], [None]
+    if len(answers) != len(queries):
+        answers = [None] * len(queries)
+    if not all(queries):
+        raise Drop("no_query", "empty query")
+    if len(queries) > max_searches:
+        raise Drop("too_many_searches", f"{len(queries)} > {max_searches}")
+    kind = str(row.get("kind") or row.get("type") or "")
+    return Plan(queries, answers, comparison=kind == "comparison")
+
+
+# ----------------------------------------------------------------------------- grounding
+def _words(text: str) -> str:
+    # SQuAD normalisation keeps non-ASCII punctuation ("(1940–1999)"): split on it too
+    return " ".join(re.sub(r"[^\w\s]", " ", normalize_answer(text)).split())
+
+
+def contains(text: str, answer: str) -> bool:
+    """`answer` occurs in `text` as whole words after SQuAD normalisation (so "1850" does not
+    match inside "18503", nor "Ann" inside "Annette"; it does inside "(1850–1901)")."""
+    a = _words(answer)
+    return bool(a) and f" {a} " in f" {_words(text)} "
+
+
+def grounded_answer(golden_answers: Sequence[str], observations: Sequence[str]) -> str | None:
+    """The first gold answer (in the data's order: canonical first) found in an observation."""
+    for g in golden_answers:
+        if any(contains(o, g) for o in observations):
+            return str(g).strip()
+    return None
+
+
+# ----------------------------------------------------------------------------- wording
+# Several phrasings per step (chosen per row), so SFT teaches the format and the use of the
+# retrieved text, not one string. `{q}` is a hop query, `{a}` its answer.
+_FIRST = [
+    "I need to find {q}.",
+    "To answer this, I should look up {q}.",
+    "I do not know {q} yet, so I will search for it.",
+    "Let me search for {q}.",
+    "The question asks about {q}. I will search for it.",
+    "First I need {q}.",
+]
+_FIRST_OF_MANY = [
+    "This needs {n} searches. First I need {q}.",
+    "I will answer this in steps. First, {q}.",
+    "Let me start with {q}.",
+    "I need {q} first, then one more fact.",
+]
+_NEXT = [
+    "The results show {q}: {a}. Next I need {q2}.",
+    "According to the documents, {q} is {a}. Now I will search for {q2}.",
+    "I found {q}: {a}. I still need {q2}.",
+    "So {q} is {a}. Next, {q2}.",
+    "The information says {q}: {a}. Now I need {q2}.",
+]
+_NEXT_UNKNOWN = [
+    "The documents help with the first part. Next I need {q2}.",
+    "Now I will search for {q2}.",
+]
+_FINAL = [
+    "The documents say {q}: {a}. So the answer is {ans}.",
+    "From the information, {q} is {a}. The answer is {ans}.",
+    "I found it: {q} is {a}.",
+    "The results show {q}: {a}.",
+    "According to the retrieved text, {q} is {a}. So the answer is {ans}.",
+]
+_FINAL_COMPARE = [  # short: the answer turn must fit rollout.max_tokens_per_turn
+    "{q0} is {a0} and {q} is {a}. The answer is {ans}.",
+    "Comparing {a0} with {a}, the answer is {ans}.",
+    "So it is {a0} against {a}. The answer is {ans}.",
+    "{q}: {a}, the other {a0}. The answer is {ans}.",
+]
+_FINAL_UNKNOWN = [
+    "The documents mention {ans}. So the answer is {ans}.",
+    "Based on the retrieved information, the answer is {ans}.",
+    "The search results say {ans}, which answers the question.",
+    "The information points to {ans}.",
+]
+
+
+def _turn(think: str, action: str, content: str) -> str:
+    return f"<think> {think} </think>\n<{action}> {content} </{action}>"
+
+
+def write_segments(plan: Plan, answer: str, rng: random.Random) -> list[str]:
+    """The model turns of a demonstration: one per search, then the answer turn."""
+    qs, ans = plan.queries, plan.hop_answers
+    n = len(qs)
+    first = rng.choice(_FIRST_OF_MANY if n > 1 else _FIRST).format(q=qs[0], n=n)
+    segments = [_turn(first, "search", qs[0])]
+    for i in range(1, n):
+        if ans[i - 1] is None:
+            think = rng.choice(_NEXT_UNKNOWN).format(q2=qs[i])
+        else:
+            think = rng.choice(_NEXT).format(q=qs[i - 1], a=ans[i - 1], q2=qs[i])
+        segments.append(_turn(think, "search", qs[i]))
+    last_q, last_a = qs[-1], ans[-1]
+    if last_a is None:
+        think = rng.choice(_FINAL_UNKNOWN).format(ans=answer)
+    elif plan.comparison and n >= 2 and ans[-2] is not None:
+        think = rng.choice(_FINAL_COMPARE).format(q=last_q, a=last_a, q0=qs[-2], a0=ans[-2], ans=answer)
+    else:
+        think = rng.choice(_FINAL).format(q=last_q, a=last_a, ans=answer)
+    segments.append(_turn(think, "answer", answer))
+    for s in segments:  # the engine would have stopped at the first closing action tag
+        closes = [m.start() for m in re.finditer(r"</(search|answer)>", s)]
+        if len(closes) != 1 or not s.endswith(">"):
+            raise ValueError(f"demonstration turn must close exactly one action, at its end: {s!r}")
+    return segments
+
+
+# ----------------------------------------------------------------------------- scripted rollout

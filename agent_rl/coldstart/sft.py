@@ -1,0 +1,235 @@
+"""`agent-rl-sft --config configs/sft/X.yaml key=value ...`: cold-start supervised fine-tuning.
+
+Trains the policy on demonstration trajectories (`agent-rl-prep demos`) through the RL actor
+worker: the same `TokenBatch`, micro-batching, LoRA or full fine-tuning, bf16 autocast and
+optimizer, and the loss only on loss-mask tokens (the model's own turns; the prompt and the
+`<information>` blocks are masked exactly as in RL). The ids are used as stored: nothing is
+re-tokenised. The result, `<run_dir>/model`, is an HF directory (the actor's checkpoint
+format) that vLLM and transformers load; start RL from it with
+`actor_rollout_ref.model.path=<run_dir>/model`.
+
+    agent-rl-sft --config configs/sft/demo_cpu.yaml trainer.max_time_s=300
+    python -m agent_rl.coldstart.sft --config ... (same)
+
+Metrics: `sft/loss`, `sft/grad_norm`, `sft/lr`, `sft/tokens_per_s`, `sft/epoch`,
+`sft/val_loss`, `timing/step` (console, TensorBoard, jsonl in the run directory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from agent_rl.config import SFTConfig, load_config, to_dict
+from agent_rl.types import Trajectory
+
+
+# ----------------------------------------------------------------------------- data
+def load_demos(files: list[str], max_length: int, max_rows: int | None = None) -> tuple[list[Trajectory], int]:
+    """Demonstrations of all `files` (first `max_rows`), and how many were skipped for
+    exceeding `max_length` prompt + response tokens."""
+    from agent_rl.coldstart.demo_file import read_demos
+
+    trajs = [t for f in files for t in read_demos(f)]
+    if max_rows is not None:
+        trajs = trajs[:max_rows]
+    kept = [t for t in trajs if len(t.prompt_ids) + len(t.response_ids) <= max_length]
+    return kept, len(trajs) - len(kept)
+
+
+def check_tokenizer(files: list[str], model_path: str) -> None:
+    """Demonstrations store token ids: refuse ids made by another tokenizer than the model's
+    (decoding a stored prompt must give back its stored text)."""
+    import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    for f in files:
+        rows = pq.read_table(f, columns=["prompt_ids", "prompt_text"]).slice(0, 1).to_pylist()
+        if rows and tok.decode(rows[0]["prompt_ids"], skip_special_tokens=False) != rows[0]["prompt_text"]:
+            raise ValueError(f"{f} was built with a different tokenizer than {model_path}'s; "
+                             "rebuild it with `agent-rl-prep demos --model <this model>`")
+
+
+def epoch_order(n: int, epoch: int, shuffle: bool, seed: int) -> list[int]:
+    """The demonstration order of `epoch` (a function of the step alone: resumes exactly)."""
+    import numpy as np
+
+    return np.random.default_rng(seed + epoch).permutation(n).tolist() if shuffle else list(range(n))
+
+
+# ----------------------------------------------------------------------------- workers
+class LocalActor:
+    """One `ActorWorker` in this process behind the calls the Ray `WorkerGroup` offers."""
+
+    def __init__(self, worker: Any):
+        self.worker = worker
+
+    def update(self, method: str, batch: Any) -> dict[str, float]:
+        return getattr(self.worker, method)(batch)
+
+    def per_token(self, method: str, batch: Any) -> Any:
+        return getattr(self.worker, method)(batch)
+
+    def call_all(self, method: str, *args: Any) -> list[Any]:
+        return [getattr(self.worker, method)(*args)]
+
+    def shutdown(self) -> None:
+        self.worker = None
+
+
+def make_actor(cfg: SFTConfig, total_steps: int) -> Any:
+    """The actor in this process (one worker) or a Ray data-parallel group (several)."""
+    from agent_rl.training.workers.actor import ActorWorker
+
+    factory = functools.partial(ActorWorker, cfg.actor_rollout_ref, total_steps)
+    if cfg.trainer.num_actor_workers <= 1:
+        return LocalActor(factory())
+    from agent_rl.training.ray_workers import WorkerGroup, init_ray
+
+    init_ray(cfg.trainer.ray_address)
+    # WorkerGroup reads trainer.torch_threads / n_gpus_per_node, which SFTTrainerConfig has too
+    return WorkerGroup(cfg, factory, cfg.trainer.num_actor_workers)
+
+
+def validation_loss(actor: Any, trajs: list[Trajectory], batch_size: int) -> float:
+    """Token-mean NLL of the loss-mask tokens of `trajs` under the current policy."""
+    from agent_rl.training.batch import TokenBatch
+
+    nll, tokens = 0.0, 0.0
+    for i in range(0, len(trajs), batch_size):
+        batch = TokenBatch.from_trajectories(trajs[i : i + batch_size])
+        logp = actor.per_token("compute_log_probs", batch)
+        nll -= float((logp * batch.loss_mask).sum())
+        tokens += float(batch.loss_mask.sum())
+    return nll / max(tokens, 1.0)
+
+
+# ----------------------------------------------------------------------------- the loop
+def run_sft(cfg: SFTConfig, run_dir: str | Path | None = None,
+            on_step: Callable[[int, dict[str, float]], None] | None = None) -> Path:
+    """Train; returns the final HF model directory (`<run_dir>/model`)."""
+    import torch
+
+    from agent_rl.training.batch import TokenBatch
+    from agent_rl.training.checkpoint import CheckpointManager
+    from agent_rl.training.metrics import MetricsLogger
+
+    d, tr = cfg.data, cfg.trainer
+    run_dir = Path(run_dir or tr.default_local_dir)
+    if tr.torch_threads:
+        torch.set_num_threads(tr.torch_threads)
+    torch.manual_seed(d.seed)
+    check_tokenizer(d.train_files + d.val_files, cfg.actor_rollout_ref.model.path)
+    train, skipped = load_demos(d.train_files, d.max_length, d.train_data_num)
+    val, _ = load_demos(d.val_files, d.max_length) if d.val_files else ([], 0)
+    if not train:
+        raise ValueError(f"no demonstrations of at most data.max_length={d.max_length} tokens in {d.train_files}")
+    bs = min(d.train_batch_size, len(train))
+    steps_per_epoch = math.ceil(len(train) / bs)
+    total = tr.total_training_steps or tr.total_epochs * steps_per_epoch
+    print(f"[sft] {len(train)} demonstrations ({skipped} longer than {d.max_length} tokens skipped), "
+          f"{len(val)} for validation; {total} steps of {bs}", flush=True)
+
+    actor = make_actor(cfg, total)
+    checkpoints = CheckpointManager(run_dir / "checkpoints", tr.max_ckpt_to_keep)
+    step = 0
+    latest = checkpoints.latest() if tr.resume_mode == "auto" else None
+    if tr.resume_mode not in ("auto", "disable"):
+        raise ValueError(f"trainer.resume_mode must be auto or disable, got {tr.resume_mode!r}")
+    if latest is not None:
+        step = int(checkpoints.load(latest)["step"])
+        actor.call_all("load", str(latest / "actor"))
+        print(f"[sft] resumed from {latest} at step {step}", flush=True)
+    console = "console" in tr.logger
+    logger = MetricsLogger(run_dir, [s for s in tr.logger if s != "console"], to_dict(cfg), tr.project_name,
+                           tr.experiment_name, resume_step=step)
+
+    def save_checkpoint(k: int) -> None:
+        checkpoints.save(k, {}, to_dict(cfg), lambda p: actor.call_all("save", str(p / "actor")))
+
+    from tqdm import tqdm
+
+    t_start, first_step = time.perf_counter(), step
+    try:
+        with tqdm(total=total, initial=step, desc="sft", unit="step", dynamic_ncols=True) as bar:
+            while step < total:
+                epoch, i = divmod(step, steps_per_epoch)
+                order = epoch_order(len(train), epoch, d.shuffle, d.seed)
+                batch = TokenBatch.from_trajectories([train[j] for j in order[i * bs : (i + 1) * bs]])
+                t0 = time.perf_counter()
+                metrics = actor.update("update_sft", batch)
+                dt = time.perf_counter() - t0
+                step += 1
+                metrics.update({
+                    "sft/tokens_per_s": batch.num_tokens / dt,
+                    "sft/sampled_tokens": float(batch.loss_mask.sum()),
+                    "sft/epoch": step / steps_per_epoch,
+                    "timing/step": dt,
+                })
+                # stop before a step that would end past the budget (mean step time so far)
+                elapsed = time.perf_counter() - t_start
+                done_here = step - first_step
+                out_of_time = tr.max_time_s is not None and elapsed + elapsed / done_here > tr.max_time_s
+                last = step == total or out_of_time
+                if val and ((tr.test_freq > 0 and step % tr.test_freq == 0) or last):
+                    metrics["sft/val_loss"] = validation_loss(actor, val, bs)
+                if step % tr.log_freq == 0 or last:
+                    logger.log(metrics, step)
+                    if console:
+                        bar.write(f"step {step} | " + " | ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items())))
+                bar.set_postfix(loss=f"{metrics['sft/loss']:.3f}", tok_s=f"{metrics['sft/tokens_per_s']:.0f}")
+                bar.update(1)
+                if on_step is not None:
+                    on_step(step, metrics)
+                if tr.save_freq > 0 and step % tr.save_freq == 0 and not last:
+                    save_checkpoint(step)
+                if out_of_time:
+                    print(f"\n[sft] time budget trainer.max_time_s={tr.max_time_s:g}: stopping at step {step}/{total} "
+                          f"(another step would end past it)", flush=True)
+                    break
+        model_dir = run_dir / "model"
+        actor.call_all("save", str(model_dir))
+        if tr.save_freq > 0:
+            save_checkpoint(step)
+    finally:
+        logger.close()
+        actor.shutdown()
+    print(f"[sft] {step} steps in {time.perf_counter() - t_start:.0f}s; model: {model_dir}\n"
+          f"[sft] start RL from it with actor_rollout_ref.model.path={model_dir}", flush=True)
+    return model_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="agent-rl-sft", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default=None, help="YAML config (configs/sft/*.yaml); defaults otherwise")
+    ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor_rollout_ref.actor.optim.lr=2e-5")
+    args = ap.parse_args(argv)
+    for k, v in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false")):
+        os.environ.setdefault(k, v)
+    cfg = load_config(SFTConfig, args.config, args.overrides)
+    from agent_rl.precision import announce_run
+
+    announce_run(cfg, engine=False)
+    try:
+        run_sft(cfg)
+    except KeyboardInterrupt:
+        print("\n[sft] interrupted (rerun the same command to resume from the last checkpoint, if any)", flush=True)
+        return 130
+    finally:
+        if cfg.trainer.num_actor_workers > 1:
+            import ray
+
+            ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,244 @@
+"""Evaluation summaries (markdown + JSON), confidence intervals, and the model x mode table.
+
+`summarize(records)` turns the per-question records of `agent_rl.evaluation.evaluate` into one block of
+statistics per mode, overall and per `data_source`; `write_summary` writes it as
+`summary.json` and `summary.md`; `comparison(runs)` reads several evaluation directories
+(e.g. base / SFT / SFT+RL) into the table the demo's report shows, one row per model and one
+column per mode.
+
+Confidence intervals on EM are Wilson score intervals (95%, z = 1.96): EM is a proportion,
+and untrained or small models sit near 0 on small samples, where the normal approximation
+gives intervals below 0 and far too narrow (Brown, Cai & DasGupta 2001, "Interval Estimation
+for a Binomial Proportion", Statistical Science 16(2)). Differences between two models
+scored on the same questions use a paired normal interval on the per-question differences.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+Z95 = 1.959963984540054
+"""Two-sided 95% standard normal quantile."""
+
+MODES = ("agent", "rag", "direct")
+SUMMARY_JSON = "summary.json"
+SUMMARY_MD = "summary.md"
+ALL = "all"
+"""The `data_source` name of the overall row."""
+
+
+# ----------------------------------------------------------------------------- intervals
+def wilson_interval(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion successes / n.
+
+        centre = (p + z^2 / 2n) / (1 + z^2 / n)
+        half   = z * sqrt(p (1 - p) / n + z^2 / 4n^2) / (1 + z^2 / n)
+
+    (0, 1) for n = 0 (nothing is known). Example: 8 of 10 -> (0.4902, 0.9433).
+    """
+    if n < 0 or successes < 0 or successes > n:
+        raise ValueError(f"wilson_interval: need 0 <= successes <= n, got {successes} of {n}")
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    denom = 1.0 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float], z: float = Z95) -> dict[str, float]:
+    """Mean of a_i - b_i over paired scores (same questions) with a normal 95% interval:
+    mean +- z * sd / sqrt(n), sd the sample standard deviation (n - 1). Pairing removes the
+    question-difficulty variance both models share, so it is much tighter than comparing two
+    independent intervals."""
+    if len(a) != len(b):
+        raise ValueError(f"paired_difference: {len(a)} scores vs {len(b)}; pair them by question first")
+    n = len(a)
+    if n == 0:
+        return {"diff": 0.0, "ci_low": -1.0, "ci_high": 1.0, "n": 0}
+    d = [x - y for x, y in zip(a, b)]
+    mean = sum(d) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1)) if n > 1 else 0.0
+    half = z * sd / math.sqrt(n) if n > 1 else float("inf")
+    return {"diff": mean, "ci_low": max(-1.0, mean - half), "ci_high": min(1.0, mean + half), "n": n}
+
+
+def paired_em_difference(records_a: Iterable[Mapping], records_b: Iterable[Mapping], z: float = Z95) -> dict[str, float]:
+    """`paired_difference` of EM between two record sets, paired by (data_source, id); only
+    questions present in both count."""
+    def by_q(recs: Iterable[Mapping]) -> dict[tuple[str, str], float]:
+        return {(str(r["data_source"]), str(r["id"])): float(r["em"]) for r in recs}
+
+    a, b = by_q(records_a), by_q(records_b)
+    common = sorted(set(a) & set(b))
+    return paired_difference([a[k] for k in common], [b[k] for k in common], z)
+
+
+# ----------------------------------------------------------------------------- summaries
+def stats(records: Sequence[Mapping]) -> dict:
+    """Statistics of one group of per-question records (one mode)."""
+    n = len(records)
+
+    def mean(key: str) -> float:
+        return sum(float(r[key]) for r in records) / n if n else 0.0
+
+    hits = sum(float(r["em"]) for r in records)
+    lo, hi = wilson_interval(hits, n)
+    return {
+        "n": n,
+        "em": mean("em"),
+        "em_ci_low": lo,
+        "em_ci_high": hi,
+        "subem": mean("subem"),
+        "f1": mean("f1"),
+        "searches_mean": mean("searches"),
+        "turns_mean": mean("turns"),
+        "invalid_format_rate": 1.0 - mean("valid_format") if n else 0.0,
+        "answer_rate": sum(r.get("prediction") is not None for r in records) / n if n else 0.0,
+        "retrieval_hit_rate": mean("retrieval_hit"),
+        "tool_failures": int(sum(int(r.get("tool_failures", 0)) for r in records)),
+    }
+
+
+def summarize(records: Iterable[Mapping]) -> dict:
+    """`{"modes": {mode: {"all": stats, <data_source>: stats, ...}}}` over the records.
+
+    Modes keep the order agent, rag, direct; data sources are sorted, "all" first."""
+    groups: dict[str, dict[str, list[Mapping]]] = {}
+    for r in records:
+        groups.setdefault(str(r["mode"]), {}).setdefault(str(r["data_source"]), []).append(r)
+    order = sorted(groups, key=lambda m: (MODES.index(m) if m in MODES else len(MODES), m))
+    out: dict = {"modes": {}}
+    for mode in order:
+        by_source = groups[mode]
+        block = {ALL: stats([r for recs in by_source.values() for r in recs])}
+        for src in sorted(by_source):
+            block[src] = stats(by_source[src])
+        out["modes"][mode] = block
+    return out
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+def em_cell(s: Mapping) -> str:
+    """EM with its interval, in percent: `12.5 [8.1, 18.7]`."""
+    return f"{_pct(s['em'])} [{_pct(s['em_ci_low'])}, {_pct(s['em_ci_high'])}]"
+
+
+def summary_markdown(summary: Mapping, title: str | None = None) -> str:
+    """One table: a row per (mode, data_source), the overall row first in each mode."""
+    lines = [f"## {title}", ""] if title else []
+    lines += [
+        "| mode | data source | n | EM % [95% CI] | SubEM % | F1 % | searches | turns | answered % | invalid format % |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for mode, block in summary["modes"].items():
+        sources = list(block)
+        if len(sources) == 2:  # one data source: its row equals the overall row
+            sources = [ALL]
+        for src in sources:
+            s = block[src]
+            lines.append(
+                f"| {mode} | {src} | {s['n']} | {em_cell(s)} | {_pct(s['subem'])} | {_pct(s['f1'])} "
+                f"| {s['searches_mean']:.2f} | {s['turns_mean']:.2f} | {_pct(s['answer_rate'])} "
+                f"| {_pct(s['invalid_format_rate'])} |"
+            )
+    lines += ["", "EM interval: Wilson score, 95%. Answered: an `<answer>` was extracted (unanswered "
+              "questions score 0). Invalid format: the response breaks the mode's "
+              "tag structure (agent: Search-R1's think/search/information/answer rule; rag and direct: "
+              "the same rule with the think block optional)."]
+    return "\n".join(lines) + "\n"
+
+
+def write_summary(summary: Mapping, out_dir: str | Path, title: str | None = None) -> tuple[Path, Path]:
+    """Write `summary.json` and `summary.md` into `out_dir` (atomically); return both paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = (out / SUMMARY_JSON, out / SUMMARY_MD)
+    for path, text in zip(paths, (json.dumps(summary, indent=1) + "\n", summary_markdown(summary, title))):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    return paths
+
+
+def read_summary(eval_dir: str | Path) -> dict:
+    """The `summary.json` of an evaluation directory (clear error when it is missing)."""
+    path = Path(eval_dir) / SUMMARY_JSON
+    if not path.is_file():
+        raise FileNotFoundError(f"{eval_dir}: no {SUMMARY_JSON} (run agent-rl-eval with --out {eval_dir} first)")
+    return json.loads(path.read_text())
+
+
+# ----------------------------------------------------------------------------- comparison
+def comparison(runs: Sequence[tuple[str, str | Path]] | Mapping[str, str | Path],
+               modes: Sequence[str] = MODES, source: str = ALL) -> dict:
+    """The model x mode table from evaluation directories.
+
+    `runs`: (label, eval dir) pairs in row order, e.g. [("base", d0), ("SFT", d1),
+    ("SFT+RL", d2)]. Returns `{"modes": [...], "source": source, "rows": [{"model": label,
+    "dir": str, "cells": {mode: stats or None}}]}`; a mode a run did not evaluate is None."""
+    items = list(runs.items()) if isinstance(runs, Mapping) else list(runs)
+    rows = []
+    for label, d in items:
+        summary = read_summary(d)
+        cells = {m: summary["modes"].get(m, {}).get(source) for m in modes}
+        rows.append({"model": label, "dir": str(d), "cells": cells})
+    return {"modes": list(modes), "source": source, "rows": rows}
+
+
+def comparison_markdown(table: Mapping, title: str | None = "EM by model and mode") -> str:
+    """Markdown of `comparison(...)`: EM % [95% CI] per cell, n and mean searches below."""
+    modes = table["modes"]
+    lines = [f"## {title}", ""] if title else []
+    lines.append("| model | " + " | ".join(modes) + " |")
+    lines.append("|---|" + "---|" * len(modes))
+    for row in table["rows"]:
+        cells = []
+        for m in modes:
+            s = row["cells"][m]
+            cells.append("—" if s is None else f"{em_cell(s)} (n={s['n']}, {s['searches_mean']:.1f} searches)")
+        lines.append(f"| {row['model']} | " + " | ".join(cells) + " |")
+    src = table.get("source", ALL)
+    lines += ["", f"EM in percent on {'all data sources' if src == ALL else src}, Wilson 95% interval; "
+              "agent: the model may search; rag: top-k passages for the question in the prompt, "
+              "one answer; direct: no retrieval."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m agent_rl.evaluation.report LABEL=EVAL_DIR ... [--json PATH]`: print the model x mode table."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m agent_rl.evaluation.report", description=main.__doc__)
+    ap.add_argument("runs", nargs="+", help="LABEL=EVAL_DIR pairs in row order, e.g. base=runs/eval/base")
+    ap.add_argument("--source", default=ALL, help="data_source to show (default: all)")
+    ap.add_argument("--json", default=None, help="also write the table as JSON here")
+    args = ap.parse_args(argv)
+    pairs = []
+    for item in args.runs:
+        label, sep, d = item.partition("=")
+        if not sep or not label or not d:
+            print(f"report: expected LABEL=EVAL_DIR, got {item!r}", file=sys.stderr)
+            return 2
+        pairs.append((label, d))
+    try:
+        table = comparison(pairs, source=args.source)
+    except (OSError, ValueError) as e:
+        print(f"report: error: {e}", file=sys.stderr)
+        return 2
+    print(comparison_markdown(table), end="")
+    if args.json:
+        Path(args.json).write_text(json.dumps(table, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""The observation path, whole: retrieved passages -> observation text -> observation token ids.
+
+`format_passages` (Search-R1's passage formatting), `format_observation` (the
+`<information>` framing), `encode_observation` (ids, truncated to `data.max_obs_length` with
+the closing tag kept). The rollout manager, the demonstration builder and the benchmarks all
+call these, so an observation has the same ids wherever it is built.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from agent_rl.rollout.prompts import encode_text
+from retriever_server.schemas import ScoredDocument
+
+# Shown (inside <information>) when the retriever fails after its retries; not in Search-R1,
+# which has no failure path (its requests.post would raise and kill the whole batch).
+SEARCH_ERROR_TEXT = "Search failed: the search engine is unavailable. No results."
+
+
+def format_passages(docs: Sequence[ScoredDocument | dict]) -> str:
+    """Search-R1's `_passages2string` (search_r1/llm_agent/generation.py): title = first line of
+    contents as is (Search-R1 keeps the corpus' quotes), text = the remaining lines."""
+    out = ""
+    for i, item in enumerate(docs):
+        doc = item.document if isinstance(item, ScoredDocument) else item["document"]
+        content = doc.contents if hasattr(doc, "contents") else doc["contents"]
+        lines = content.split("\n")
+        title, text = lines[0], "\n".join(lines[1:])
+        out += f"Doc {i + 1}(Title: {title}) {text}\n"
+    return out
+
+
+OBS_OPEN, OBS_CLOSE = "\n\n<information>", "</information>\n\n"
+"""The observation block's framing (`format_observation`)."""
+
+
+def format_observation(docs_text: str) -> str:
+    """Search-R1's observation block (generation.py: `.strip()` of the passages, then tags)."""
+    return f"{OBS_OPEN}{docs_text.strip()}{OBS_CLOSE}"
+
+
+
+def encode_observation(tokenizer: Any, docs_text: str, max_obs_length: int) -> tuple[list[int], bool]:
+    """Ids of the observation block for `docs_text`, at most `max_obs_length` tokens; the
+    boolean says whether the passages were cut.
+
+    Truncation is in tokens, as Search-R1's `_process_next_obs`, but the cut falls on the
+    passages, not on the block: the ids are those of `OBS_OPEN`, the first passage tokens
+    that fit, then `OBS_CLOSE`. Search-R1 cuts the whole block, which drops the closing
+    `</information>`: the model then reads an unclosed block, writes its next turn inside it,
+    and its answer there counts as retrieved text (no `<answer>` outside `<information>`).
+    Only when `max_obs_length` cannot hold the two tags is the block itself cut.
+    """
+    if max_obs_length < 0:
+        raise ValueError(f"max_obs_length must be >= 0, got {max_obs_length}")
+    ids = encode_text(tokenizer, format_observation(docs_text))
+    if len(ids) <= max_obs_length:
+        return ids, False
+    head, tail = encode_text(tokenizer, OBS_OPEN), encode_text(tokenizer, OBS_CLOSE)
+    room = max_obs_length - len(head) - len(tail)
+    if room <= 0:
+        return ids[:max_obs_length], True
+    return head + encode_text(tokenizer, docs_text.strip())[:room] + tail, True

@@ -1,0 +1,154 @@
+"""Client of the retrieval service (used by the rollout): async, pooled, retrying, failing over.
+
+Speaks Search-R1's API (POST /retrieve) to one or more servers: round-robin across URLs,
+exponential backoff on connection errors, timeouts and 5xx (a 4xx is the caller's bug and is
+raised at once), and `RetrieverUnavailable` once every attempt failed, which the rollout turns
+into an error observation. Imports only `retriever_server.schemas` from this project.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from typing import Sequence
+
+import httpx
+
+from retriever_server.schemas import RetrieveRequest, RetrieveResponse, ScoredDocument
+
+log = logging.getLogger(__name__)
+
+
+class RetrieverUnavailable(RuntimeError):
+    """No server answered after all retries (connection errors, timeouts or 5xx)."""
+
+
+class RetrieverRequestError(ValueError):
+    """The server rejected the request (4xx); retrying would not help."""
+
+    def __init__(self, status: int, detail: str):
+        super().__init__(f"retriever rejected the request ({status}): {detail}")
+        self.status, self.detail = status, detail
+
+
+def server_base_url(url: str) -> str:
+    """A server's base URL from either form in use: `http://h:p` or Search-R1's
+    `http://h:p/retrieve` (what `retriever.url` holds in Search-R1 run scripts)."""
+    u = url.strip().rstrip("/")
+    if not u.startswith(("http://", "https://")):
+        raise ValueError(f"retriever URL must start with http:// or https://, got {url!r}")
+    return u.removesuffix("/retrieve")
+
+
+class RetrieverClient:
+    """`await search(queries, topk)` -> one list of ScoredDocument per query, in order."""
+
+    def __init__(self, urls: str | Sequence[str], *, timeout: float = 30.0, connect_timeout: float = 2.0,
+                 max_retries: int = 3, backoff: float = 0.1, max_backoff: float = 2.0,
+                 api_key: str | None = None, max_connections: int = 256):
+        self.urls = [server_base_url(u) for u in ([urls] if isinstance(urls, str) else urls)]
+        if not self.urls:
+            raise ValueError("RetrieverClient needs at least one server URL")
+        self.max_retries, self.backoff, self.max_backoff = max_retries, backoff, max_backoff
+        self._rr = itertools.count()
+        headers = {"X-API-Key": api_key} if api_key else {}
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout, connect=connect_timeout), headers=headers,
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections))
+
+    async def __aenter__(self) -> "RetrieverClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    def _order(self) -> list[str]:
+        """This call's URL order: round-robin start, the others as failover."""
+        start = next(self._rr) % len(self.urls)
+        return self.urls[start:] + self.urls[:start]
+
+    async def _post(self, payload: dict) -> dict:
+        errors: list[str] = []
+        order = self._order()
+        for attempt in range(self.max_retries + 1):
+            for url in order:  # each attempt tries every server once before backing off
+                try:
+                    r = await self._client.post(f"{url}/retrieve", json=payload)
+                except (httpx.TransportError, httpx.TimeoutException) as e:
+                    errors.append(f"{url}: {type(e).__name__}")
+                    continue
+                if r.status_code >= 500:
+                    errors.append(f"{url}: HTTP {r.status_code}")
+                    continue
+                if r.status_code >= 400:
+                    try:
+                        detail = r.json().get("detail", r.text)
+                    except ValueError:
+                        detail = r.text
+                    raise RetrieverRequestError(r.status_code, str(detail))
+                return r.json()
+            if attempt < self.max_retries:
+                await asyncio.sleep(min(self.max_backoff, self.backoff * 2 ** attempt))
+        raise RetrieverUnavailable(f"no retriever answered after {self.max_retries + 1} rounds over "
+                                   f"{len(self.urls)} server(s); last errors: {'; '.join(errors[-3:])}")
+
+    async def search(self, queries: Sequence[str], topk: int = 3) -> list[list[ScoredDocument]]:
+        if not queries:
+            return []
+        payload = RetrieveRequest(queries=list(queries), topk=topk, return_scores=True).model_dump()
+        data = await self._post(payload)
+        result = RetrieveResponse.model_validate(data).result
+        if len(result) != len(queries):
+            raise RetrieverUnavailable(f"server answered {len(result)} result lists for {len(queries)} queries")
+        return result
+
+    async def wait_healthy(self, timeout: float = 120.0, interval: float = 0.5) -> None:
+        """Until at least one server says ok (raises RetrieverUnavailable after `timeout`)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        last = ""
+        while True:
+            for url in self.urls:
+                try:
+                    r = await self._client.get(f"{url}/health")
+                    if r.status_code == 200:
+                        return
+                    last = f"{url}: {r.status_code} {r.text[:100]}"
+                except (httpx.TransportError, httpx.TimeoutException) as e:
+                    last = f"{url}: {type(e).__name__}"
+            if loop.time() >= deadline:
+                raise RetrieverUnavailable(f"no healthy retriever after {timeout:.0f}s ({last})")
+            await asyncio.sleep(interval)
+
+
+class SyncRetrieverClient:
+    """Blocking wrapper (scripts, evaluation): runs the async client on a private event loop."""
+
+    def __init__(self, urls: str | Sequence[str], **kwargs):
+        self._loop = asyncio.new_event_loop()
+        self._client = self._loop.run_until_complete(self._make(urls, kwargs))
+
+    @staticmethod
+    async def _make(urls, kwargs) -> RetrieverClient:
+        return RetrieverClient(urls, **kwargs)
+
+    def search(self, queries: Sequence[str], topk: int = 3) -> list[list[ScoredDocument]]:
+        return self._loop.run_until_complete(self._client.search(queries, topk))
+
+    def wait_healthy(self, timeout: float = 120.0) -> None:
+        self._loop.run_until_complete(self._client.wait_healthy(timeout))
+
+    def close(self) -> None:
+        if not self._loop.is_closed():
+            self._loop.run_until_complete(self._client.aclose())
+            self._loop.close()
+
+    def __enter__(self) -> "SyncRetrieverClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,1 @@
+"""Training: the Ray-driven RL loop, its workers, algorithms, batches, weight sync and checkpoints."""

@@ -1,0 +1,82 @@
+"""Name -> function registries for advantage estimators and policy losses.
+
+The trainer looks functions up by the name in its config (`algorithm.adv_estimator`,
+`actor.policy_loss`) so it never branches on a loss or estimator type itself (veRL's
+`register_adv_est` idea, without the enum). An unknown name fails with the list of known ones.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, TypeVar
+
+F = TypeVar("F", bound=Callable)
+
+
+class Registry:
+    """A named table of functions, filled by a decorator at import time."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._fns: dict[str, Callable] = {}
+        self._info: dict[str, dict] = {}
+
+    def register(self, name: str, **info: object) -> Callable[[F], F]:
+        """`info`: facts the caller declares with the function (e.g. needs_critic=True)."""
+        def decorator(fn: F) -> F:
+            if name in self._fns and self._fns[name] is not fn:
+                raise ValueError(f"{self.kind} {name!r} is already registered ({self._fns[name].__qualname__})")
+            self._fns[name] = fn
+            self._info[name] = dict(info)
+            return fn
+
+        return decorator
+
+    def get(self, name: str) -> Callable:
+        try:
+            return self._fns[name]
+        except KeyError:
+            raise ValueError(f"unknown {self.kind} {name!r}; known: {sorted(self._fns)}") from None
+
+    def info(self, name: str) -> dict:
+        self.get(name)  # the same error for an unknown name
+        return self._info[name]
+
+    def names(self) -> list[str]:
+        return sorted(self._fns)
+
+
+ADV_ESTIMATORS = Registry("advantage estimator")
+POLICY_LOSSES = Registry("policy loss")
+
+
+def register_adv_est(name: str, needs_critic: bool = False) -> Callable[[F], F]:
+    """Decorator: register an advantage estimator under `name` (`algorithm.adv_estimator`);
+    `needs_critic`: it takes value estimates, so the trainer builds a critic for it."""
+    return ADV_ESTIMATORS.register(name, needs_critic=needs_critic)
+
+
+def needs_critic(name: str) -> bool:
+    """Whether the estimator registered as `name` uses a critic's values (e.g. GAE)."""
+    return bool(ADV_ESTIMATORS.info(name)["needs_critic"])
+
+
+def get_adv_estimator(name: str) -> Callable:
+    """The estimator registered as `name`; ValueError listing the known names otherwise."""
+    return ADV_ESTIMATORS.get(name)
+
+
+def register_policy_loss(name: str) -> Callable[[F], F]:
+    """Decorator: register a policy loss under `name`."""
+    return POLICY_LOSSES.register(name)
+
+
+def get_policy_loss(name: str) -> Callable:
+    """The policy loss registered as `name`; ValueError listing the known names otherwise."""
+    return POLICY_LOSSES.get(name)
+
+
+def cfg_get(cfg: object, name: str, default):
+    """`cfg.name`, or `default` when cfg is None / lacks the field (configs are duck-typed here
+    so this package does not import `agent_rl.config` and its YAML dependency)."""
+    value = getattr(cfg, name, None) if cfg is not None else None
+    return default if value is None else value

@@ -1,0 +1,84 @@
+"""`agent-rl-train --config configs/train/X.yaml key=value ...`: RL training (GRPO / PPO / ...).
+
+Loads the config (YAML, then dotted overrides with veRL names), waits for the retriever's
+/health, starts a local Ray cluster (or joins one: `trainer.ray_address=auto`), and runs
+`RayTrainer.fit()` under a progress bar with ETA. Resumes from the run's latest checkpoint
+unless `trainer.resume_mode=disable`. Ctrl-C stops cleanly (actors and Ray shut down); the
+last checkpoint stays usable.
+
+    agent-rl-train --config configs/train/demo_grpo_cpu.yaml trainer.total_training_steps=5
+    python -m agent_rl.training.cli --config ... (same)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+
+from agent_rl.config import TrainConfig, load_config
+
+
+def wait_for_retriever(urls: list[str], timeout_s: float) -> None:
+    """Block until every retriever URL answers /health (or raise naming the URLs)."""
+    from agent_rl.rollout.retrieval_client import RetrieverClient
+
+    async def wait() -> None:
+        client = RetrieverClient(urls)
+        try:
+            await client.wait_healthy(timeout_s)
+        finally:
+            await client.aclose()
+
+    t0 = time.time()
+    print(f"[train] waiting for the retriever at {', '.join(urls)} (up to {timeout_s:.0f}s)", flush=True)
+    asyncio.run(wait())
+    print(f"[train] retriever healthy after {time.time() - t0:.1f}s", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="agent-rl-train", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--config", default=None, help="YAML config (configs/train/*.yaml); defaults otherwise")
+    ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor_rollout_ref.actor.optim.lr=1e-6")
+    ap.add_argument("--no-wait-retriever", action="store_true", help="do not wait for the retriever's /health")
+    args = ap.parse_args(argv)
+    for k, v in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false")):
+        os.environ.setdefault(k, v)
+
+    cfg = load_config(TrainConfig, args.config, args.overrides)
+    from agent_rl.precision import announce_run
+
+    announce_run(cfg, critic=cfg.algorithm.adv_estimator == "gae")
+    if not args.no_wait_retriever:
+        wait_for_retriever(cfg.retriever.url, cfg.trainer.retriever_health_timeout_s)
+
+    import ray
+    from tqdm import tqdm
+
+    from agent_rl.training.ray_workers import init_ray
+    from agent_rl.training.trainer import RayTrainer
+
+    init_ray(cfg.trainer.ray_address)
+    trainer = None
+    try:
+        trainer = RayTrainer(cfg)
+        with tqdm(total=trainer.total_steps, initial=trainer.step, desc="train", unit="step", dynamic_ncols=True) as bar:
+            trainer.fit(on_step=lambda step, metrics: bar.update(step - bar.n))
+        print(f"[train] done: {trainer.run_dir}", flush=True)
+        return 0
+    except KeyboardInterrupt:
+        latest = trainer.checkpoints.latest() if trainer is not None else None
+        print(f"\n[train] interrupted; last checkpoint: {latest or 'none'} (rerun the same command to resume)", flush=True)
+        return 130
+    finally:
+        if trainer is not None:
+            trainer.shutdown()
+        ray.shutdown()
+
+
+if __name__ == "__main__":  # vLLM starts worker processes with spawn: guard the entry point
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""Namespaced metrics (`actor/pg_loss`, `rollout/num_searches`, `timing/gen`) to several sinks.
+
+Only the driver writes metrics: workers return dicts, the trainer merges them and calls
+`MetricsLogger.log` once per step. Sinks: a console line, TensorBoard, a jsonl file
+(`<run_dir>/metrics.jsonl`, one object per step, the source for `agent_rl.evaluation.plot`), and W&B
+when it is installed and "wandb" is in `trainer.logger`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+from pathlib import Path
+
+JSONL = "metrics.jsonl"
+SINKS = ("console", "tensorboard", "jsonl", "wandb")
+# Shown on the console line when present, in this order (the rest go to the files only).
+CONSOLE_KEYS = (
+    "reward/mean",
+    "reward/em",
+    "val/em",
+    "actor/pg_loss",
+    "actor/pg_clipfrac",
+    "actor/ppo_kl",
+    "actor/entropy",
+    "critic/vf_loss",
+    "rollout/response_length",
+    "rollout/num_searches",
+    "timing/step",
+)
+
+
+def check_metrics(metrics: dict) -> dict[str, float]:
+    """Keys must be namespaced `group/name`; values scalar numbers (tensors are unwrapped)."""
+    out: dict[str, float] = {}
+    for key, value in metrics.items():
+        if not isinstance(key, str) or "/" not in key.strip("/"):
+            raise ValueError(f"metric key {key!r} is not namespaced (expected 'group/name')")
+        if hasattr(value, "item"):
+            value = value.item()
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ValueError(f"metric {key!r} must be a number, got {type(value).__name__}: {value!r}")
+        out[key] = float(value)
+    return out
+
+
+def read_jsonl(run_dir: str | Path) -> list[dict]:
+    """All rows of a run's metrics file (one dict per logged step)."""
+    path = Path(run_dir) / JSONL
+    if not path.exists():
+        raise FileNotFoundError(f"no {JSONL} in {run_dir}")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class MetricsLogger:
+    """Writes one dict of metrics per step to the configured sinks.
+
+    `resume_step`: on resume, rows logged after the checkpoint (by the killed run) are dropped
+    from the jsonl and TensorBoard purges its events past that step, so curves stay single.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        sinks: list[str],
+        config: dict | None = None,
+        project: str = "agent_rl",
+        experiment: str = "run",
+        resume_step: int | None = None,
+    ):
+        unknown = set(sinks) - set(SINKS)
+        if unknown:
+            raise ValueError(f"trainer.logger: unknown sink(s) {sorted(unknown)}; valid: {list(SINKS)}")
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.sinks = list(sinks)
+        self._tb = self._jsonl = self._wandb = None
+        if "jsonl" in sinks:
+            path = self.run_dir / JSONL
+            if resume_step is not None and path.exists():
+                lines = [line for line in path.read_text().splitlines() if line.strip()]
+                kept = [line for line in lines if json.loads(line)["step"] <= resume_step]
+                path.write_text("".join(line + "\n" for line in kept))
+            self._jsonl = path.open("a")
+        if "tensorboard" in sinks:
+            from torch.utils.tensorboard import SummaryWriter
+
+            purge = resume_step + 1 if resume_step is not None else None
+            self._tb = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=purge)
+        if "wandb" in sinks:
+            try:
+                import wandb
+            except ImportError:
+                print("[metrics] 'wandb' is in trainer.logger but wandb is not installed: skipping it")
+            else:
+                self._wandb = wandb.init(project=project, name=experiment, config=config, resume="allow")
+
+    def log(self, metrics: dict, step: int, extra: dict | None = None) -> None:
+        """Log scalar `metrics` at `step`; `extra` (e.g. consumed prompt ids) goes to jsonl only."""
+        scalars = check_metrics(metrics)
+        if "console" in self.sinks:
+            print(self.console_line(scalars, step), flush=True)
+        if self._jsonl is not None:
+            row = {"step": step, **scalars, **(extra or {})}
+            self._jsonl.write(json.dumps(row) + "\n")
+            self._jsonl.flush()
+        if self._tb is not None:
+            for key, value in scalars.items():
+                self._tb.add_scalar(key, value, step)
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=step)
+
+    @staticmethod
+    def console_line(scalars: dict[str, float], step: int) -> str:
+        parts = [f"step {step}"]
+        for key in CONSOLE_KEYS:
+            if key in scalars:
+                v = scalars[key]
+                parts.append(f"{key} {v:.3g}" if math.isfinite(v) else f"{key} {v}")
+        return " | ".join(parts)
+
+    def close(self) -> None:
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None

@@ -1,0 +1,231 @@
+"""Ray actors: the rollout worker and data-parallel groups of training workers.
+
+- `RolloutWorker` (async actor): the vLLM engine, the retriever client and the rollout
+  manager in one process, so generation and retrieval overlap on one event loop.
+- `WorkerGroup`: N `TrainWorkerHost` actors, each hosting one `ActorWorker` (or
+  `CriticWorker`) with its rank; they form a torch.distributed group (gloo on CPU, NCCL on
+  GPU) through a MASTER_ADDR/PORT taken from rank 0. The driver hands every rank the same
+  batch through the object store (one copy); each rank works on its own token-balanced shard
+  (`agent_rl.training.batch.shard`) and per-token results are put back in batch order here.
+
+Resources: on CPU every actor asks for `num_cpus=0`, so they all fit a 2-core machine
+(Ray would otherwise refuse to place them); they time-share the cores, which is what the
+loop does anyway (rollout, then log-probs, then update). Ray sets OMP_NUM_THREADS=1 in
+actors with no CPUs, so each actor sets its torch threads explicitly. On GPU (untested
+here) the engine, actor rank i and critic rank i share GPU i (`GPU_SHARE`); tensor-parallel
+engines are not placed yet.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any, Callable
+
+import ray
+
+from agent_rl.config import TrainConfig
+
+
+def init_ray(address: str | None) -> None:
+    """Join a running cluster (`address`, e.g. "auto") or start a local one for this process."""
+    import ray
+
+    env = {k: os.environ[k] for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM") if k in os.environ}
+    runtime_env = {"env_vars": env}
+    if address:
+        ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+    else:
+        ray.init(include_dashboard=False, runtime_env=runtime_env, log_to_driver=True)
+
+
+def torch_threads(cfg: TrainConfig) -> int:
+    return cfg.trainer.torch_threads or len(os.sched_getaffinity(0))
+
+
+def _actor_env(cfg: TrainConfig) -> dict:
+    """runtime_env for our actors: all cores for OpenMP (Ray's default for 0-CPU actors is 1)."""
+    n = str(torch_threads(cfg))
+    keep = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "VLLM_CPU_OMP_THREADS_BIND")
+    env = {k: os.environ[k] for k in keep if k in os.environ}
+    return {"env_vars": {**env, "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n}}
+
+
+GPU_SHARE = {"rollout": 0.2, "actor": 0.4, "critic": 0.4}
+"""GPU runs (untested here: no GPU): the engine, actor rank i and critic rank i share GPU i,
+as veRL's colocated workers do; these are their fractions of the device."""
+_GPU_GROUP: list = []
+
+
+def _placement(cfg: TrainConfig, role: str, rank: int) -> dict:
+    """Ray resources of one actor: no CPUs on CPU runs (see module docstring); on GPU runs a
+    share of GPU `rank` through one placement group of one bundle per GPU."""
+    if cfg.trainer.n_gpus_per_node <= 0:
+        return {"num_cpus": 0}
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    n = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
+    if not _GPU_GROUP:
+        pg = placement_group([{"GPU": 1}] * n, strategy="PACK")
+        ray.get(pg.ready())
+        _GPU_GROUP.append(pg)
+    strategy = PlacementGroupSchedulingStrategy(_GPU_GROUP[0], placement_group_bundle_index=rank % n)
+    return {"num_cpus": 0, "num_gpus": GPU_SHARE[role], "scheduling_strategy": strategy}
+
+
+# ----------------------------------------------------------------------------- rollout
+@ray.remote
+class RolloutWorker:
+    """The vLLM engine + rollout manager (+ retriever client) as one async Ray actor.
+
+    Call `start()` once (the engine is created inside the actor's event loop), then
+    `rollout(prompts, n, ...)` and `load_weights(ref)`; `shutdown()` frees the engine.
+    """
+
+    def __init__(self, cfg: TrainConfig, retriever: Any = None):
+        import torch
+
+        self.cfg = cfg
+        torch.set_num_threads(torch_threads(cfg))
+        self.engine = self.manager = self.client = None
+        self.retriever = retriever
+        """Optional object with `async search(queries, topk)` used instead of the HTTP client."""
+
+    async def start(self) -> None:
+        from agent_rl.rollout.engine import RolloutEngine
+        from agent_rl.rollout.manager import RolloutManager
+
+        cfg = self.cfg
+        max_len = cfg.data.max_prompt_length + cfg.data.max_response_length
+        rcfg = cfg.actor_rollout_ref.rollout
+        self.engine = await RolloutEngine.create(cfg.actor_rollout_ref.model.path, rcfg, max_model_len=max_len)
+        if self.retriever is None and cfg.retriever.url:  # no URL: direct (no-search) rollouts only
+            from agent_rl.rollout.retrieval_client import RetrieverClient
+
+            self.client = RetrieverClient(
+                list(cfg.retriever.url),
+                timeout=cfg.retriever.timeout_s,
+                max_retries=cfg.retriever.max_retries,
+            )
+        self.manager = RolloutManager(self.engine, self.retriever or self.client, cfg)
+
+    async def rollout(self, prompts: list, n: int, greedy: bool = False) -> tuple[list, dict[str, float]]:
+        """Trajectories for each prompt x n samples (group_id = index of the prompt) + rollout/* metrics."""
+        return await self.manager.rollout(prompts, n=n, greedy=greedy)
+
+    async def generate(self, prompt_ids: list[int], max_tokens: int, temperature: float = 0.0):
+        """One plain generation (tests and diagnostics): GenerateResult with ids + logprobs."""
+        from agent_rl.rollout.engine import Sampling
+
+        return await self.engine.generate(prompt_ids, Sampling(temperature=temperature, max_tokens=max_tokens, stop=()))
+
+    async def load_weights(self, weights: Any, transport: str = "object_store") -> float:
+        """Load named tensors (resolved from the object store by Ray) into the running engine."""
+        from agent_rl.training.weight_sync import get_transport
+
+        return await self.engine.load_weights(get_transport(transport).load(weights))
+
+    async def shutdown(self) -> None:
+        if self.engine is not None:
+            await self.engine.shutdown()
+            self.engine = None
+        if self.client is not None:
+            await self.client.aclose()
+            self.client = None
+
+
+def make_rollout_worker(cfg: TrainConfig, retriever: Any = None) -> Any:
+    """Create and start the rollout worker; returns its handle once the engine is up.
+    `retriever`: optional in-process search object replacing the HTTP client (tests)."""
+    worker = RolloutWorker.options(runtime_env=_actor_env(cfg), **_placement(cfg, "rollout", 0)).remote(cfg, retriever)
+    ray.get(worker.start.remote())
+    return worker
+
+
+# ----------------------------------------------------------------------------- training workers
+@ray.remote
+class TrainWorkerHost:
+    """Hosts one training worker (actor or critic) of a data-parallel group."""
+
+    def __init__(self, threads: int):
+        import torch
+
+        torch.set_num_threads(threads)
+        self.worker = None
+
+    def address(self) -> tuple[str, int]:
+        """This node's IP and a free port: the rendezvous of the group (asked of rank 0)."""
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def setup(self, factory: Callable[..., Any], rank: int, world_size: int, master: tuple[str, int]) -> None:
+        os.environ.update(MASTER_ADDR=master[0], MASTER_PORT=str(master[1]), RANK=str(rank), WORLD_SIZE=str(world_size))
+        self.worker = factory(rank=rank, world_size=world_size, init_method=f"tcp://{master[0]}:{master[1]}")
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.worker, method)(*args, **kwargs)
+
+    def export_weights(self, transport: str) -> Any:
+        """The policy's HF-format weights (LoRA merged), packed for `transport`."""
+        from agent_rl.training.weight_sync import get_transport
+
+        return get_transport(transport).export(self.worker)
+
+    def call_on_shard(self, method: str, batch: Any, rank: int, world_size: int) -> tuple[Any, Any]:
+        """`method(shard)` on this rank's part of `batch`; returns (result, shard row indices)."""
+        from agent_rl.training.batch import shard_indices
+
+        idx = shard_indices(batch.seq_lens.tolist(), rank, world_size)
+        return getattr(self.worker, method)(batch.select(idx)), idx
+
+
+class WorkerGroup:
+    """N data-parallel training workers built by `factory(rank=, world_size=)` in Ray actors."""
+
+    def __init__(self, cfg: TrainConfig, factory: Callable[..., Any], world_size: int, role: str = "actor"):
+        if world_size < 1:
+            raise ValueError(f"trainer.num_actor_workers must be >= 1, got {world_size}")
+        self.world_size = world_size
+        self.hosts = [
+            TrainWorkerHost.options(runtime_env=_actor_env(cfg), **_placement(cfg, role, rank)).remote(torch_threads(cfg))
+            for rank in range(world_size)
+        ]
+        master = ray.get(self.hosts[0].address.remote())
+        ray.get([h.setup.remote(factory, r, world_size, master) for r, h in enumerate(self.hosts)])
+
+    def call_all(self, method: str, *args: Any) -> list[Any]:
+        """`method(*args)` on every rank (collectives inside need all ranks); results by rank."""
+        return ray.get([h.call.remote(method, *args) for h in self.hosts])
+
+    def export_weights(self, transport: str) -> Any:
+        """ObjectRef of rank 0's packed weights (passed on to the engine, never fetched here)."""
+        return self.hosts[0].export_weights.remote(transport)
+
+    def per_token(self, method: str, batch: Any) -> Any:
+        """(B, R) per-token result of `method` on each rank's shard, rows back in batch order."""
+        from agent_rl.training.batch import concat_rows
+
+        ref = ray.put(batch)
+        outs = ray.get([h.call_on_shard.remote(method, ref, r, self.world_size) for r, h in enumerate(self.hosts)])
+        parts = [o for o, idx in outs if len(idx)]
+        idxs = [idx for o, idx in outs if len(idx)]
+        return concat_rows(parts, [list(i) for i in idxs], len(batch))
+
+    def update(self, method: str, batch: Any) -> dict[str, float]:
+        """Run an update on every rank's shard (gradients are summed across ranks inside);
+        the workers reduce metrics over all ranks, so rank 0's are the batch's."""
+        ref = ray.put(batch)
+        outs = ray.get([h.call_on_shard.remote(method, ref, r, self.world_size) for r, h in enumerate(self.hosts)])
+        return outs[0][0]
+
+    def rank0(self, method: str, *args: Any) -> Any:
+        """`method(*args)` on rank 0 only (questions every rank would answer alike)."""
+        return ray.get(self.hosts[0].call.remote(method, *args))
+
+    def shutdown(self) -> None:
+        for h in self.hosts:
+            ray.kill(h)
+        self.hosts = []

@@ -1,0 +1,367 @@
+"""The RL driver: `RayTrainer.fit()` runs GRPO / PPO / RLOO / REINFORCE++ steps, top to bottom.
+
+One step: prompts -> rollout (n samples each; optional group filtering with over-sampling)
+-> outcome reward -> old / reference log-probs and values -> advantages -> critic and actor
+updates -> weight sync into the engine -> metrics -> checkpoint. Branching lives in the
+helpers; `fit()` only reads in order.
+
+Token-level conventions (agent_rl/training/batch.py): response tokens include observation tokens in
+the middle with loss_mask 0. The outcome reward sits on the last sampled token; KL (in the
+reward or in the loss), advantages and the loss all use the same mask
+(`TokenBatch.mask(state_masking)`). Old log-probs are always recomputed by the trainer (the
+engine may sample in bf16); the engine's own log-probs travel along as `rollout_logprobs`
+for truncated importance sampling (`actor.tis_cap`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from agent_rl.config import TrainConfig, to_dict
+from agent_rl.rollout.prompts import reward_view
+from agent_rl.rollout.reward import evaluate_response
+from agent_rl.training import algos
+from agent_rl.training.batch import TokenBatch
+from agent_rl.training.checkpoint import CheckpointManager
+from agent_rl.training.data import Prompt, PromptLoader, drop_overlong, load_prompts
+from agent_rl.training.metrics import MetricsLogger
+from agent_rl.types import Trajectory
+
+
+class StepTimer:
+    """`with timer("gen"): ...` accumulates seconds per name; `.metrics()` -> timing/*."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+    def metrics(self) -> dict[str, float]:
+        return {f"timing/{k}": v for k, v in self.seconds.items()}
+
+
+class RayTrainer:
+    """Owns the workers, the data stream, checkpoints and metrics of one run."""
+
+    def __init__(self, cfg: TrainConfig, run_dir: str | Path | None = None, retriever=None):
+        """`retriever`: optional in-process `async search(queries, topk)` object instead of
+        the HTTP client for `retriever.url` (tests without a server)."""
+        from agent_rl.training.ray_workers import WorkerGroup, make_rollout_worker
+        from agent_rl.training.weight_sync import WeightSync
+        from agent_rl.training.workers.actor import ActorWorker
+
+        self.cfg = cfg
+        self.run_dir = Path(run_dir or cfg.trainer.default_local_dir)
+        self.loader = PromptLoader(load_train_prompts(cfg), cfg.data.train_batch_size, cfg.data.shuffle, cfg.data.seed)
+        self.total_steps = cfg.trainer.total_training_steps or cfg.trainer.total_epochs * self.loader.steps_per_epoch
+        self.step = 0
+        self.adv_fn = algos.get_adv_estimator(cfg.algorithm.adv_estimator)
+        self.kl_ctrl = algos.make_kl_controller(cfg.algorithm.kl_ctrl)
+        self.use_critic = algos.needs_critic(cfg.algorithm.adv_estimator)
+        self.use_ref = cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+        self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", cfg.trainer.max_ckpt_to_keep)
+        torch.manual_seed(cfg.data.seed)
+
+        self.rollout = make_rollout_worker(cfg, retriever)
+        n_workers = cfg.trainer.num_actor_workers
+        actor_factory = functools.partial(ActorWorker, cfg.actor_rollout_ref, self.total_steps)
+        self.actor = WorkerGroup(cfg, actor_factory, n_workers)
+        self.critic = None
+        if self.use_critic:
+            from agent_rl.training.workers.critic import CriticWorker
+
+            self.critic = WorkerGroup(cfg, functools.partial(CriticWorker, cfg, self.total_steps), n_workers, "critic")
+        self.sync = WeightSync(self.actor, self.rollout, "cuda_ipc" if cfg.trainer.n_gpus_per_node > 0 else "object_store")
+        self._maybe_resume()
+        self.metrics = MetricsLogger(
+            self.run_dir,
+            cfg.trainer.logger,
+            to_dict(cfg),
+            cfg.trainer.project_name,
+            cfg.trainer.experiment_name,
+            resume_step=self.step,
+        )
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self, on_step: Callable[[int, dict], None] | None = None) -> None:
+        cfg = self.cfg
+        if cfg.trainer.val_before_train and self.step == 0:
+            self.metrics.log(self.validate(), step=0)
+        while self.step < self.total_steps:
+            self.step += 1
+            t = StepTimer()
+            with t("step"):
+                # 1. rollout + reward (group filtering may draw extra prompts)
+                trajs, prompt_ids, metrics = self._collect(t)
+                batch = TokenBatch.from_trajectories(trajs)
+                mask = batch.mask(cfg.actor_rollout_ref.actor.state_masking)
+                # 2. log-probs of the policy that sampled (recomputed), the reference, values
+                if self._needs_old_log_probs(len(batch)):
+                    with t("old_log_prob"):
+                        batch = batch.with_fields(old_logprobs=self.actor.per_token("compute_log_probs", batch))
+                if self.use_ref:
+                    with t("ref"):
+                        batch = batch.with_fields(ref_logprobs=self.actor.per_token("compute_ref_log_probs", batch))
+                if self.critic is not None:
+                    with t("values"):
+                        batch = batch.with_fields(values=self.critic.per_token("compute_values", batch))
+                # 3. advantages (outcome reward on the last sampled token, optional KL in reward)
+                with t("adv"):
+                    batch, adv_metrics = self._advantages(batch, mask)
+                # 4. updates, then push the new policy into the engine
+                if self.critic is not None:
+                    with t("update_critic"):
+                        metrics.update(self.critic.update("update_critic", batch))
+                with t("update_actor"):
+                    metrics.update(self.actor.update("update_policy", batch))
+                with t("sync"):
+                    self.sync.push()
+            # validation is timed on its own, outside "step": perf/tokens_per_s measures training
+            if cfg.trainer.test_freq > 0 and (self.step % cfg.trainer.test_freq == 0 or self.step == self.total_steps):
+                with t("validate"):
+                    metrics.update(self.validate())
+            metrics.update(adv_metrics)
+            metrics.update(batch_metrics(batch, mask))
+            metrics.update(t.metrics())
+            metrics["perf/tokens_per_s"] = batch.num_tokens / t.seconds["step"]
+            metrics["training/epoch"] = float(self.loader.pos.epoch)
+            # 5. log before the checkpoint: a run killed after checkpoint K has logged K
+            self.metrics.log(metrics, self.step, extra={"prompt_ids": prompt_ids})
+            if self._save_due():
+                self.save()
+            if on_step is not None:
+                on_step(self.step, metrics)
+
+    # ------------------------------------------------------------------ step pieces
+    def _needs_old_log_probs(self, num_sequences: int) -> bool:
+        """Old log-probs are always the trainer's, never the engine's. A single on-policy
+        update (one epoch, one mini-batch) takes them from its own forward pass (ratio = 1
+        exactly, as veRL), saving a pass; the in-reward KL needs them before the update."""
+        return self.cfg.algorithm.use_kl_in_reward or self.actor.rank0("needs_old_log_probs", num_sequences)
+
+    def _collect(self, t: StepTimer) -> tuple[list[Trajectory], list[str], dict[str, float]]:
+        import ray
+
+        cfg = self.cfg
+
+        def rollout(prompts: list[Prompt]) -> tuple[list[Trajectory], dict[str, float]]:
+            return ray.get(self.rollout.rollout.remote(prompts, cfg.actor_rollout_ref.rollout.n))
+
+        a = cfg.algorithm
+        max_rounds = a.max_filter_rounds if a.filter_groups else 0
+        return collect_groups(self.loader, rollout, cfg.reward, cfg.data.train_batch_size, a.filter_groups, max_rounds, t)
+
+    def _advantages(self, batch: TokenBatch, mask: torch.Tensor) -> tuple[TokenBatch, dict[str, float]]:
+        """Token rewards -> (optional in-reward KL) -> advantages and returns, all on `mask`."""
+        cfg = self.cfg.algorithm
+        metrics: dict[str, float] = {}
+        token_rewards = algos.place_outcome_reward(batch.rewards, mask)
+        if cfg.use_kl_in_reward:
+            token_rewards, kl_metrics = algos.apply_kl_penalty(
+                token_rewards, batch.old_logprobs, batch.ref_logprobs, mask, self.kl_ctrl.value, cfg.kl_penalty
+            )
+            self.kl_ctrl.update(kl_metrics["kl"], n_steps=len(batch))
+            metrics = {"actor/reward_kl_penalty": kl_metrics["kl"], "actor/reward_kl_penalty_coeff": kl_metrics["kl_coef"]}
+        adv, returns = self.adv_fn(token_rewards, mask, batch.group_ids, batch.values, cfg)
+        return batch.with_fields(advantages=adv, returns=returns), metrics
+
+    def validate(self) -> dict[str, float]:
+        """Greedy rollouts on the validation prompts: val/<em|f1> overall and per data_source."""
+        import ray
+
+        cfg = self.cfg
+        prompts = load_prompts(cfg.data.val_files, cfg.data.val_data_num)
+        per_source: dict[str, list[float]] = {}
+        rewards: list[float] = []
+        for i in range(0, len(prompts), cfg.data.val_batch_size):
+            chunk = prompts[i : i + cfg.data.val_batch_size]
+            trajs, _ = ray.get(self.rollout.rollout.remote(chunk, 1, True))
+            for tr, r in zip(trajs, score_trajectories(trajs, chunk, cfg.reward)):
+                per_source.setdefault(tr.data_source or "all", []).append(r.metric)
+                rewards.append(r.score)
+        every = [x for v in per_source.values() for x in v]
+        out = {f"val/{cfg.reward.kind}/{src}": sum(v) / len(v) for src, v in per_source.items()}
+        out[f"val/{cfg.reward.kind}"] = sum(every) / max(1, len(every))
+        out["val/reward"] = sum(rewards) / max(1, len(rewards))
+        return out
+
+    # ------------------------------------------------------------------ checkpoints
+    def _save_due(self) -> bool:
+        freq = self.cfg.trainer.save_freq
+        return self.step == self.total_steps or (freq > 0 and self.step % freq == 0)
+
+    def save(self) -> Path:
+        def save_workers(d: Path) -> None:
+            self.actor.call_all("save", str(d / "actor"))
+            if self.critic is not None:
+                self.critic.call_all("save", str(d / "critic"))
+
+        state = {"data": self.loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict()}
+        return self.checkpoints.save(self.step, state, to_dict(self.cfg), save_workers)
+
+    def _maybe_resume(self) -> None:
+        cfg = self.cfg.trainer
+        if cfg.resume_mode == "disable":
+            return
+        if cfg.resume_mode != "auto":
+            raise ValueError(f"trainer.resume_mode must be auto or disable, got {cfg.resume_mode!r}")
+        path = Path(cfg.resume_from_path) if cfg.resume_from_path else self.checkpoints.latest()
+        if path is None:
+            return
+        state = self.checkpoints.load(path)
+        self.actor.call_all("load", str(path / "actor"))
+        if self.critic is not None:
+            self.critic.call_all("load", str(path / "critic"))
+        self.loader.load_state_dict(state["data"])
+        self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        self.step = int(state["step"])
+        self.sync.push()  # the engine started from the base model
+        print(f"[train] resumed from {path} at step {self.step}", flush=True)
+
+    def shutdown(self) -> None:
+        import ray
+
+        if getattr(self, "metrics", None) is not None:
+            self.metrics.close()
+        try:
+            ray.get(self.rollout.shutdown.remote(), timeout=60)
+        except Exception as e:  # the engine may already be gone (Ctrl-C); nothing to recover
+            print(f"[train] rollout worker shutdown: {e!r}")
+        for group in (self.actor, self.critic):
+            if group is not None:
+                group.shutdown()
+
+
+# ----------------------------------------------------------------------------- helpers
+def load_train_prompts(cfg: TrainConfig) -> list[Prompt]:
+    """Training prompts without those longer than data.max_prompt_length tokens, measured
+    with the rollout's own prompt template and tokenizer."""
+    from transformers import AutoTokenizer
+
+    from agent_rl.rollout.prompts import build_prompt_ids
+
+    tok = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path)
+    template = cfg.actor_rollout_ref.rollout.template
+    prompts = load_prompts(cfg.data.train_files, cfg.data.train_data_num)
+    return drop_overlong(prompts, lambda p: len(build_prompt_ids(tok, p.question, template)), cfg.data.max_prompt_length)
+
+
+def collect_groups(
+    loader: PromptLoader,
+    rollout: Callable[[list[Prompt]], tuple[list[Trajectory], dict[str, float]]],
+    reward_cfg,
+    want: int,
+    filter_on: bool,
+    max_extra_rounds: int,
+    t: StepTimer,
+) -> tuple[list[Trajectory], list[str], dict[str, float]]:
+    """Rollout and score `want` prompts (one group of n samples each). With `filter_on`, groups
+    whose rewards all agree carry no signal and are dropped (DAPO dynamic sampling); extra
+    prompts are drawn, sized by the keep rate so far, for up to `max_extra_rounds` rounds
+    until `want` groups are kept. Returns (trajectories with group ids 0..G-1, ids of every
+    prompt consumed, rollout/* reward/* filter/* metrics of the first round)."""
+    kept: list[list[Trajectory]] = []
+    consumed: list[str] = []
+    metrics: dict[str, float] = {}
+    prompts = loader.next_batch()
+    for round_ in range(1 + max_extra_rounds):
+        consumed += [p.id for p in prompts]
+        with t("gen"):
+            trajs, gen_metrics = rollout(prompts)
+        with t("reward"):
+            results = score_trajectories(trajs, prompts, reward_cfg)
+        groups = group_trajectories(trajs)
+        if round_ == 0:
+            metrics.update(gen_metrics)
+            metrics.update(reward_metrics(results, reward_cfg.kind))
+        if filter_on:
+            rewards = torch.tensor([tr.reward for g in groups for tr in g])
+            result = algos.filter_groups(rewards, [i for i, g in enumerate(groups) for _ in g])
+            if round_ == 0:
+                metrics.update({f"filter/{k}": v for k, v in result.metrics.items()})
+            groups = [groups[i] for i in result.kept_groups]
+        kept += groups[: want - len(kept)]
+        if len(kept) >= want or not filter_on:
+            break
+        rate = max(len(kept) / len(consumed), 1.0 / want)  # over-sample by the keep rate so far
+        prompts = loader.take(min(math.ceil((want - len(kept)) / rate), 4 * want))
+    if filter_on:
+        metrics["filter/rounds"] = float(round_ + 1)
+        metrics["filter/batch_groups"] = float(len(kept))
+    if not kept:
+        raise RuntimeError(
+            f"every group's rewards agreed in {round_ + 1} round(s): nothing to learn from "
+            "(raise algorithm.max_filter_rounds or disable algorithm.filter_groups)"
+        )
+    return [tr for gid, g in enumerate(kept) for tr in _with_group(g, gid)], consumed, metrics
+
+
+def score_trajectories(trajs: list[Trajectory], prompts: list[Prompt], reward_cfg) -> list:
+    """Set each trajectory's `reward` from its response text (response only, never the
+    prompt); returns the `RewardResult`s (answer, EM/F1 metric, format flags)."""
+    results = [
+        evaluate_response(reward_view(tr.response_text), tr.golden_answers or prompts[tr.group_id].golden_answers, reward_cfg)
+        for tr in trajs
+    ]
+    for tr, r in zip(trajs, results):
+        tr.reward = r.score
+    return results
+
+
+def reward_metrics(results: list, kind: str) -> dict[str, float]:
+    n = max(1, len(results))
+    return {
+        "reward/mean": sum(r.score for r in results) / n,
+        f"reward/{kind}": sum(r.metric for r in results) / n,
+        "reward/valid_format": sum(r.valid_format for r in results) / n,
+        "reward/retrieval_hit": sum(r.retrieval_hit for r in results) / n,
+        "reward/has_answer": sum(r.answer is not None for r in results) / n,
+    }
+
+
+def group_trajectories(trajs: list[Trajectory]) -> list[list[Trajectory]]:
+    """Trajectories grouped by prompt (`group_id`), groups in first-appearance order."""
+    groups: dict[int, list[Trajectory]] = {}
+    for tr in trajs:
+        groups.setdefault(tr.group_id, []).append(tr)
+    return list(groups.values())
+
+
+def _with_group(group: list[Trajectory], gid: int) -> list[Trajectory]:
+    """Renumber a group's id: ids from different filtering rounds would collide."""
+    for tr in group:
+        tr.group_id = gid
+    return group
+
+
+def batch_metrics(batch: TokenBatch, mask: torch.Tensor) -> dict[str, float]:
+    """Data statistics of the trained batch (veRL's compute_data_metrics, our names)."""
+    m = mask.bool()
+    adv = batch.advantages[m]
+    out = {
+        "batch/num_sequences": float(len(batch)),
+        "batch/num_tokens": float(batch.num_tokens),
+        "batch/sampled_tokens": float(m.sum()),
+        "batch/response_length": batch.response_lens.float().mean().item(),
+        "adv/mean": adv.mean().item() if adv.numel() else 0.0,
+        "adv/abs_max": adv.abs().max().item() if adv.numel() else 0.0,
+    }
+    if batch.old_logprobs is not None and m.any():  # bf16 engine vs trainer: what TIS corrects
+        out["rollout/logprob_abs_diff"] = (batch.old_logprobs - batch.rollout_logprobs)[m].abs().mean().item()
+    if batch.values is not None:
+        out["critic/values_mean"] = batch.values[m].mean().item()
+        out["critic/returns_mean"] = batch.returns[m].mean().item()
+    return out

@@ -1,0 +1,162 @@
+"""The critic worker (PPO with GAE): the policy's architecture with a value head.
+
+V(s_j) for response token j is read from the hidden state that predicts token j (position
+prompt_len + j - 1), the same positions as the policy's log-probs, so values are (B, R)
+aligned with the responses like every other per-token field (veRL does the same).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from agent_rl.config import TrainConfig
+from agent_rl.training.algos import value_loss
+from agent_rl.training.batch import TokenBatch, micro_batches, split_mini_batches
+from agent_rl.training.workers import dist, model_io
+from agent_rl.training.workers.forward import pack, packed_hidden, unpack_responses
+from agent_rl.training.workers.step import Normalizers, Optim, combine_metrics, equalise, mean_metrics, normalizers
+
+STATE_FILE = "critic_state.pt"
+"""Optimizer, scheduler and update counter of a saved critic."""
+WEIGHTS_FILE = "critic.safetensors"
+"""Trunk + value head weights of a saved critic (trunk names as in the HF checkpoint)."""
+
+
+class ValueModel(nn.Module):
+    """HF decoder trunk (under `autocast` when set) + `value_head` Linear(hidden, 1) in fp32."""
+
+    def __init__(self, trunk: nn.Module, hidden_size: int, init_std: float, autocast: torch.dtype | None):
+        super().__init__()
+        self.trunk = trunk
+        self.value_head = nn.Linear(hidden_size, 1)
+        nn.init.normal_(self.value_head.weight, std=init_std)
+        nn.init.zeros_(self.value_head.bias)
+        self.autocast = autocast
+
+    def forward(self, pk) -> torch.Tensor:
+        """Values (N,) at the packed row's response-predicting positions."""
+        device = pk.input_ids.device.type
+        with torch.autocast(device, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None):
+            hidden = packed_hidden(self.trunk, pk)[0]
+        # the head in fp32: bf16 would round values to ~3 significant digits
+        return self.value_head(hidden[pk.pred_index].float()).squeeze(-1)
+
+
+class CriticWorker:
+    """Value function of one data-parallel rank. Built from the whole `TrainConfig`: its
+    `critic` section, the model path (critic.model_path or the policy's), rollout.n."""
+
+    def __init__(self, cfg: TrainConfig, total_steps: int, rank: int = 0, world_size: int = 1,
+                 init_method: str | None = None):
+        self.cfg = cfg.critic
+        self.n = cfg.actor_rollout_ref.rollout.n
+        self.state_masking = cfg.actor_rollout_ref.actor.state_masking
+        self.model_path = self.cfg.model_path or cfg.actor_rollout_ref.model.path
+        self.rank, self.world_size = rank, world_size
+        dist.init(rank, world_size, init_method)
+        self.device = dist.device_for(rank)
+        self.fsdp = dist.use_fsdp(self.cfg.strategy)
+        lm = model_io.load_policy(self.model_path, cfg.actor_rollout_ref.model.dtype)
+        trunk = lm.get_decoder()
+        autocast = dist.autocast_dtype(self.cfg.bf16_autocast, self.device)
+        # seeded so every rank starts from the same head (replicas must agree)
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            self.model = ValueModel(trunk, lm.config.hidden_size, lm.config.initializer_range, autocast)
+        self.model.to(self.device)
+        del lm
+        if self.fsdp:
+            dist.wrap_fsdp(self.model, dist.decoder_layer_types(self.model.trunk), autocast)
+        self.optim = Optim(list(self.model.parameters()), self.cfg.optim, total_steps, self.cfg.grad_clip, fsdp=self.fsdp)
+        self.num_updates = 0
+
+    def _values(self, mb: TokenBatch) -> torch.Tensor:
+        pk = pack(mb.input_ids.to(self.device), mb.seq_lens, mb.prompt_lens)
+        return unpack_responses(self.model(pk), pk.resp_lens, mb.loss_mask.shape[1])
+
+    @torch.no_grad()
+    def compute_values(self, batch: TokenBatch) -> torch.Tensor:
+        """(B, R) float32 values of every response position (0 in padding)."""
+        self.model.eval()
+        local = dataclasses.replace(batch, index=torch.arange(len(batch)))
+        out = torch.zeros(len(batch), batch.loss_mask.shape[1])
+        parts = micro_batches(local, self.cfg.use_dynamic_bsz, self.cfg.forward_max_token_len_per_gpu,
+                              self.cfg.ppo_micro_batch_size_per_gpu)
+        for mb, real in equalise(parts, local, self.fsdp):
+            v = self._values(mb)
+            if real:
+                out[mb.index, : v.shape[1]] = v.cpu()
+        return out
+
+    def update_critic(self, batch: TokenBatch) -> dict[str, float]:
+        """Clipped value regression to `returns` (needs `values` = old values, `returns`);
+        epochs x mini-batches like the actor. Returns `critic/*` metrics of the whole batch."""
+        if batch.values is None or batch.returns is None:
+            raise ValueError("update_critic: batch.values (old values) and batch.returns must be set")
+        c = self.cfg
+        mini_size = c.ppo_mini_batch_size * self.n
+        (total,) = dist.all_reduce_sum([float(len(batch))])
+        n_mini = max(1, -(-int(total) // mini_size))
+        rows = []
+        for epoch in range(c.ppo_epochs):
+            seed = self.num_updates * c.ppo_epochs + epoch
+            for mini in split_mini_batches(batch, mini_size, c.shuffle, seed, num_mini_batches=n_mini):
+                rows.append(self._train_mini_batch(mini))
+        metrics = mean_metrics(rows)
+        metrics["critic/lr"] = self.optim.lr
+        self.optim.end_update()
+        self.num_updates += 1
+        return metrics
+
+    def _train_mini_batch(self, mini: TokenBatch) -> dict[str, float]:
+        c = self.cfg
+        self.model.train()
+        # the value loss covers the tokens the advantages were computed on (state masking:
+        # observation tokens are not the policy's decisions)
+        norm: Normalizers = normalizers(mini.mask(self.state_masking))
+        results = []
+        parts = micro_batches(mini, c.use_dynamic_bsz, c.ppo_max_token_len_per_gpu, c.ppo_micro_batch_size_per_gpu)
+        for mb, real in equalise(parts, mini, self.fsdp):
+            values = self._values(mb)
+            mbd = mb.to(self.device)
+            loss, metrics = value_loss(values, mbd.values, mbd.returns, mbd.mask(self.state_masking), c.cliprange_value,
+                                       c.loss_agg_mode, global_tokens=norm.tokens, global_seqs=norm.seqs)
+            scale = (self.world_size if self.fsdp else 1.0) if real else 0.0
+            (loss * scale).backward()
+            if real:
+                results.append((float(mb.mask(self.state_masking).sum()) / max(norm.tokens, 1), metrics))
+        grad_norm = self.optim.step()
+        out = {f"critic/{k}": v for k, v in combine_metrics(results).items()}
+        out["critic/grad_norm"] = grad_norm
+        return out
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, path: str) -> None:
+        """`critic.safetensors` (trunk + head) and `critic_state.pt` (optimizer by parameter
+        name, scheduler, update counter). Every rank calls; rank 0 writes."""
+        from safetensors.torch import save_file
+
+        path_ = Path(path)
+        weights, optim_state = dist.full_state(self.model, self.optim.optimizer)
+        if self.rank == 0:
+            path_.mkdir(parents=True, exist_ok=True)
+            save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, path_ / WEIGHTS_FILE)
+            (path_ / "critic.json").write_text(json.dumps({"model_path": self.model_path}) + "\n")
+            torch.save({"optimizer": optim_state, "scheduler": self.optim.scheduler.state_dict(),
+                        "num_updates": self.num_updates}, path_ / STATE_FILE)
+        dist.barrier()
+
+    def load(self, path: str) -> None:
+        from safetensors.torch import load_file
+
+        path_ = Path(path)
+        weights = load_file(path_ / WEIGHTS_FILE)
+        state = torch.load(path_ / STATE_FILE, map_location="cpu", weights_only=False)
+        dist.load_full_state(self.model, self.optim.optimizer, weights, state["optimizer"])
+        self.optim.scheduler.load_state_dict(state["scheduler"])
+        self.num_updates = int(state["num_updates"])

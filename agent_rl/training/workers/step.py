@@ -1,0 +1,138 @@
+"""What the actor and the critic share: AdamW with warm-up, one optimizer step over
+micro-batches with exact gradient accumulation across micro-batches and ranks, metrics.
+
+Exactness: every micro-batch loss is aggregated with the normalisers (sampled tokens,
+non-empty sequences) of the whole mini-batch over all ranks, so summing micro-batch
+gradients on a rank, then summing over ranks, gives the gradient of the mini-batch loss
+(agent_rl/training/algos/losses.py, "Gradient accumulation").
+
+Metrics: a loss function returns per-micro-batch values. Keys ending in `loss` are already
+shares of the mini-batch loss and are summed; every other key is a mean over the
+micro-batch's sampled tokens and is weighted by its share of them. Ranks add their sums, so
+each rank returns the metrics of the whole mini-batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from agent_rl.config import OptimConfig
+from agent_rl.training.batch import TokenBatch
+from agent_rl.training.workers import dist
+
+
+@dataclass
+class Normalizers:
+    """Mini-batch totals over all ranks: sampled tokens and sequences with >= 1 of them."""
+
+    tokens: int
+    seqs: int
+
+
+LossFn = Callable[[TokenBatch, Normalizers], tuple[torch.Tensor, dict[str, float]]]
+"""(micro-batch, mini-batch normalisers) -> (loss share with grad, per-micro-batch metrics)."""
+
+
+def warmup_steps(cfg: OptimConfig, total_steps: int) -> int:
+    """lr_warmup_steps if set (>= 0), else lr_warmup_steps_ratio * total_steps."""
+    return cfg.lr_warmup_steps if cfg.lr_warmup_steps >= 0 else int(cfg.lr_warmup_steps_ratio * total_steps)
+
+
+class Optim:
+    """AdamW + linear warm-up to a constant lr, gradient clipping, data-parallel sum.
+
+    The scheduler advances once per trainer step (`end_update`), as in veRL, so warm-up
+    counts training steps whatever the number of mini-batches. Warm-up step k (0-based) uses
+    lr * (k + 1) / warmup: the first step already learns (veRL's schedule starts at 0).
+    """
+
+    def __init__(self, params: list[nn.Parameter], cfg: OptimConfig, total_steps: int, grad_clip: float,
+                 fsdp: bool = False):
+        if not params:
+            raise ValueError("Optim: no trainable parameters")
+        self.params = params
+        self.grad_clip = grad_clip
+        self.fsdp = fsdp
+        # fused AdamW is one kernel per step on CPU and GPU alike (torch >= 2.4)
+        self.optimizer = torch.optim.AdamW(
+            params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay,
+            fused=not fsdp,
+        )
+        n = warmup_steps(cfg, total_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda k: min(1.0, (k + 1) / n) if n > 0 else 1.0
+        )
+
+    @property
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def step(self) -> float:
+        """Sum gradients over ranks, clip, step (skipped when the norm is not finite)."""
+        if not self.fsdp:  # FSDP reduce-scatters gradients in backward itself
+            dist.sum_gradients(self.params)
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        norm = float(norm)
+        if math.isfinite(norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def end_update(self) -> None:
+        self.scheduler.step()
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+
+def normalizers(mask: torch.Tensor) -> Normalizers:
+    """`agg_normalizers` of this rank's mini-batch mask, summed over ranks."""
+    from agent_rl.training.algos import agg_normalizers
+
+    tokens, seqs = agg_normalizers(mask) if mask.numel() else (0, 0)
+    tokens, seqs = dist.all_reduce_sum([float(tokens), float(seqs)])
+    return Normalizers(tokens=int(tokens), seqs=int(seqs))
+
+
+def combine_metrics(parts: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
+    """Mini-batch metrics from (token share, metrics) of each micro-batch on every rank."""
+    local: dict[str, float] = {}
+    for share, metrics in parts:
+        for k, v in metrics.items():
+            local[k] = local.get(k, 0.0) + (v if k.endswith("loss") else v * share)
+    if dist.world_size() > 1:  # ranks may hold different keys (an empty shard has none)
+        keys = sorted(set().union(*dist.all_gather_objects(sorted(local))))
+        local = dict(zip(keys, dist.all_reduce_sum([local.get(k, 0.0) for k in keys])))
+    return local
+
+
+def equalise(parts: list[TokenBatch], whole: TokenBatch, fsdp: bool) -> list[tuple[TokenBatch, bool]]:
+    """(micro-batch, is_real). Under FSDP every rank must run the same number of forwards
+    (each gathers parameters collectively): pad with zero-weight copies of one sequence."""
+    out = [(p, True) for p in parts]
+    if not fsdp:
+        return out
+    (most,) = dist.all_reduce_max([float(len(parts))])
+    if len(parts) < most and len(whole) == 0:
+        raise RuntimeError("FSDP rank with an empty shard: give every rank at least one sequence")
+    return out + [(whole.select([0]), False)] * (int(most) - len(parts))
+
+
+def mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Mean of each key over mini-batches (and epochs)."""
+    keys = {k for r in rows for k in r}
+    return {k: sum(r[k] for r in rows if k in r) / sum(1 for r in rows if k in r) for k in sorted(keys)}

@@ -1,0 +1,108 @@
+"""The import rules of docs/architecture.md, checked over every module's AST (lazy imports
+inside functions count too): a module that imports across a forbidden line fails here."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (importer prefix, forbidden import prefix, why)
+FORBIDDEN = [
+    ("data_prep", "agent_rl", "data_prep is the lowest layer (the demos subcommand dispatches by name)"),
+    ("data_prep", "retriever_server", "data_prep is the lowest layer"),
+    ("retriever_server", "agent_rl", "the retriever never depends on the trainer"),
+    ("agent_rl", "retriever_server", "agent_rl reaches the retriever over HTTP only (schemas excepted)"),
+    ("agent_rl.training.algos", "agent_rl", "algorithms are pure functions on tensors"),
+    ("agent_rl.rollout.reward", "agent_rl", "rewards are plain functions of text"),
+    ("agent_rl.rollout", "agent_rl.training", "rollout knows nothing of the trainer"),
+    ("agent_rl.rollout", "agent_rl.coldstart", "rollout knows nothing of cold start"),
+    ("agent_rl.rollout", "agent_rl.evaluation", "rollout knows nothing of evaluation"),
+    ("agent_rl.training", "agent_rl.coldstart", "RL does not depend on cold start"),
+    ("agent_rl.training", "agent_rl.evaluation", "the trainer validates with rollout + reward, not evaluation"),
+    ("agent_rl.coldstart", "agent_rl.evaluation", "cold start does not depend on evaluation"),
+]
+ALLOWED = {  # (importer prefix, imported prefix): the exceptions the rules name
+    ("agent_rl", "retriever_server.schemas"),  # the wire types
+    ("agent_rl.training.algos", "agent_rl.training.algos"),  # within the package
+}
+STDLIB_AND_TORCH_ONLY = ("agent_rl.training.algos", "agent_rl.rollout.reward")
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for pkg in ("agent_rl", "data_prep", "retriever_server"):
+        for p in (ROOT / pkg).rglob("*.py"):
+            name = ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+            out[name] = p
+    return out
+
+
+def imports(path: Path, module: str) -> list[tuple[str, int]]:
+    tree = ast.parse(path.read_text(), str(path))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against this module's package
+                base = module.split(".")[: -node.level] if not path.name == "__init__.py" else module.split(".")[: len(module.split(".")) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            out += [(f"{mod}.{a.name}" if a.name != "*" else mod, node.lineno) for a in node.names]
+            out.append((mod, node.lineno))
+    return out
+
+
+def under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def violations() -> list[str]:
+    found = []
+    for module, path in sorted(modules().items()):
+        for imported, line in imports(path, module):
+            for src, dst, why in FORBIDDEN:
+                if not (under(module, src) and under(imported, dst)):
+                    continue
+                if any(under(module, a) and under(imported, b) for a, b in ALLOWED):
+                    continue
+                if src == "agent_rl.rollout.reward" and imported == "agent_rl.rollout.reward":
+                    continue
+                found.append(f"{path.relative_to(ROOT)}:{line}: {module} imports {imported} ({why})")
+    return found
+
+
+def test_no_module_imports_across_a_forbidden_line():
+    assert violations() == []
+
+
+@pytest.mark.parametrize("pkg", STDLIB_AND_TORCH_ONLY)
+def test_pure_packages_import_only_stdlib_and_torch(pkg):
+    import sys
+
+    allowed_top = set(sys.stdlib_module_names) | {"torch", "__future__"}
+    bad = []
+    for module, path in modules().items():
+        if under(module, pkg):
+            for imported, line in imports(path, module):
+                top = imported.split(".")[0]
+                if top not in allowed_top and not under(imported, pkg):
+                    bad.append(f"{path.relative_to(ROOT)}:{line}: {imported}")
+    assert bad == []
+
+
+def test_the_checker_catches_a_violation(tmp_path, monkeypatch):
+    """A test that cannot fail is a defect: plant a forbidden import and see it reported."""
+    fake = ROOT / "agent_rl" / "rollout" / "_planted_violation.py"
+    fake.write_text("from agent_rl.training.trainer import RayTrainer\nimport retriever_server.app\n")
+    try:
+        got = violations()
+    finally:
+        fake.unlink()
+    assert any("_planted_violation.py:1" in v and "agent_rl.training" in v for v in got)
+    assert any("_planted_violation.py:2" in v and "retriever_server.app" in v for v in got)
