@@ -242,6 +242,12 @@ def iter_lines(path: str | Path, report: Report, desc: str | None = None) -> Ite
             report.skip(f"{p}:{lineno + 1}", f"damaged gzip stream, the rest of the file is unreadable ({e})")
 
 
+def _json_limit(e: ValueError | RecursionError) -> str:
+    if isinstance(e, RecursionError):
+        return "invalid JSON (nested too deeply)"
+    return f"invalid JSON ({str(e).split(':')[0]})"  # "Exceeds the limit (4300 digits) for integer ..."
+
+
 def parse_json_line(line: str) -> tuple[Any, str | None]:
     """``(value, None)`` for a line holding one JSON value, else ``(None, reason)``.
 
@@ -252,7 +258,7 @@ def parse_json_line(line: str) -> tuple[Any, str | None]:
     except json.JSONDecodeError as e:
         return None, f"invalid JSON ({e.msg} at column {e.colno})"
     except (ValueError, RecursionError) as e:
-        return None, f"invalid JSON ({type(e).__name__}: {str(e)[:80]})"
+        return None, _json_limit(e)
     if _SURROGATE_ESCAPE.search(line):
         why = unencodable(value)
         if why:
@@ -311,9 +317,8 @@ def iter_json_document(path: str | Path, report: Report) -> Iterator[tuple[str, 
             return dec.raw_decode(text, pos)
         except json.JSONDecodeError as e:
             raise fail(e.pos, f"invalid JSON ({e.msg}); cannot recover inside one JSON document") from None
-        except (ValueError, RecursionError) as e:  # a 4300+ digit integer, deep nesting
-            raise fail(pos, f"invalid JSON ({type(e).__name__}: {str(e)[:80]}); cannot recover "
-                            "inside one JSON document") from None
+        except (ValueError, RecursionError) as e:
+            raise fail(pos, f"{_json_limit(e)}; cannot recover inside one JSON document") from None
 
     def bad_item(start: int, end: int, key: Any, value: Any) -> str | None:
         m = _ESCAPED_BYTE.search(text, start, end)

@@ -375,9 +375,10 @@ def read_qa(path: str | Path, report: Report | None = None):
     if base_suffix(p) == ".parquet" and p.is_file():
         try:
             df = pd.read_parquet(p)
-        except (pa.ArrowException, OSError, ValueError):
-            df = None  # invalid UTF-8 or a damaged row group: the row-by-row reader reports it
-        if df is not None and set(STANDARD) <= set(df.columns) and _usable_as_is(df):
+            as_is = set(STANDARD) <= set(df.columns) and _usable_as_is(df)
+        except (pa.ArrowException, OSError, ValueError):  # UnicodeDecodeError is a ValueError
+            as_is = False  # invalid UTF-8 or a damaged row group: the row-by-row reader reports it
+        if as_is:
             # parquet hands back numpy arrays; the contract is list[str] (and plain lists
             # for the KB's support_ids / hop_queries / hop_answers too)
             df["golden_answers"] = [[a] if isinstance(a, str) else [str(x) for x in a]
