@@ -200,7 +200,7 @@ def _read_tsv(path: Path, report: Report) -> Iterator[Doc]:
     first = next(lines, None)
     if first is None:
         return
-    header = _tsv_fields(first[1])
+    header = _tsv_fields(first.text)
     cols = [h.strip().lower() for h in header]
     if {"id", "text", "title"} <= set(cols):
         i_id, i_text, i_title = cols.index("id"), cols.index("text"), cols.index("title")
@@ -208,10 +208,10 @@ def _read_tsv(path: Path, report: Report) -> Iterator[Doc]:
         i_id, i_text, i_title = None, cols.index("text"), cols.index("title")
     else:
         raise DataPrepError(
-            f"{path}:{first[0]}: expected a DPR header row with columns id, text, title; got {header[:5]}"
+            f"{path}:{first.lineno}: expected a DPR header row with columns id, text, title; got {header[:5]}"
         )
     width = len(cols)
-    for lineno, line in lines:
+    for lineno, line, _ in lines:
         fields = _tsv_fields(line)
         if not any(x.strip() for x in fields):
             continue

@@ -25,7 +25,7 @@ import tempfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Iterable, Iterator
+from typing import IO, Any, Iterable, Iterator, NamedTuple
 
 
 class DataPrepError(Exception):
@@ -124,7 +124,8 @@ class Report:
         if not self.balanced:
             raise AssertionError(f"row accounting does not reconcile: {self.summary()}")
 
-    def print_problems(self, stream: IO = sys.stderr, limit: int = 20) -> None:
+    def print_problems(self, stream: IO | None = None, limit: int = 20) -> None:
+        stream = stream or sys.stderr  # looked up now: a default bound at import misses redirection
         for p in self.problems[:limit]:
             print(f"  {p}", file=stream)
         if len(self.problems) > limit:
@@ -212,8 +213,19 @@ def read_text(path: str | Path) -> str:
     return text.replace("\r\n", "\n")
 
 
-def iter_lines(path: str | Path, report: Report, desc: str | None = None) -> Iterator[tuple[int, str]]:
-    """Yield ``(lineno, text)`` for each non-blank line that is valid UTF-8 (lineno from 1).
+class Line(NamedTuple):
+    """One decoded line of a text file."""
+
+    lineno: int
+    """1-based line number."""
+    text: str
+    """The line without its LF / CRLF end (and without the BOM on line 1)."""
+    offset: int
+    """Byte offset of `text` in the (uncompressed) file: the passage store maps lines by it."""
+
+
+def iter_lines(path: str | Path, report: Report, desc: str | None = None) -> Iterator[Line]:
+    """Yield a `Line` for each non-blank line that is valid UTF-8.
 
     The one decoding path of every line-based reader (see the module docstring for the BOM
     and line-end rules). A line that is not valid UTF-8 is counted in ``report.read`` and
@@ -222,12 +234,13 @@ def iter_lines(path: str | Path, report: Report, desc: str | None = None) -> Ite
     unread rest, so the rows before it are kept.
     """
     p = require_file(path)
-    lineno = 0
+    lineno = offset = 0
     with open_binary(p) as f:
         try:
             for lineno, raw in enumerate(progress(f, desc or p.name, unit="lines"), start=1):
-                if lineno == 1:
-                    raw = raw.removeprefix(_BOM)
+                start, offset = offset, offset + len(raw)
+                if lineno == 1 and raw.startswith(_BOM):
+                    raw, start = raw[len(_BOM):], start + len(_BOM)
                 raw = raw.removesuffix(b"\n").removesuffix(b"\r")
                 try:
                     text = raw.decode("utf-8")
@@ -236,7 +249,7 @@ def iter_lines(path: str | Path, report: Report, desc: str | None = None) -> Ite
                     report.skip(f"{p}:{lineno}", invalid_utf8(raw, e.start))
                     continue
                 if text.strip():
-                    yield lineno, text
+                    yield Line(lineno, text, start)
         except _GZIP_ERRORS as e:
             report.read += 1
             report.skip(f"{p}:{lineno + 1}", f"damaged gzip stream, the rest of the file is unreadable ({e})")
@@ -273,7 +286,7 @@ def iter_jsonl(path: str | Path, report: Report, desc: str | None = None) -> Ite
     valid JSON or not a JSON object is reported and skipped instead of aborting the file.
     """
     p = require_file(path)
-    for lineno, line in iter_lines(p, report, desc):
+    for lineno, line, _ in iter_lines(p, report, desc):
         report.read += 1
         obj, why = parse_json_line(line)
         if why is None and not isinstance(obj, dict):

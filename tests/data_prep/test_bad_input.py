@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from data_prep.corpus import convert_corpus, make_contents
 from data_prep.io import DataPrepError, Report, iter_jsonl, read_text
 from data_prep.qa import convert_qa, read_qa
+from data_prep.store import PassageStore, scan_corpus
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 BOM = b"\xef\xbb\xbf"
@@ -44,15 +45,21 @@ def _no_newline(b: bytes) -> bytes:
     return b.replace(b"\n", b" ")
 
 
-# Lines that are never a usable row, whatever the reader (JSON lines).
+# Lines that are never a usable row, whatever the reader (JSON lines), by kind. A file draws
+# the kind of each bad line first, uniformly, so every kind is tried in every run (drawing
+# from one_of would favour the kinds with the most distinct values).
 garbage = st.builds(lambda b, i: _no_newline(b[:i] + b"\xff" + b[i:]), st.binary(max_size=120), st.integers(0, 120))
 oversized_garbage = st.integers(100_000, 400_000).map(lambda n: b"\xfe" + b"x" * n)
 not_an_object = st.one_of(st.integers(), st.floats(allow_nan=False), st.text(_chars, max_size=20), st.none(),
                           st.lists(st.integers(), max_size=3)).map(lambda v: json.dumps(v).encode())
-lone_surrogate = st.sampled_from([b'{"id": "s", "contents": "a\\ud800b", "question": "q\\udfff?", "answer": ["x"]}'])
-huge_integer = st.just(b'{"id": ' + b"9" * 5000 + b', "contents": "x", "question": "q?", "answer": ["a"]}')
-deep_nesting = st.just(b"[" * 50_000 + b"]" * 50_000)
-json_bad_lines = st.one_of(garbage, oversized_garbage, not_an_object, lone_surrogate, huge_integer, deep_nesting)
+JSON_BAD = {
+    "arbitrary bytes": garbage,
+    "oversized undecodable line": oversized_garbage,
+    "JSON that is not an object": not_an_object,
+    "lone surrogate escape": st.just(b'{"id": "s", "contents": "a\\ud800b", "question": "q\\udfff?", "answer": ["x"]}'),
+    "4300+ digit integer": st.just(b'{"id": ' + b"9" * 5000 + b', "contents": "x", "question": "q?", "answer": ["a"]}'),
+    "deep nesting": st.just(b"[" * 50_000 + b"]" * 50_000),
+}
 
 
 def _latin1(row: dict, field: str) -> st.SearchStrategy[bytes]:
@@ -79,7 +86,8 @@ def line_file(draw, good_row, bad_line, encode):
             line = encode(row)
         elif kind == "bad":
             bad.append(lineno)
-            line = draw(bad_line(len(bad)))
+            kinds_of_bad = bad_line(len(bad))
+            line = draw(kinds_of_bad[draw(st.sampled_from(sorted(kinds_of_bad)))])
         else:
             line = draw(st.sampled_from([b"", b"  ", b"\t"]))
         end = draw(st.sampled_from([b"\n", b"\r\n"])) if lineno < len(kinds) or draw(st.booleans()) else b""
@@ -106,11 +114,10 @@ _CORPUS_WRONG_TYPES = [
 ]
 
 
-def corpus_bad(k: int):
+def corpus_bad(k: int, wrong_types=_CORPUS_WRONG_TYPES) -> dict:
     good = {"id": f"b{k}", "contents": '"T"\ntext'}
-    line = json.dumps(good).encode()
-    return st.one_of(json_bad_lines, _latin1(good, "contents"), _truncated(line),
-                     st.sampled_from(_CORPUS_WRONG_TYPES).map(lambda r: json.dumps(r).encode()))
+    return {**JSON_BAD, "Latin-1 text": _latin1(good, "contents"), "truncated line": _truncated(json.dumps(good).encode()),
+            "wrong JSON types": st.sampled_from(wrong_types).map(lambda r: json.dumps(r).encode())}
 
 
 @FUZZ
@@ -145,14 +152,16 @@ def tsv_row(k: int):
 
 def tsv_bad(k: int):
     line = _tsv_line([f"b{k}", "some text", "Title"])
-    return st.one_of(
-        garbage, oversized_garbage,
+    return {
+        "arbitrary bytes": garbage, "oversized undecodable line": oversized_garbage,
         # cut before the last separator: a field is missing
-        st.integers(1, line.rindex(b"\t")).map(lambda i: line[:i]),
-        st.just(_tsv_line([f"b{k}", "only two"])), st.just(_tsv_line([f"b{k}", "a", "b", "four"])),
-        st.just(_tsv_line([f"b{k}", "   ", "Empty"])),
-        latin1_words.map(lambda w: _tsv_line([f"b{k}", w + "é " + w, "T"]).decode().encode("latin-1")),
-    )
+        "truncated line": st.integers(1, line.rindex(b"\t")).map(lambda i: line[:i]),
+        # a quote left open swallows the rest of its line, never the next one
+        "wrong field count": st.sampled_from([_tsv_line([f"b{k}", "only two"]), _tsv_line([f"b{k}", "a", "b", "four"]),
+                                              f'b{k}\t"open quote\tT'.encode()]),
+        "empty text": st.just(_tsv_line([f"b{k}", "   ", "Empty"])),
+        "Latin-1 text": latin1_words.map(lambda w: _tsv_line([f"b{k}", w + "é " + w, "T"]).decode().encode("latin-1")),
+    }
 
 
 @FUZZ
@@ -186,10 +195,10 @@ _QA_WRONG_TYPES = [
 ]
 
 
-def qa_bad(k: int):
+def qa_bad(k: int) -> dict:
     good = {"id": f"b{k}", "question": "who?", "golden_answers": ["x"]}
-    return st.one_of(json_bad_lines, _latin1(good, "question"), _truncated(json.dumps(good).encode()),
-                     st.sampled_from(_QA_WRONG_TYPES).map(lambda r: json.dumps(r).encode()))
+    return {**JSON_BAD, "Latin-1 text": _latin1(good, "question"), "truncated line": _truncated(json.dumps(good).encode()),
+            "wrong JSON types": st.sampled_from(_QA_WRONG_TYPES).map(lambda r: json.dumps(r).encode())}
 
 
 def _qa_rows(path) -> list[dict]:
@@ -218,9 +227,42 @@ def test_qa_jsonl_keeps_good_rows_and_reports_each_bad_line(tmp_path_factory, ca
     assert list(df["id"]) == [g["id"] for g in good] and lenient.problems == r.problems
 
 
+# --------------------------------------------------------------------------- every kind, by example
+# The property tests draw kinds at random; this table makes sure each kind (and each wrong-type
+# template) is tried on every JSON-lines reader in every run.
+_EVERY_KIND = [
+    b"\x00\xff\x10abc", b"\xfe" + b"x" * 200_000, b"[1, 2]", b'"text"', b"null", b"3.5",
+    b'{"id": "s", "contents": "a\\ud800b", "question": "q\\udfff?", "answer": ["x"]}',
+    b'{"id": ' + b"9" * 5000 + b', "contents": "x", "question": "q?", "answer": ["a"]}', b"[" * 50_000 + b"]" * 50_000,
+    b'{"id": "b", "contents": "caf\xe9 au lait", "question": "caf\xe9?", "answer": ["x"]}', b'{"id": "b", "conte',
+]
+_READERS = {
+    "corpus": (_CORPUS_WRONG_TYPES, lambda src, d: convert_corpus([src], d / "out.jsonl", dedup=False),
+               {"id": "g", "contents": '"T"\ntext'}),
+    "qa": (_QA_WRONG_TYPES, lambda src, d: convert_qa(src, d / "out.parquet"),
+           {"id": "g", "question": "q?", "golden_answers": ["a"]}),
+    "store": ([r for r in _CORPUS_WRONG_TYPES if r.get("contents") != "   "],
+              lambda src, d: scan_corpus(src, r := Report()) and r, {"id": "g", "contents": '"T"\ntext'}),
+}
+
+
+@pytest.mark.parametrize("reader", sorted(_READERS))
+def test_every_kind_of_bad_line_is_one_reported_row(tmp_path, reader):
+    wrong_types, read, good = _READERS[reader]
+    for i, line in enumerate(_EVERY_KIND + [json.dumps(w).encode() for w in wrong_types]):
+        d = tmp_path / str(i)
+        d.mkdir()
+        src = d / "in.jsonl"
+        src.write_bytes(json.dumps({**good, "id": "g1"}).encode() + b"\n" + line + b"\r\n"
+                        + json.dumps({**good, "id": "g2"}).encode())
+        r = read(src, d)
+        assert (r.read, r.written, r.skipped) == (3, 2, 1), (reader, line[:60], r)
+        assert r.problems[0].startswith(f"{src}:2: "), (reader, line[:60], r.problems)
+
+
 # --------------------------------------------------------------------------- iter_jsonl itself
 @FUZZ
-@given(st.lists(st.one_of(st.binary(max_size=60), json_bad_lines, st.sampled_from([b"{}", b'{"a": 1}'])), max_size=12),
+@given(st.lists(st.one_of(st.binary(max_size=60), *JSON_BAD.values(), st.sampled_from([b"{}", b'{"a": 1}'])), max_size=12),
        st.booleans())
 def test_iter_jsonl_never_raises_on_arbitrary_bytes(tmp_path_factory, lines, crlf):
     p = tmp_path_factory.mktemp("raw") / "x.jsonl"
@@ -352,3 +394,23 @@ def test_read_text_decodes_or_names_the_line(tmp_path_factory, data, bom):
     else:
         written = (BOM if bom else b"") + data
         assert text == written.removeprefix(BOM).decode("utf-8").replace("\r\n", "\n")
+
+
+# --------------------------------------------------------------------------- passage store (index builds)
+# an empty passage is the converter's concern (it drops it); the store indexes it
+_STORE_WRONG_TYPES = [r for r in _CORPUS_WRONG_TYPES if r.get("contents") != "   "]
+
+
+@FUZZ
+@given(line_file(corpus_row, lambda k: corpus_bad(k, _STORE_WRONG_TYPES), lambda r: json.dumps(r, ensure_ascii=False).encode()))
+def test_passage_store_rows_are_the_good_lines(tmp_path_factory, case):
+    """What an index build sees: row i of the store is the i-th good line; bad lines midway
+    are reported at their line and get no row."""
+    data, good, bad = case
+    path = tmp_path_factory.mktemp("store") / "corpus.jsonl"
+    path.write_bytes(data)
+    r = Report()
+    offsets, _ = scan_corpus(path, r)
+    with PassageStore(path, offsets) as store:
+        assert [store.get(i) for i in range(len(store))] == good
+    assert _where_lines(r.problems, path) == bad and r.read == r.written + r.skipped
