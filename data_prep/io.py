@@ -197,20 +197,39 @@ def unencodable(value: Any) -> str | None:
     return None
 
 
-def read_text(path: str | Path) -> str:
-    """A whole small text file (a YAML config): UTF-8, BOM dropped, CRLF read as LF.
+def load_yaml(path: str | Path) -> Any:
+    """A YAML file (a config), decoded as UTF-8 with the BOM dropped and CRLF read as LF.
 
-    A file is one unit here (a config with a line left out would be a different config),
-    so an undecodable line raises a DataPrepError naming ``file:line`` and the byte."""
-    p = require_file(path)
+    A config is one unit (one with a line left out would be another config), so bad input
+    raises rather than being skipped: a ValueError, the type config loaders already report,
+    naming ``file:line`` and the first undecodable byte, or ``file:line:column`` and the
+    YAML problem."""
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"config file not found: {p}")
     raw = p.read_bytes().removeprefix(_BOM)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line_start = raw.rfind(b"\n", 0, e.start) + 1
         lineno = raw.count(b"\n", 0, e.start) + 1
-        raise DataPrepError(f"{p}:{lineno}: {invalid_utf8(raw[line_start:], e.start - line_start)}") from None
-    return text.replace("\r\n", "\n")
+        raise ValueError(f"{p}:{lineno}: {invalid_utf8(raw[line_start:], e.start - line_start)}") from None
+    text = text.replace("\r\n", "\n")
+    try:
+        return yaml.safe_load(text)
+    except yaml.reader.ReaderError as e:  # a character YAML does not allow (NUL, most controls)
+        line = text.count("\n", 0, e.position) + 1
+        col = e.position - (text.rfind("\n", 0, e.position) + 1) + 1
+        char = e.character if isinstance(e.character, int) else ord(e.character)
+        raise ValueError(f"{p}:{line}:{col}: invalid YAML (character #x{char:04x} is not allowed)") from None
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else str(p)
+        raise ValueError(f"{where}: invalid YAML ({e.problem or e.context})") from None
+    except RecursionError:
+        raise ValueError(f"{p}: invalid YAML (nested too deeply)") from None
 
 
 class Line(NamedTuple):

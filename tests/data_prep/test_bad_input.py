@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from data_prep.corpus import convert_corpus, make_contents
-from data_prep.io import DataPrepError, Report, iter_jsonl, read_text
+from data_prep.io import DataPrepError, Report, iter_jsonl, load_yaml
 from data_prep.qa import convert_qa, read_qa
 from data_prep.store import PassageStore, scan_corpus
 
@@ -381,19 +381,27 @@ def test_damaged_parquet_loses_only_what_it_must(tmp_path_factory, damage):
 
 # --------------------------------------------------------------------------- whole-file readers
 @FUZZ
-@given(st.binary(max_size=200), st.booleans())
-def test_read_text_decodes_or_names_the_line(tmp_path_factory, data, bom):
-    p = tmp_path_factory.mktemp("txt") / "c.yaml"
-    p.write_bytes((BOM if bom else b"") + data)
+@given(st.one_of(st.binary(max_size=200), st.text(max_size=100).map(str.encode)), st.booleans(), st.booleans())
+def test_yaml_config_loads_or_names_the_line(tmp_path_factory, data, bom, crlf):
+    """A config is one unit: bad bytes or bad YAML raise a ValueError naming the file and the
+    line (the undecodable one, found again here), never another exception."""
+    import yaml
+
+    p = tmp_path_factory.mktemp("yaml") / "c.yaml"
+    text = data.replace(b"\n", b"\r\n") if crlf else data
+    p.write_bytes((BOM if bom else b"") + text)
     try:
-        text = read_text(p)
-    except DataPrepError as e:
-        line, _, reason = str(e).removeprefix(f"{p}:").partition(": ")
-        bad = data.decode("utf-8", "replace").split("\n")[int(line) - 1]
-        assert "\ufffd" in bad and reason.startswith("invalid UTF-8 at byte ")
+        value = load_yaml(p)
+    except ValueError as e:
+        where, _, reason = str(e).removeprefix(f"{p}:").partition(": ")
+        if reason.startswith("invalid UTF-8"):
+            line = data.removeprefix(BOM if bom else b"").split(b"\n")[int(where) - 1]
+            with pytest.raises(UnicodeDecodeError):
+                line.decode("utf-8")
+        else:
+            assert reason.startswith("invalid YAML")
     else:
-        written = (BOM if bom else b"") + data
-        assert text == written.removeprefix(BOM).decode("utf-8").replace("\r\n", "\n")
+        assert value == yaml.safe_load(data.removeprefix(b"" if bom else BOM).decode("utf-8"))
 
 
 # --------------------------------------------------------------------------- passage store (index builds)

@@ -163,12 +163,20 @@ def test_json_document_item_with_undecodable_bytes(tmp_path):
     assert r.problems == [f"{p}:3 (item 1): invalid UTF-8 at line 4, byte 7 (0xe9)"]
 
 
-def test_read_text_names_the_undecodable_line(tmp_path):
-    from data_prep.io import read_text
+def test_load_yaml_names_the_undecodable_line_and_the_yaml_problem(tmp_path):
+    from data_prep.io import load_yaml
 
     p = tmp_path / "c.yaml"
     p.write_bytes(b"\xef\xbb\xbfa: 1\r\nb: caf\xe9\r\n")
-    with pytest.raises(DataPrepError, match=r"c\.yaml:2: invalid UTF-8 at byte 7 \(0xe9\)$"):
-        read_text(p)
+    with pytest.raises(ValueError, match=r"c\.yaml:2: invalid UTF-8 at byte 7 \(0xe9\)$"):
+        load_yaml(p)
     p.write_bytes(b"\xef\xbb\xbfa: 1\r\nb: caf\xc3\xa9\r\n")
-    assert read_text(p) == "a: 1\nb: café\n"
+    assert load_yaml(p) == {"a": 1, "b": "café"}
+    p.write_bytes(b"a: 1\nb: [1, 2\nc: 3\n")
+    with pytest.raises(ValueError, match=r"c\.yaml:3:2: invalid YAML \(expected ',' or '\]', but got ':'\)"):
+        load_yaml(p)
+    p.write_bytes(b"a: " + b"[" * 5000)
+    with pytest.raises(ValueError, match=r"c\.yaml: invalid YAML \(nested too deeply\)"):
+        load_yaml(p)
+    with pytest.raises(FileNotFoundError, match="config file not found"):
+        load_yaml(tmp_path / "nope.yaml")
