@@ -462,8 +462,10 @@ def iter_arrow_rows(batches: Iterable, where: str, report: Report) -> Iterator[t
                 yield f"{where}:row {n}", row
 
 
-def iter_parquet(path: str | Path, report: Report, batch_size: int = 4096) -> Iterator[tuple[str, dict]]:
-    """Yield ``(where, row)`` with plain Python values (lists, dicts) for each parquet row.
+def iter_parquet(path: str | Path, report: Report, batch_size: int = 4096,
+                 columns: list[str] | None = None) -> Iterator[tuple[str, dict]]:
+    """Yield ``(where, row)`` with plain Python values (lists, dicts) for each parquet row
+    (only `columns` when given).
 
     A row with invalid UTF-8 in a string column is reported and skipped. A row group whose
     pages cannot be decoded (a damaged file) loses its unread rows, reported as one
@@ -480,7 +482,7 @@ def iter_parquet(path: str | Path, report: Report, batch_size: int = 4096) -> It
     bar = progress(None, p.name, total=pf.metadata.num_rows)
     for g in range(pf.num_row_groups):
         n_group, done = pf.metadata.row_group(g).num_rows, 0
-        batches = pf.iter_batches(batch_size=batch_size, row_groups=[g])
+        batches = pf.iter_batches(batch_size=batch_size, row_groups=[g], columns=columns)
         while True:
             try:
                 batch = next(batches, None)
