@@ -448,10 +448,11 @@ def _table_rows(batch) -> Iterator[tuple[dict | None, str | None]]:
             yield row, None
 
 
-def iter_arrow_rows(batches: Iterable, where: str, report: Report) -> Iterator[tuple[str, dict]]:
-    """``(f"{where}:row N", row)`` for the rows of Arrow record batches (N from 1); rows
-    that do not convert to Python are reported and skipped. Each row counts in ``report.read``."""
-    n = 0
+def iter_arrow_rows(batches: Iterable, where: str, report: Report, start: int = 0) -> Iterator[tuple[str, dict]]:
+    """``(f"{where}:row N", row)`` for the rows of Arrow record batches, N counted from
+    ``start + 1``; rows that do not convert to Python are reported and skipped. Each row
+    counts in ``report.read``."""
+    n = start
     for batch in batches:
         for row, why in _table_rows(batch):
             n += 1
@@ -478,31 +479,30 @@ def iter_parquet(path: str | Path, report: Report, batch_size: int = 4096,
         pf = pq.ParquetFile(p)
     except Exception as e:  # pyarrow raises several types for a non-parquet file
         raise DataPrepError(f"{p}: not a readable parquet file ({e})") from None
-    row = 0
     bar = progress(None, p.name, total=pf.metadata.num_rows)
-    for g in range(pf.num_row_groups):
-        n_group, done = pf.metadata.row_group(g).num_rows, 0
+
+    def group(g: int, first: int) -> Iterator:
+        size, done = pf.metadata.row_group(g).num_rows, 0
         batches = pf.iter_batches(batch_size=batch_size, row_groups=[g], columns=columns)
         while True:
             try:
                 batch = next(batches, None)
             except (pa.ArrowException, OSError, ValueError) as e:
-                lost = n_group - done
+                lost = max(size - done, 0)
                 report.read += lost
-                report.skip(f"{p}:rows {row + 1}-{row + lost}", f"damaged row group {g}, unreadable ({e})", rows=lost)
-                row += lost
-                break
+                report.skip(f"{p}:rows {first + done + 1}-{first + size}", f"damaged row group {g}, unreadable ({e})",
+                            rows=lost)
+                return
             if batch is None:
-                break
-            for r, why in _table_rows(batch):
-                row += 1
-                report.read += 1
-                if why:
-                    report.skip(f"{p}:row {row}", why)
-                else:
-                    yield f"{p}:row {row}", r
+                return
+            yield batch
             done += batch.num_rows
             bar.update(batch.num_rows)
+
+    first = 0
+    for g in range(pf.num_row_groups):
+        yield from iter_arrow_rows(group(g, first), str(p), report, start=first)
+        first += pf.metadata.row_group(g).num_rows
     bar.close()
 
 
