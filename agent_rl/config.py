@@ -17,6 +17,8 @@ from typing import Any, TypeVar
 
 import yaml
 
+from data_prep.io import load_yaml
+
 T = TypeVar("T")
 
 
@@ -443,9 +445,8 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
     tree: dict = dataclasses.asdict(cls())
     if path is not None:
         p = Path(path)
-        if not p.is_file():
-            raise FileNotFoundError(f"config file not found: {p}")
-        loaded = yaml.safe_load(p.read_text()) or {}
+        # UTF-8 (BOM dropped, CRLF as LF); bad bytes or YAML: a ValueError naming file:line
+        loaded = load_yaml(p) or {}
         if not isinstance(loaded, dict):
             raise ValueError(f"{p}: top level must be a mapping")
         _deep_update(tree, loaded, str(p))

@@ -1,7 +1,8 @@
 """`agent-rl-prep` (also `python -m data_prep`): the data-preparation commands.
 
 Each converter prints ``read N, written M, skipped K`` and lists the rows it skipped as
-``file:line: reason``. User errors (missing file, unknown format, broken JSON document)
+``file:line: reason``; a line that is not valid UTF-8 is one such row (data_prep.io decodes
+line by line, drops a BOM and reads CRLF as LF). User errors (missing file, unknown format, broken JSON document)
 print ``error: ...`` and exit with status 1, without a traceback; bad usage exits with 2.
 Heavy modules (indexing, model preparation) are imported only by the command that needs
 them, so ``--help`` and the converters start fast.

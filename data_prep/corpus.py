@@ -12,6 +12,11 @@ Inputs (detected by suffix, ``.gz`` allowed, or forced with ``fmt``):
   ``{"title", "text"}`` / ``{"id", "contents"}`` objects; JSON lines named ``.json`` too.
 - ``.parquet``: columns ``contents`` or ``title`` + ``text`` (``id`` optional).
 
+Text inputs are UTF-8, decoded one line at a time (data_prep.io): a line that is not valid
+UTF-8 is one reported row, the rest of the file is kept. A UTF-8 BOM at the start of a file
+is dropped; CRLF line ends read as LF. In a parquet file, a row with invalid UTF-8 in a
+string column is one reported row.
+
 Ids: a source id is kept when present and not already used by an earlier row. Rows without
 an id, or whose id repeats, get a deterministic content-hash id ``h<16 hex digits>``
 (blake2b of the normalised contents), so re-running on the same data gives the same ids
@@ -40,10 +45,9 @@ from data_prep.io import (
     base_suffix,
     iter_json_document,
     iter_jsonl,
+    iter_lines,
     iter_parquet,
     looks_like_jsonl,
-    open_text,
-    progress,
     require_file,
 )
 
@@ -177,40 +181,51 @@ def _read_jsonl(path: Path, report: Report) -> Iterator[Doc]:
             yield doc
 
 
+def _tsv_fields(line: str) -> list[str]:
+    # DPR quotes a field only when it holds a quote; most lines need no csv parsing
+    if '"' not in line:
+        return line.split("\t")
+    return next(csv.reader([line], delimiter="\t"))
+
+
 def _read_tsv(path: Path, report: Report) -> Iterator[Doc]:
     """DPR psgs_w100.tsv: ``id<TAB>text<TAB>title`` with a header row; the text column uses
-    CSV quoting (``"..."`` with doubled quotes inside), which csv.reader undoes."""
+    CSV quoting (``"..."`` with doubled quotes inside), which csv.reader undoes.
+
+    One passage per line, parsed line by line: a quoted field cannot span lines (DPR's never
+    do), so a line with an unbalanced quote costs that one row (its field count is off)
+    instead of swallowing the lines after it into one field."""
     csv.field_size_limit(sys.maxsize)
-    with open_text(path) as f:
-        reader = csv.reader(f, delimiter="\t")
-        header = next(reader, None)
-        if header is None:
-            return
-        cols = [h.strip().lower() for h in header]
-        if {"id", "text", "title"} <= set(cols):
-            i_id, i_text, i_title = cols.index("id"), cols.index("text"), cols.index("title")
-        elif {"text", "title"} <= set(cols):
-            i_id, i_text, i_title = None, cols.index("text"), cols.index("title")
-        else:
-            raise DataPrepError(
-                f"{path}:1: expected a DPR header row with columns id, text, title; got {header[:5]}"
-            )
-        width = len(cols)
-        for fields in progress(reader, path.name):
-            lineno = reader.line_num
-            if not any(x.strip() for x in fields):
-                continue
-            report.read += 1
-            where = f"{path}:{lineno}"
-            if len(fields) != width:
-                report.skip(where, f"expected {width} tab-separated fields, got {len(fields)}")
-                continue
-            row = {"text": fields[i_text], "title": fields[i_title]}
-            if i_id is not None:
-                row["id"] = fields[i_id]
-            doc = _row_to_doc(where, row, report)
-            if doc:
-                yield doc
+    lines = iter_lines(path, report)
+    first = next(lines, None)
+    if first is None:
+        return
+    header = _tsv_fields(first.text)
+    cols = [h.strip().lower() for h in header]
+    if {"id", "text", "title"} <= set(cols):
+        i_id, i_text, i_title = cols.index("id"), cols.index("text"), cols.index("title")
+    elif {"text", "title"} <= set(cols):
+        i_id, i_text, i_title = None, cols.index("text"), cols.index("title")
+    else:
+        raise DataPrepError(
+            f"{path}:{first.lineno}: expected a DPR header row with columns id, text, title; got {header[:5]}"
+        )
+    width = len(cols)
+    for lineno, line, _ in lines:
+        fields = _tsv_fields(line)
+        if not any(x.strip() for x in fields):
+            continue
+        report.read += 1
+        where = f"{path}:{lineno}"
+        if len(fields) != width:
+            report.skip(where, f"expected {width} tab-separated fields, got {len(fields)}")
+            continue
+        row = {"text": fields[i_text], "title": fields[i_title]}
+        if i_id is not None:
+            row["id"] = fields[i_id]
+        doc = _row_to_doc(where, row, report)
+        if doc:
+            yield doc
 
 
 def _read_json(path: Path, report: Report) -> Iterator[Doc]:

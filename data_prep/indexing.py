@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -24,6 +25,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from data_prep.encoder import DEFAULT_BACKEND, Encoder, EncoderIdentity, describe_encoder
+from data_prep.io import Report
 from data_prep.store import OFFSETS_FILE, PassageStore, scan_corpus, sha256_file
 
 log = logging.getLogger(__name__)
@@ -44,8 +46,14 @@ class IndexMismatch(ValueError):
 # ============================================================================ building
 def build_index(corpus: str | os.PathLike, out: str | os.PathLike, kind: str = "flat",
                 encoder: Encoder | str | None = None, batch_size: int = 256, *,
-                shard_size: int = 16384, progress: bool = True, **params: Any) -> dict:
+                shard_size: int = 16384, progress: bool = True, report: Report | None = None,
+                **params: Any) -> dict:
     """Build an index of `kind` over `corpus` into directory `out`; returns the metadata written.
+
+    A corpus line that is not a passage (not UTF-8, not JSON, no contents or id) is counted
+    and reported in `report` (``file:line: reason``) and left out of the index; the build
+    goes on. The same corpus always leaves out the same lines, so an interrupted build
+    resumes from its embedding shards.
 
     params: hnsw_m (32), ef_construction (200), nlist (~4*sqrt(n)), pq_m (dim/8), pq_nbits (8),
     pooling / backend / precision (when `encoder` is a spec, not an Encoder), keep_embeddings.
@@ -56,10 +64,11 @@ def build_index(corpus: str | os.PathLike, out: str | os.PathLike, kind: str = "
     if not corpus.is_file():
         raise FileNotFoundError(f"corpus {corpus} does not exist")
     t0 = time.time()
-    offsets, sha = scan_corpus(corpus)
+    report = report if report is not None else Report()
+    offsets, sha = scan_corpus(corpus, report)
     n = len(offsets) - 1
     if n == 0:
-        raise ValueError(f"corpus {corpus} has no passages")
+        raise ValueError(f"corpus {corpus} has no passages" + (f" ({report.summary()})" if report.read else ""))
     tmp = out.parent / f".{out.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -67,7 +76,8 @@ def build_index(corpus: str | os.PathLike, out: str | os.PathLike, kind: str = "
     store = PassageStore(corpus, offsets)
     meta: dict[str, Any] = {
         "format_version": FORMAT_VERSION, "kind": kind, "num_passages": n,
-        "corpus": {"path": str(corpus.resolve()), "sha256": sha, "size_bytes": int(offsets[-1])},
+        "corpus": {"path": str(corpus.resolve()), "sha256": sha, "size_bytes": int(offsets[-1]),
+                   "lines_skipped": report.skipped},
     }
     try:
         if kind == "bm25":
@@ -389,16 +399,21 @@ def add_index_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def index_command(args: argparse.Namespace) -> int:
+    report = Report()
     try:
         meta = build_index(
             args.corpus, args.out, kind=args.kind,
             encoder=None if args.kind == "bm25" else args.encoder, batch_size=args.batch_size,
             shard_size=args.shard_size, pooling=args.pooling, backend=args.backend, precision=args.precision,
             hnsw_m=args.hnsw_m, ef_construction=args.ef_construction, nlist=args.nlist, pq_m=args.pq_m,
-            pq_nbits=args.pq_nbits, keep_embeddings=args.keep_embeddings)
+            pq_nbits=args.pq_nbits, keep_embeddings=args.keep_embeddings, report=report)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", flush=True)
         return 2
+    if report.problems:
+        print(f"skipped corpus lines ({report.skipped}), not indexed:", file=sys.stderr)
+        report.print_problems()
+        print(f"corpus: {report.summary()}")
     print(f"index: {meta['kind']} over {meta['num_passages']} passages -> {args.out} in "
           f"{meta['build_seconds']:.1f}s ({meta['passages_per_second']:.1f} passages/s)", flush=True)
     return 0

@@ -13,6 +13,11 @@ Row formats, recognised per row (so one reader handles jsonl, JSON arrays, parqu
   The question is the ``question`` field when present, else ``extra_info.question``, else
   taken from the last user message: Search-R1's template ends with ``Question: {q}\\n``.
 
+Text inputs are UTF-8, decoded one line at a time (data_prep.io): a line that is not valid
+UTF-8 is one reported row, the rest of the file is kept; a UTF-8 BOM at the start of a file is
+dropped and CRLF line ends read as LF. In parquet, arrow and ``datasets`` inputs, a row with
+invalid UTF-8 in a string column is one reported row.
+
 Ids: the row's ``id`` / ``_id`` when present; verl rows use ``{split}_{extra_info.index}``;
 otherwise ``{split}_{n}`` with n the row's 0-based position in the input (FlashRAG's own
 convention, e.g. NQ-open dev line 1 -> ``test_0`` when converted with ``--split test``).
@@ -32,6 +37,7 @@ from data_prep.io import (
     Report,
     atomic_path,
     base_suffix,
+    iter_arrow_rows,
     iter_json_document,
     iter_jsonl,
     iter_parquet,
@@ -209,11 +215,13 @@ def _iter_datasets_dir(path: Path, report: Report) -> Iterator[tuple[str, dict]]
     ds = datasets.load_from_disk(str(path))
     parts = ds.items() if isinstance(ds, datasets.DatasetDict) else [(None, ds)]
     for split_name, part in parts:
-        for i, row in enumerate(part):
-            report.read += 1
+        # Arrow batches, converted by the shared reader: a row with invalid UTF-8 is then
+        # one reported row (datasets' own row iterator would raise on it)
+        batches = part.with_format("arrow").iter(batch_size=4096)
+        for where, row in iter_arrow_rows(batches, f"{path}{'/' + split_name if split_name else ''}", report):
             if split_name is not None and "split" not in row:
                 row = {**row, "split": split_name}
-            yield f"{path}{'/' + split_name if split_name else ''}:row {i + 1}", row
+            yield where, row
 
 
 def _iter_datasets_dir_pyarrow(path: Path, report: Report) -> Iterator[tuple[str, dict]]:
@@ -238,9 +246,7 @@ def _iter_arrow_files(files: list[Path], report: Report) -> Iterator[tuple[str, 
             except pa.ArrowInvalid:
                 reader = pa.ipc.open_file(src)
             table = reader.read_all()
-        for i, row in enumerate(table.to_pylist()):
-            report.read += 1
-            yield f"{f}:row {i + 1}", row
+        yield from iter_arrow_rows(table.to_batches(), str(f), report)
 
 
 def _infer_split(path: Path) -> str | None:
@@ -250,17 +256,20 @@ def _infer_split(path: Path) -> str | None:
     return None
 
 
-def _load(path: str | Path, report: Report, split: str | None, source: str | None) -> list[dict]:
+def _load(path: str | Path, report: Report, split: str | None, source: str | None) -> tuple[list[dict], list[int]]:
+    """The usable rows, and the position of each among the input's records (0-based)."""
     p = Path(path)
     if not p.exists():
         raise DataPrepError(f"{p}: no such file or directory")
-    rows, first_seen = [], {}
+    rows, positions, first_seen = [], [], {}
+    start = report.read  # the report may already count rows of other files
     defaults = {"default_split": _infer_split(p) or "unknown", "default_source": p.stem}
     for where, row in _iter_rows(p, report):
         try:
             # position among all input records, malformed ones included, so that a
             # positional id names the same row whatever else in the file is broken
-            out = normalize_row(row, report.read - 1, split, source, **defaults)
+            position = report.read - start - 1
+            out = normalize_row(row, position, split, source, **defaults)
         except RowError as e:
             report.skip(where, str(e))
             continue
@@ -269,7 +278,8 @@ def _load(path: str | Path, report: Report, split: str | None, source: str | Non
             continue
         first_seen[out["id"]] = where
         rows.append(out)
-    return rows
+        positions.append(position)
+    return rows, positions
 
 
 def _to_frame(rows: list[dict]):
@@ -314,7 +324,7 @@ def convert_qa(
             `seed`; the rest count as ``not sampled``.
     """
     report = Report()
-    rows = _load(input, report, split, source)
+    rows, _ = _load(input, report, split, source)
     if limit is not None and limit < len(rows):
         keep = sorted(random.Random(seed).sample(range(len(rows)), max(limit, 0)))
         report.limited = len(rows) - len(keep)
@@ -327,23 +337,48 @@ def convert_qa(
     return report
 
 
-def read_qa(path: str | Path):
+def _usable_as_is(df) -> bool:
+    """True when every row of a parquet with the standard columns is what convert_qa writes
+    (string id, non-empty question, string answers), so it needs no row-by-row pass."""
+    import numpy as np
+
+    def answers_ok(a) -> bool:
+        return isinstance(a, str) or (isinstance(a, (list, np.ndarray)) and len(a) > 0
+                                      and all(isinstance(x, str) for x in a))
+
+    return all(
+        isinstance(i, str) and isinstance(q, str) and q.strip() and answers_ok(a)
+        and isinstance(d, str) and isinstance(s, str)
+        for i, q, a, d, s in zip(*(df[c] for c in STANDARD))
+    )
+
+
+def read_qa(path: str | Path, report: Report | None = None):
     """Read a QA set for training or evaluation; returns a pandas DataFrame.
 
     Accepts our parquet, FlashRAG jsonl (and every other format convert_qa reads), and
     Search-R1's training parquet as it is (question recovered from the prompt, answers
     from ``reward_model.ground_truth.target``); their other columns are kept. Guarantees
-    ``id, question, golden_answers (list[str]), data_source, split``. A malformed row is an
-    error here (training must not silently drop data): convert with ``agent-rl-prep qa``
-    to keep the good rows and get a report.
+    ``id, question, golden_answers (list[str]), data_source, split``.
+
+    Without `report`, a malformed row is an error (training must not silently drop data):
+    convert with ``agent-rl-prep qa`` to keep the good rows and get a report. With one,
+    malformed rows are recorded there and left out (long jobs such as building
+    demonstrations or evaluating, which say what they skipped and go on).
     """
     import numpy as np
     import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
     p = Path(path)
     if base_suffix(p) == ".parquet" and p.is_file():
-        df = pd.read_parquet(p)
-        if set(STANDARD) <= set(df.columns):
+        try:
+            df = pd.read_parquet(p)
+            as_is = set(STANDARD) <= set(df.columns) and _usable_as_is(df)
+        except (pa.ArrowException, OSError, ValueError):  # UnicodeDecodeError is a ValueError
+            as_is = False  # invalid UTF-8 or a damaged row group: the row-by-row reader reports it
+        if as_is:
             # parquet hands back numpy arrays; the contract is list[str] (and plain lists
             # for the KB's support_ids / hop_queries / hop_answers too)
             df["golden_answers"] = [[a] if isinstance(a, str) else [str(x) for x in a]
@@ -351,22 +386,28 @@ def read_qa(path: str | Path):
             for col in df.columns:
                 if df[col].dtype == object and any(isinstance(v, np.ndarray) for v in df[col].head(1)):
                     df[col] = [v.tolist() if isinstance(v, np.ndarray) else v for v in df[col]]
+            if report is not None:
+                report.read += len(df)
             return df
-    report = Report()
-    rows = _load(p, report, None, None)
-    if report.problems:
-        shown = "\n  ".join(report.problems[:5])
+    own = report if report is not None else Report()
+    rows, positions = _load(p, own, None, None)
+    if report is None and own.problems:
+        shown = "\n  ".join(own.problems[:5])
         raise DataPrepError(
-            f"{p}: {report.skipped} malformed QA rows (convert with `agent-rl-prep qa` to "
+            f"{p}: {own.skipped} malformed QA rows (convert with `agent-rl-prep qa` to "
             f"skip them):\n  {shown}"
         )
     if base_suffix(p) == ".parquet":
-        # Search-R1's own parquet: keep its columns (prompt, reward_model, ...) beside ours.
-        raw = pd.read_parquet(p)
+        # Search-R1's own parquet: keep its columns (prompt, reward_model, ...) beside ours,
+        # taken only for the rows kept (a skipped row's bytes may not even decode)
+        extra = [c for c in pq.read_schema(p).names if c not in STANDARD]
+        try:
+            raw = pq.read_table(p, columns=extra).take(positions).to_pandas()
+        except (pa.ArrowException, OSError) as e:
+            raise DataPrepError(f"{p}: cannot read the columns {extra} ({e})") from None
         df = pd.DataFrame(rows, columns=list(STANDARD))
         for col in raw.columns:
-            if col not in df.columns:
-                df[col] = raw[col].values
+            df[col] = raw[col].values
         return df
     return _to_frame(rows)
 

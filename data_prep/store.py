@@ -1,10 +1,15 @@
 """Passage store: the corpus jsonl read in place through a byte-offset array.
 
-Passage i is the i-th non-empty line of the corpus (the order the index was built in, so FAISS
-row i is passage i). `offsets` is a uint64 array of n+1 line starts saved as `.npy` beside the
-index and memory-mapped, and the corpus is memory-mapped too: start-up reads nothing but the
-array header, and RAM is 8 bytes per passage plus whatever pages the OS caches (wiki-18's 21M
-passages: a 168 MB offset file, not a 30+ GB list of dicts).
+Passage i is the i-th usable line of the corpus (the order the index was built in, so FAISS
+row i is passage i). `offsets` is a uint64 array of the n passage starts plus the file size,
+saved as `.npy` beside the index and memory-mapped, and the corpus is memory-mapped too:
+start-up reads nothing but the array header, and RAM is 8 bytes per passage plus whatever
+pages the OS caches (wiki-18's 21M passages: a 168 MB offset file, not a 30+ GB list of dicts).
+
+A line that is not a passage (not UTF-8, not a JSON object, no string ``contents`` or no
+``id``) is reported by `scan_corpus` and gets no row, so one bad line neither stops an index
+build nor crashes a search that would have returned it. Passage i ends at the first newline
+after its start (a skipped line may follow it).
 """
 
 from __future__ import annotations
@@ -18,43 +23,45 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from data_prep.io import Report, iter_lines, parse_json_line
+
 OFFSETS_FILE = "offsets.npy"
 _CHUNK = 1 << 24
 
 
-def scan_corpus(corpus: str | os.PathLike) -> tuple[np.ndarray, str]:
-    """One pass over the bytes: (offsets of non-empty lines + end sentinel, sha256 hex)."""
-    h = hashlib.sha256()
-    starts: list[np.ndarray] = []
-    pos = 0
-    line_start = 0  # start of the line currently open
-    nonempty = False  # has the open line any non-whitespace byte
-    with open(corpus, "rb") as f:
-        while True:
-            buf = f.read(_CHUNK)
-            if not buf:
-                break
-            h.update(buf)
-            arr = np.frombuffer(buf, dtype=np.uint8)
-            nl = np.flatnonzero(arr == 10)
-            # line starts/ends inside this chunk; emptiness checked on the (short) slices only
-            prev = 0
-            found = []
-            for e in nl.tolist():
-                if nonempty or buf[prev:e].strip():
-                    found.append(line_start)
-                nonempty = False
-                prev = e + 1
-                line_start = pos + e + 1
-            if buf[prev:].strip():
-                nonempty = True
-            if found:
-                starts.append(np.asarray(found, dtype=np.uint64))
-            pos += len(buf)
-    if nonempty:
-        starts.append(np.asarray([line_start], dtype=np.uint64))
-    offsets = np.concatenate(starts + [np.asarray([pos], dtype=np.uint64)])
-    return offsets, h.hexdigest()
+def passage_problem(text: str) -> str | None:
+    """Why one corpus line cannot be a passage, or None when it can."""
+    obj, why = parse_json_line(text)
+    if why:
+        return why
+    if not isinstance(obj, dict):
+        return f"expected a JSON object, got {type(obj).__name__}"
+    if not isinstance(obj.get("contents"), str):
+        return "missing field 'contents'" if "contents" not in obj else "'contents' must be a string"
+    pid = obj.get("id")
+    if isinstance(pid, bool) or not isinstance(pid, (str, int)):
+        return "missing field 'id'" if pid is None else "'id' must be a string or integer"
+    return None
+
+
+def scan_corpus(corpus: str | os.PathLike, report: Report | None = None) -> tuple[np.ndarray, str]:
+    """One pass over the corpus: (offsets of its passages + end sentinel, sha256 hex).
+
+    Lines are decoded by data_prep.io (a BOM dropped, CRLF read as LF); a line that is not a
+    passage is counted in ``report`` as read and skipped, with its line and why."""
+    report = report if report is not None else Report()
+    starts = []
+    for lineno, text, offset in iter_lines(corpus, report, desc=Path(corpus).name):
+        report.read += 1
+        why = passage_problem(text)
+        if why:
+            report.skip(f"{corpus}:{lineno}", why)
+            continue
+        starts.append(offset)
+        report.written += 1
+    sha = sha256_file(corpus)
+    size = Path(corpus).stat().st_size
+    return np.asarray(starts + [size], dtype=np.uint64), sha
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -89,7 +96,9 @@ class PassageStore:
     def raw(self, i: int) -> bytes:
         if not 0 <= i < len(self):
             raise IndexError(f"passage row {i} out of range (store has {len(self)})")
-        return self._mm[int(self.offsets[i]):int(self.offsets[i + 1])]
+        start, stop = int(self.offsets[i]), int(self.offsets[i + 1])
+        end = self._mm.find(b"\n", start, stop)  # a skipped line may sit before the next row
+        return self._mm[start:stop if end < 0 else end]
 
     def get(self, i: int) -> dict:
         return json.loads(self.raw(int(i)))

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from data_prep.io import load_yaml
 
 
 class Settings(BaseModel):
@@ -92,7 +93,7 @@ def load_settings(config: str | Path | None = None, **overrides: Any) -> Setting
     """YAML file (optional) then keyword overrides (None values are ignored)."""
     data: dict[str, Any] = {}
     if config:
-        loaded = yaml.safe_load(Path(config).read_text()) or {}
+        loaded = load_yaml(config) or {}  # a ValueError naming file:line for bad bytes or YAML
         if not isinstance(loaded, dict):
             raise ValueError(f"{config}: expected a mapping of settings, got {type(loaded).__name__}")
         data.update(loaded)

@@ -11,6 +11,7 @@ from typing import Any
 
 from agent_rl.config import TrainConfig
 from agent_rl.types import Trajectory
+from data_prep.io import Report, iter_parquet
 
 META_KEY = b"agent_rl.demos"
 """Parquet metadata key holding the settings the demonstrations were built with (JSON)."""
@@ -61,10 +62,12 @@ def read_settings(path: str | Path) -> dict:
     return json.loads(meta[META_KEY]) if META_KEY in meta else {}
 
 
-def read_demos(path: str | Path) -> list[Trajectory]:
+def read_demos(path: str | Path, report: Report | None = None) -> list[Trajectory]:
     """Demonstrations as `Trajectory` records (ids and mask as stored: no re-tokenisation).
 
-    A row whose ids or mask are unusable raises ValueError naming the file and row."""
+    A row that cannot be used (empty ids, a bad mask, text that is not UTF-8) is recorded in
+    `report` (``file:row N (id X): reason``) and left out; without a report such rows raise
+    a ValueError naming them (SFT, like training, drops nothing silently)."""
     import pyarrow.parquet as pq
 
     path = Path(path)
@@ -77,15 +80,19 @@ def read_demos(path: str | Path) -> list[Trajectory]:
     if missing:
         raise ValueError(f"{path}: not a demonstration file (missing columns {missing}; build it with "
                          "`agent-rl-prep demos`)")
+    found = report if report is not None else Report()
     out = []
-    for i, r in enumerate(pq.read_table(path, columns=list(cols)).to_pylist()):
-        where = f"{path}: row {i} (id {r['id']})"
+    for where, r in iter_parquet(path, found, columns=list(cols)):
         n = len(r["response_ids"] or [])
         mask = r["loss_mask"] or []
+        why = None
         if not r["prompt_ids"] or not n:
-            raise ValueError(f"{where}: empty prompt_ids or response_ids")
-        if len(mask) != n or any(m not in (0, 1) for m in mask) or not any(mask):
-            raise ValueError(f"{where}: loss_mask must be 0/1, as long as response_ids ({n}), with a 1")
+            why = "empty prompt_ids or response_ids"
+        elif len(mask) != n or any(m not in (0, 1) for m in mask) or not any(mask):
+            why = f"loss_mask must be 0/1, as long as response_ids ({n}), with a 1"
+        if why:
+            found.skip(f"{where} (id {r['id']})", why)
+            continue
         out.append(Trajectory(
             prompt_ids=list(r["prompt_ids"]), response_ids=list(r["response_ids"]), loss_mask=list(mask),
             rollout_logprobs=[0.0] * n, finish_reason="answer", response_text=r["response_text"] or "",
@@ -93,6 +100,8 @@ def read_demos(path: str | Path) -> list[Trajectory]:
             question=r["question"] or "", num_searches=int(r["num_searches"] or 0),
             num_turns=int(r["num_searches"] or 0) + 1,
         ))
+    if report is None and found.problems:
+        raise ValueError(f"{path}: {found.skipped} unusable demonstration rows:\n  " + "\n  ".join(found.problems[:5]))
     return out
 
 

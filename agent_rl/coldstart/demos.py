@@ -49,6 +49,7 @@ from agent_rl.rollout import observation as O
 from agent_rl.rollout import prompts as P
 from agent_rl.rollout.engine import GenerateResult, Sampling
 from agent_rl.types import Trajectory
+from data_prep.io import Report
 
 SearchFn = Callable[[list[str], int], Awaitable[list[list[Any]]]]
 
@@ -305,12 +306,16 @@ def main(argv: list[str] | None = None) -> int:
     from data_prep.qa import read_qa
 
     model = args.model or cfg.actor_rollout_ref.model.path
+    qa_report = Report()  # a malformed QA row is reported and skipped; the build goes on
     try:
         tokenizer = AutoTokenizer.from_pretrained(model)
-        rows = _select(read_qa(args.qa).to_dict("records"), args.limit, args.seed)
-    except (OSError, DataPrepError) as e:  # missing files, malformed QA rows: one line, no traceback
+        rows = _select(read_qa(args.qa, qa_report).to_dict("records"), args.limit, args.seed)
+    except (OSError, DataPrepError) as e:  # missing files, unreadable QA files: one line, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if qa_report.problems:
+        print(f"[demos] skipped {qa_report.skipped} malformed QA rows of {qa_report.read}:", file=sys.stderr)
+        qa_report.print_problems()
     url = args.retriever_url  # base or Search-R1's .../retrieve form: the client accepts both
 
     async def run() -> BuildResult:

@@ -45,7 +45,7 @@ from agent_rl.evaluation.report import MODES, summarize, summary_markdown, write
 from agent_rl.rollout.prompts import reward_view
 from agent_rl.rollout.reward import em, evaluate_response, f1, is_valid_format, subem
 from agent_rl.training.data import Prompt, load_prompts
-from data_prep.io import DataPrepError
+from data_prep.io import DataPrepError, Report
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,8 @@ def resolve_model_dir(path: str | os.PathLike) -> Path:
 def load_questions(files: Sequence[str], limit: int | None = None, seed: int = 0) -> list[Prompt]:
     """Questions of every file; `limit`: a seeded random sample of that many per file (kept
     in file order, the same sample for the same seed, so models are compared on the same
-    questions). A repeated (data_source, id) keeps its first occurrence."""
+    questions). A repeated (data_source, id) keeps its first occurrence. A malformed row is
+    logged with its line and left out (the same rows on every run, so a rerun resumes)."""
     if limit is not None and limit < 1:
         raise EvalInputError(f"--limit must be >= 1, got {limit}")
     out: list[Prompt] = []
@@ -92,10 +93,14 @@ def load_questions(files: Sequence[str], limit: int | None = None, seed: int = 0
     for f in files:
         if not Path(f).is_file():
             raise EvalInputError(f"--data {f}: no such file")
+        report = Report()
         try:
-            prompts = load_prompts([f])
+            prompts = load_prompts([f], report=report)
         except (OSError, ValueError, DataPrepError) as e:  # read_qa names the file and the bad rows
             raise EvalInputError(str(e) if str(f) in str(e) else f"--data {f}: {e}") from None
+        if report.problems:
+            log.warning("%s: skipped %d malformed question(s) of %d:\n  %s%s", f, report.skipped, report.read,
+                        "\n  ".join(report.problems[:20]), "\n  ..." if len(report.problems) > 20 else "")
         if limit is not None and limit < len(prompts):
             keep = sorted(random.Random(seed).sample(range(len(prompts)), limit))
             prompts = [prompts[i] for i in keep]

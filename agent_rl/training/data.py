@@ -13,6 +13,8 @@ from typing import Callable
 
 import numpy as np
 
+from data_prep.io import Report
+
 
 @dataclass(frozen=True)
 class Prompt:
@@ -24,9 +26,10 @@ class Prompt:
     data_source: str = ""
 
 
-def load_prompts(files: list[str], max_rows: int | None = None) -> list[Prompt]:
+def load_prompts(files: list[str], max_rows: int | None = None, report: Report | None = None) -> list[Prompt]:
     """Read QA files (any format `data_prep.qa.read_qa` understands, Search-R1's parquet
-    included) into `Prompt`s. read_qa rejects malformed rows with an error naming the file;
+    included) into `Prompt`s. read_qa rejects malformed rows with an error naming the file,
+    unless `report` is given (evaluation): they are then recorded there and skipped.
     `max_rows` keeps the first N (Search-R1 `train_data_num`)."""
     from data_prep.qa import read_qa  # agent_rl may use data_prep readers (TEAM_NOTES)
 
@@ -34,7 +37,7 @@ def load_prompts(files: list[str], max_rows: int | None = None) -> list[Prompt]:
     for path in files:
         if not Path(path).exists():
             raise FileNotFoundError(f"data file not found: {path}")
-        for row in read_qa(path).to_dict("records"):
+        for row in read_qa(path, report).to_dict("records"):
             prompts.append(
                 Prompt(
                     id=str(row["id"]),

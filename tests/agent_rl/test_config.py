@@ -54,3 +54,15 @@ def test_type_errors_name_the_key():
 def test_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="config file not found"):
         load_config(TrainConfig, tmp_path / "nope.yaml")
+
+
+def test_yaml_file_bom_crlf_and_undecodable_bytes(tmp_path):
+    """A BOM and CRLF line ends read like a plain file; a Latin-1 byte is a ValueError naming
+    the file and line (the error every config caller reports), not a UnicodeDecodeError."""
+    y = tmp_path / "c.yaml"
+    y.write_bytes(b"\xef\xbb\xbfmax_turns: 3\r\ntrainer:\r\n  experiment_name: caf\xc3\xa9\r\n")
+    cfg = load_config(TrainConfig, y)
+    assert (cfg.max_turns, cfg.trainer.experiment_name) == (3, "café")
+    y.write_bytes(b"max_turns: 3\ntrainer:\n  experiment_name: caf\xe9\n")
+    with pytest.raises(ValueError, match=r"c\.yaml:3: invalid UTF-8 at byte 23 \(0xe9\)"):
+        load_config(TrainConfig, y)

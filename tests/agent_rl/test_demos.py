@@ -13,7 +13,9 @@ import json
 import random
 from dataclasses import replace
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 
 from agent_rl.coldstart import demo_file as DF
 from agent_rl.coldstart import demos as D
@@ -313,5 +315,81 @@ def test_read_demos_rejects_a_broken_row_naming_it(tmp_path):
            "answer": "a", "queries": ["q"], "segments": ["s"], "num_searches": 1, "prompt_ids": [1, 2],
            "response_ids": [3, 4, 5], "loss_mask": [1, 0], "prompt_text": "p", "response_text": "r"}
     DF.write_demos([row], tmp_path / "bad.parquet", {})
-    with pytest.raises(ValueError, match=r"bad.parquet: row 0 \(id x\).*loss_mask"):
+    with pytest.raises(ValueError, match=r"bad.parquet:row 1 \(id x\): loss_mask"):
         DF.read_demos(tmp_path / "bad.parquet")
+
+
+_OK_DEMO = {"prompt_ids": [1, 2], "response_ids": [3, 4, 5], "loss_mask": [1, 0, 1], "text": b"r"}
+_BAD_DEMOS = {"empty ids": {**_OK_DEMO, "prompt_ids": []}, "short mask": {**_OK_DEMO, "loss_mask": [1, 0]},
+              "mask of 2": {**_OK_DEMO, "loss_mask": [1, 2, 1]}, "no sampled token": {**_OK_DEMO, "loss_mask": [0, 0, 0]},
+              "latin-1 text": {**_OK_DEMO, "text": b"caf\xe9"}}
+
+
+def _demo_file(path, rows: list[tuple[str, dict]], row_group_size: int | None = None):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n = len(rows)
+    pq.write_table(pa.table({
+        "id": [i for i, _ in rows], "prompt_ids": pa.array([r["prompt_ids"] for _, r in rows], pa.list_(pa.int32())),
+        "response_ids": pa.array([r["response_ids"] for _, r in rows], pa.list_(pa.int32())),
+        "loss_mask": pa.array([r["loss_mask"] for _, r in rows], pa.list_(pa.int8())),
+        # Arrow stores string bytes unchecked: a Latin-1 text is written as it is
+        "response_text": pa.array([r["text"] for _, r in rows], pa.binary()).view(pa.string()),
+        "golden_answers": [["a"]] * n, "data_source": ["kb"] * n, "question": ["q?"] * n, "num_searches": [1] * n,
+    }), path, row_group_size=row_group_size)
+
+
+def test_read_demos_with_a_report_keeps_the_good_rows(tmp_path):
+    """Every kind of unusable row, including text that is not UTF-8, is reported by row and id
+    and left out when a Report is given; without one they are an error naming the rows."""
+    from data_prep.io import Report
+
+    rows = [("g0", _OK_DEMO), *((f"b{i}", r) for i, r in enumerate(_BAD_DEMOS.values())),
+            ("g1", {**_OK_DEMO, "response_ids": [7] * 3})]
+    path = tmp_path / "d.parquet"
+    _demo_file(path, rows)
+    report = Report()
+    trajs = DF.read_demos(path, report)
+    assert [t.response_ids for t in trajs] == [[3, 4, 5], [7, 7, 7]]
+    assert [p.split(": ")[0] for p in report.problems] == [f"{path}:row {i + 2} (id b{i})" for i in range(4)] + [
+        f"{path}:row 6"]
+    assert report.problems[-1].endswith("column 'response_text': invalid UTF-8 at byte 4 (0xe9)")
+    assert report.read == 7 and report.skipped == 5
+    with pytest.raises(ValueError, match=r"d.parquet: 5 unusable demonstration rows:\n  .*d.parquet:row 2 \(id b0\)"):
+        DF.read_demos(path)
+
+
+@hypothesis.settings(max_examples=40, deadline=None)
+@hypothesis.given(st.lists(st.one_of(st.tuples(st.just("good"), st.lists(st.integers(0, 50_000), min_size=1, max_size=5)),
+                          st.tuples(st.just("bad"), st.sampled_from(sorted(_BAD_DEMOS)))), max_size=20),
+       st.integers(1, 6))
+def test_read_demos_mixed_rows_property(tmp_path_factory, rows, group):
+    """Good rows come out unchanged and in order, across row groups; read = kept + skipped."""
+    from data_prep.io import Report
+
+    demo = [(f"r{i}", {**_OK_DEMO, "response_ids": v, "loss_mask": [1] * len(v)} if kind == "good" else _BAD_DEMOS[v])
+            for i, (kind, v) in enumerate(rows)]
+    path = tmp_path_factory.mktemp("demos") / "d.parquet"
+    _demo_file(path, demo, group)
+    report = Report()
+    trajs = DF.read_demos(path, report)
+    assert [t.response_ids for t in trajs] == [v for kind, v in rows if kind == "good"]
+    assert report.read == len(trajs) + report.skipped and report.skipped == sum(k == "bad" for k, _ in rows)
+
+
+def test_cli_skips_malformed_qa_rows_and_builds_from_the_rest(kb_rows, retriever_url, model_dir, tmp_path, capsys):
+    """A long job fed bad rows midway: they are reported by line and the build goes on."""
+    qa = tmp_path / "qa.jsonl"
+    lines = [json.dumps({k: v for k, v in r.items()}, default=list).encode() for r in kb_rows[:6]]
+    lines.insert(1, b'{"id": "x1", "question": "caf\xe9?", "golden_answers": ["a"]}')
+    lines.insert(4, b'{"id": "x2", "golden_answers": ["a"]}')
+    qa.write_bytes(b"\n".join(lines) + b"\n")
+    out = tmp_path / "d.parquet"
+    rc = D.main(["--qa", str(qa), "--retriever-url", retriever_url, "--out", str(out), "--model", str(model_dir),
+                 "max_turns=2", "retriever.topk=1", "data.max_obs_length=256", "data.max_response_length=640"])
+    printed = capsys.readouterr()
+    assert rc == 0 and "6 candidates: kept" in printed.out
+    assert "[demos] skipped 2 malformed QA rows of 8:" in printed.err
+    assert f"{qa}:2: invalid UTF-8 at byte 30 (0xe9)" in printed.err and f"{qa}:5: missing field 'question'" in printed.err
+    assert DF.read_settings(out)["candidates"] == 6

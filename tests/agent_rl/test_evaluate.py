@@ -123,9 +123,20 @@ def test_load_questions_sample_per_file_and_duplicates(tmp_path):
     flash = tmp_path / "nq" / "test.jsonl"
     flash.write_text(json.dumps({"id": "test_0", "question": "q?", "golden_answers": ["a"]}) + "\n")
     assert [q.data_source for q in ev.load_questions([flash, a])] == ["nq"] + ["nq"] * 20
+
+def test_load_questions_skips_malformed_rows_and_logs_them(tmp_path, caplog):
+    """A long job fed bad rows: each is logged with its line and left out, the rest is run;
+    the same rows are left out on every run, so positional ids (and a resume) stay stable."""
     bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"id": "1", "golden_answers": ["x"]}\n{"question": "caf\xe9?", "golden_answers": ["x"]}\n'
+                    b'{"question": "kept?", "golden_answers": ["y"]}\n')
+    with caplog.at_level("WARNING", logger="agent_rl.evaluation.evaluate"):
+        qs = ev.load_questions([bad])
+    assert [(q.id, q.question) for q in qs] == [("unknown_2", "kept?")]
+    assert "skipped 2 malformed question(s) of 3" in caplog.text
+    assert f"{bad}:1: missing field 'question'" in caplog.text and f"{bad}:2: invalid UTF-8 at byte 18 (0xe9)" in caplog.text
     bad.write_text('{"id": "1", "golden_answers": ["x"]}\n')
-    with pytest.raises(ev.EvalInputError, match=r"bad.jsonl:1: missing field 'question'"):
+    with pytest.raises(ev.EvalInputError, match=r"no QA rows"):
         ev.load_questions([bad])
 
 

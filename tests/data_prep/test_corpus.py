@@ -184,6 +184,19 @@ def test_malformed_json_and_tsv_items(tmp_path):
     assert r.problems == [f"{tsv}:3: expected 3 tab-separated fields, got 2", f"{tsv}:4: empty passage text"]
 
 
+def test_tsv_unbalanced_quote_and_latin1_cost_one_row_each(tmp_path):
+    """A quote left open used to make csv read the following lines into one field; the
+    reader now parses line by line. A Latin-1 line is reported, not a UnicodeDecodeError."""
+    tsv = tmp_path / "p.tsv"
+    tsv.write_bytes(b'id\ttext\ttitle\r\n1\t"open quote\tA\r\n2\t"quoted ""x"" text"\tB\r\n'
+                    b"3\tcaf\xe9 au lait\tC\r\n4\tlast\tD")
+    r = convert_corpus([tsv], tmp_path / "t.jsonl")
+    assert _read(tmp_path / "t.jsonl") == [{"id": "2", "contents": '"B"\nquoted "x" text'},
+                                          {"id": "4", "contents": '"D"\nlast'}]
+    assert r.problems == [f"{tsv}:2: expected 3 tab-separated fields, got 2",
+                          f"{tsv}:4: invalid UTF-8 at byte 6 (0xe9)"]
+
+
 def test_unknown_format_and_missing_file_are_clear_errors(tmp_path):
     out = tmp_path / "c.jsonl"
     with pytest.raises(DataPrepError, match="no such file"):

@@ -10,6 +10,7 @@ import pytest
 
 from data_prep.indexing import (IndexMismatch, build_index, check_index, ivfpq_params, load_searcher,
                                 read_meta)
+from data_prep.io import Report
 from data_prep.store import PassageStore, scan_corpus, sha256_file
 
 FACTS = [
@@ -200,3 +201,70 @@ def test_cli_hooks(corpus, tmp_path, capsys):
     args = p.parse_args(["--corpus", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "c")])
     assert index_command(args) == 2
     assert "does not exist" in capsys.readouterr().out
+
+
+def _with_bad_lines(path, rows) -> list[str]:
+    """Write `rows` with bad lines between them (BOM, CRLF); return the expected problems
+    (the JSON syntax error only as far as its reason's first words)."""
+    bad = {2: (b'{"id": "x", "contents": "caf\xe9"}', "invalid UTF-8 at byte 29 (0xe9)"),
+           20: (b'{"id": "t", "conte', "invalid JSON"), 41: (b'{"id": "m"}', "missing field 'contents'"),
+           60: (b'{"id": [1], "contents": "c"}', "'id' must be a string or integer"),
+           77: (b"[1, 2]", "expected a JSON object, got list")}
+    out, problems, lineno = bytearray(b"\xef\xbb\xbf"), [], 0
+    for i, r in enumerate(rows):
+        if i in bad:
+            lineno += 1
+            out += bad[i][0] + b"\r\n"
+            problems.append(f"{path}:{lineno}: {bad[i][1]}")
+        lineno += 1
+        out += json.dumps(r).encode() + b"\r\n"
+    path.write_bytes(bytes(out))
+    return problems
+
+
+def test_bad_corpus_lines_are_skipped_and_the_build_resumes(corpus, enc, tmp_path, monkeypatch):
+    """Bad lines midway are reported and get no row; a build interrupted after them resumes
+    from its shards (the same lines are left out again) and every search hit is a good row."""
+    _, rows = corpus
+    path = tmp_path / "bad.jsonl"
+    expected = _with_bad_lines(path, rows)
+    out, calls, real = tmp_path / "flat", [], enc.encode_passages
+
+    def counting(texts, **kw):
+        texts = list(texts)
+        calls.append(len(texts))
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(texts, **kw)
+
+    monkeypatch.setattr(enc, "encode_passages", counting)
+    with pytest.raises(KeyboardInterrupt):
+        build_index(path, out, kind="flat", encoder=enc, shard_size=16, progress=False)
+    calls.clear()
+    monkeypatch.setattr(enc, "encode_passages", lambda texts, **kw: calls.append(len(texts)) or real(texts, **kw))
+    report = Report()
+    meta = build_index(path, out, kind="flat", encoder=enc, shard_size=16, progress=False, report=report)
+    assert sum(calls) == len(rows) - 32  # the two shards from before the interruption were kept
+    assert [p[:len(e)] for p, e in zip(report.problems, expected)] == expected
+    assert (report.read, report.written, report.skipped) == (len(rows) + 5, len(rows), 5)
+    assert meta["num_passages"] == len(rows) and meta["corpus"]["lines_skipped"] == 5
+    s = load_searcher(out, path, encoder=enc)
+    assert [r[0][0] for r in s.search([q for _, _, q in FACTS], 1)] == [f"k{i}" for i in range(len(FACTS))]
+    assert {pid for pid, _ in s.search(["old tower"], len(rows))[0]} <= {r["id"] for r in rows}
+    assert [s.store.get(i) for i in range(len(rows))] == rows
+
+
+def test_cli_reports_skipped_corpus_lines(corpus, tmp_path, capfd):
+    import argparse
+
+    from data_prep.indexing import add_index_arguments, index_command
+
+    _, rows = corpus
+    path = tmp_path / "bad.jsonl"
+    expected = _with_bad_lines(path, rows)
+    p = argparse.ArgumentParser()
+    add_index_arguments(p)
+    assert index_command(p.parse_args(["--corpus", str(path), "--out", str(tmp_path / "b"), "--kind", "bm25"])) == 0
+    out, err = capfd.readouterr()
+    assert f"bm25 over {len(rows)} passages" in out and f"read {len(rows) + 5}, written {len(rows)}, skipped 5" in out
+    assert expected[0] in err and "skipped corpus lines (5)" in err

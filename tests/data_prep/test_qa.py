@@ -10,7 +10,7 @@ import sys
 import pandas as pd
 import pytest
 
-from data_prep.io import DataPrepError
+from data_prep.io import DataPrepError, Report
 from data_prep.qa import check_overlap, convert_qa, question_from_prompt, read_qa
 
 
@@ -188,6 +188,44 @@ def test_datasets_directory_with_and_without_datasets(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------------------------------
 # malformed input
+
+
+def _undecodable_table():
+    import pyarrow as pa
+
+    # Arrow keeps string bytes unchecked; a Latin-1 question stored that way is invalid UTF-8
+    question = pa.array([b"who wrote hamlet?", b"caf\xe9?", b"capital of france?"], pa.binary()).view(pa.string())
+    return pa.table({"id": ["q0", "q1", "q2"], "question": question,
+                     "golden_answers": [["Shakespeare"], ["x"], ["Paris"]],
+                     "data_source": ["nq"] * 3, "split": ["test"] * 3})
+
+
+@pytest.mark.parametrize("layout", ["parquet", "datasets", "datasets-without-datasets"])
+def test_undecodable_string_in_a_table_is_one_reported_row(tmp_path, monkeypatch, layout):
+    table = _undecodable_table()
+    if layout == "parquet":
+        import pyarrow.parquet as pq
+
+        src = tmp_path / "qa.parquet"
+        pq.write_table(table, src)
+        where = f"{src}:row 2"
+    else:
+        datasets = pytest.importorskip("datasets")
+        src = tmp_path / "dd"
+        datasets.Dataset(table).save_to_disk(str(src))
+        if layout == "datasets":
+            where = f"{src}:row 2"
+        else:
+            monkeypatch.setitem(sys.modules, "datasets", None)
+            where = f"{next(src.glob('*.arrow'))}:row 2"
+    r = convert_qa(src, tmp_path / "out.parquet")
+    assert r.problems == [f"{where}: column 'question': invalid UTF-8 at byte 4 (0xe9)"]
+    assert _frame(tmp_path / "out.parquet").id.tolist() == ["q0", "q2"]
+    # training refuses the file, naming the row; a long job given a Report keeps the rest
+    with pytest.raises(DataPrepError, match="invalid UTF-8"):
+        read_qa(src)
+    report = Report()
+    assert read_qa(src, report).id.tolist() == ["q0", "q2"] and report.problems == r.problems
 
 
 def test_malformed_rows_reported_good_rows_kept(tmp_path):

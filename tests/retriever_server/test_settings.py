@@ -41,3 +41,6 @@ def test_cli_refuses_bad_settings_and_missing_paths(tmp_path, capsys):
     (tmp_path / "list.yaml").write_text("- a\n- b\n")
     assert main(["--config", str(tmp_path / "list.yaml")]) == 2
     assert "expected a mapping" in capsys.readouterr().err
+    (tmp_path / "latin1.yaml").write_bytes(b"# r\xe9glages\ntopk: 5\n")
+    assert main(["--config", str(tmp_path / "latin1.yaml")]) == 2
+    assert "latin1.yaml:1: invalid UTF-8 at byte 4 (0xe9)" in capsys.readouterr().err
