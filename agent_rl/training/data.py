@@ -31,7 +31,7 @@ def load_prompts(files: list[str], max_rows: int | None = None, report: Report |
     included) into `Prompt`s. read_qa rejects malformed rows with an error naming the file,
     unless `report` is given (evaluation): they are then recorded there and skipped.
     `max_rows` keeps the first N (Search-R1 `train_data_num`)."""
-    from data_prep.qa import read_qa  # agent_rl may use data_prep readers (TEAM_NOTES)
+    from data_prep.qa import read_qa  # agent_rl may use data_prep readers (docs/architecture.md)
 
     prompts: list[Prompt] = []
     for path in files:
