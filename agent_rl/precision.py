@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from data_prep.hardware import announce, cuda_available, resolve_autocast, resolve_dtype
+from data_prep.hardware import announce, default_device, resolve_autocast, resolve_dtype
 
 
 def chosen_precisions(cfg: Any, engine: bool = True, critic: bool = False) -> dict[str, str]:
     """{'engine': 'float32 (auto: ...)', 'actor': 'fp32 (auto: ...)', ...} for a Train/SFT config."""
-    device = "cuda" if cuda_available() else "cpu"
+    device = default_device()
     arr = cfg.actor_rollout_ref
     out = {}
     if engine:

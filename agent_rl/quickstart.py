@@ -14,12 +14,11 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,6 +95,8 @@ class Plan:
     eval_limit: int
     rl_steps: int
     estimate_s: dict[str, float]
+    calibration: dict = field(default_factory=dict)
+    """The calibrated speeds the plan came from (`python -m agent_rl.calibrate`)."""
 
     def describe(self) -> str:
         est = ", ".join(f"{k} {v / 60:.1f}" for k, v in self.estimate_s.items())
@@ -194,7 +195,14 @@ def main(argv: list[str] | None = None) -> int:
                      "--out", str(index), "--kind", "flat"],
                     "build the dense index",
                 )
-            server, base_url = start_retriever(index, kb / "corpus.jsonl", args.port, work / "retriever.log")
+            # the retriever in its own process, as `agent-rl-retriever`; it exits if this process dies
+            from retriever_server.launch import start_server, stop_server, wait_healthy
+
+            print("\n[demo] start the retriever service", flush=True)
+            server, base_url = start_server(index, kb / "corpus.jsonl", port=args.port or None,
+                                            log_path=work / "retriever.log")
+            wait_healthy(base_url, timeout=300, proc=server)
+            print(f"[demo] retriever ready at {base_url}", flush=True)
             show_retrieval(base_url, kb / "test.parquet")
             if not args.retrieval_only:
                 plan = make_plan(args, work, budget_s=args.budget_minutes * 60 - (time.time() - t_start))
@@ -205,51 +213,10 @@ def main(argv: list[str] | None = None) -> int:
             return 130
         finally:
             if server is not None:
-                stop_retriever(server)
+                stop_server(server)
                 print("[demo] retriever stopped", flush=True)
     print(f"\n[demo] wall time {time.time() - t_start:.0f}s, peak memory {mem.peak / 2**30:.2f} GiB")
     return 0
-
-
-def start_retriever(index: Path, corpus: Path, port: int, log_path: Path) -> tuple[subprocess.Popen, str]:
-    """Start `agent-rl-retriever` as a user would (its own process; --parent-pid: it exits
-    if this process dies, even by SIGKILL) and wait for its /health over HTTP."""
-    from agent_rl.rollout.retrieval_client import SyncRetrieverClient
-
-    if not port:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    cmd = [PY, "-m", "retriever_server", "--index", str(index), "--corpus", str(corpus), "--port", str(port),
-           "--parent-pid", str(os.getpid())]
-    print(f"\n[demo] start the retriever service\n$ {' '.join(cmd)} &", flush=True)
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    with SyncRetrieverClient([url]) as client:
-        deadline = time.time() + 300
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the retriever exited with code {proc.returncode}; see {log_path}")
-            try:
-                client.wait_healthy(timeout=5)
-                break
-            except Exception:  # noqa: BLE001 - not up yet: poll again until the deadline
-                if time.time() > deadline:
-                    raise
-    print(f"[demo] retriever ready at {url}", flush=True)
-    return proc, url
-
-
-def stop_retriever(proc: subprocess.Popen, timeout: float = 15.0) -> None:
-    """SIGTERM (graceful), SIGKILL after `timeout`."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout)
 
 
 def make_plan(args: argparse.Namespace, work: Path, budget_s: float) -> Plan:
@@ -263,6 +230,7 @@ def make_plan(args: argparse.Namespace, work: Path, budget_s: float) -> Plan:
          "--batch", "16", "--gen-tokens", "16", "--out", str(cal_path)], "calibrate this host (update and generation speed)")
     cal = json.loads(cal_path.read_text())
     plan = plan_stages(budget_s - (time.time() - t0), cal["update_tok_s"], cal["gen_tok_s"], cal["engine_load_s"])
+    plan.calibration = cal
     if args.demos is not None:
         plan.demos = args.demos
     if args.sft_minutes is not None:
@@ -271,7 +239,6 @@ def make_plan(args: argparse.Namespace, work: Path, budget_s: float) -> Plan:
         plan.rl_steps = args.rl_steps
     if args.eval_limit is not None:
         plan.eval_limit = args.eval_limit
-    plan.calibration = cal  # type: ignore[attr-defined]
     print(f"\n[demo] plan for {budget_s / 60:.1f} minutes left on this host: {plan.describe()}", flush=True)
     return plan
 
@@ -323,12 +290,11 @@ def write_report(runs: Path, evals: dict[str, Path], rl_dir: Path | None, plan: 
     table = comparison(list(evals.items()))
     text = f"# Demo report\n\n`{hardware_line()}`\n\n"
     if plan is not None:
-        cal = getattr(plan, "calibration", {})
+        cal = plan.calibration
         text += (f"Calibration: update {cal.get('update_tok_s', 0):.0f} tok/s ({cal.get('update_dtype')}), "
                  f"generation {cal.get('gen_tok_s', 0):.0f} tok/s ({cal.get('engine_dtype')}).\n\n"
                  f"Plan: {plan.describe()}.\n\n")
-        (runs / "plan.json").write_text(json.dumps({"plan": {k: v for k, v in vars(plan).items() if k != "calibration"},
-                                                    "calibration": cal, "stage_s": STAGE_S}, indent=2))
+        (runs / "plan.json").write_text(json.dumps({"plan": asdict(plan), "stage_s": STAGE_S}, indent=2))
     text += "Stage times: " + ", ".join(f"{k}: {v / 60:.1f} min" for k, v in STAGE_S.items()) + "\n\n"
     text += comparison_markdown(table)
     if rl_dir is not None:

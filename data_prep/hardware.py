@@ -96,6 +96,11 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def default_device() -> str:
+    """"cuda" where torch sees a GPU, else "cpu": where auto settings are resolved for."""
+    return "cuda" if cuda_available() else "cpu"
+
+
 def native_bf16(device: str = "cpu", info: CpuInfo | None = None) -> tuple[bool, str]:
     """(does `device` run bf16 matmuls natively, why). Pure given `info` and the environment."""
     forced = _env_override()

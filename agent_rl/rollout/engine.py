@@ -111,9 +111,9 @@ def configure_vllm_env(cfg: RolloutConfig) -> dict[str, str]:
 
 def engine_dtype(setting: str) -> tuple[str, str]:
     """The engine's dtype for `setting` (auto | a dtype name) on this host, and why."""
-    from data_prep.hardware import cuda_available, resolve_dtype
+    from data_prep.hardware import default_device, resolve_dtype
 
-    return resolve_dtype(setting, "cuda" if cuda_available() else "cpu")
+    return resolve_dtype(setting, default_device())
 
 
 def _tied_embeddings(model_dir: str) -> bool:
