@@ -120,7 +120,7 @@ def bare_step(worker: ActorWorker, batch: TokenBatch) -> None:
     """Forward + backward only, same packed micro-batches and precision as the update."""
     a = worker.cfg.actor
     for mb in micro_batches(batch, a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu, a.ppo_micro_batch_size_per_gpu):
-        logp, _ = worker.policy(pack(mb.input_ids, mb.seq_lens, mb.prompt_lens), False)
+        logp, _ = worker.policy(pack(mb.input_ids.to(worker.device), mb.seq_lens, mb.prompt_lens), False)
         logp.sum().backward()
     worker.optim.optimizer.zero_grad(set_to_none=True)
 

@@ -28,7 +28,7 @@ from data_prep.hardware import resolve_encoder_precision
 log = logging.getLogger(__name__)
 
 BACKENDS = ("torch", "onnx")
-PRECISIONS = ("fp32", "bf16", "int8")
+PRECISIONS = ("fp32", "bf16", "fp16", "int8")
 POOLINGS = ("mean", "cls")
 # bge v1.5 query instruction (BAAI/bge model card); passages get no prefix.
 BGE_QUERY_INSTRUCTION = "Represent this sentence for searching relevant passages: "
@@ -222,12 +222,14 @@ def describe_encoder(model: str | os.PathLike | None = DEFAULT_ENCODER, *, pooli
     if backend is None:
         backend = DEFAULT_BACKEND if device == "cpu" else "torch"
     if precision is None or precision == "auto":
-        # int8 only where the CPU has int8 dot products (VNNI); without them it gains nothing
-        precision = resolve_encoder_precision("auto", backend, device)[0] if backend == "onnx" else "fp32"
+        # int8 only where the CPU has int8 dot products (VNNI); fp16 on CUDA; fp32 otherwise
+        precision = resolve_encoder_precision("auto", backend, device)[0]
     if backend not in BACKENDS or precision not in PRECISIONS:
         raise ValueError(f"backend must be in {BACKENDS} and precision in {PRECISIONS}; got {backend!r}/{precision!r}")
-    if backend == "onnx" and precision == "bf16":
-        raise ValueError("precision bf16 needs backend torch (ONNX Runtime CPU has no bf16 kernels here)")
+    if backend == "onnx" and precision in ("bf16", "fp16"):
+        raise ValueError(f"precision {precision} needs backend torch (ONNX Runtime CPU has no {precision} kernels here)")
+    if precision == "fp16" and not str(device).startswith("cuda"):
+        raise ValueError("precision fp16 needs a CUDA device (CPUs emulate fp16 matmuls; use fp32 or bf16 there)")
     if backend == "torch" and precision == "int8":
         # measured: torch's dynamic int8 (per-tensor weights) lost cos 0.95 vs fp32 at no speed gain
         raise ValueError("precision int8 needs backend onnx (ONNX Runtime's per-channel int8 kernels)")
@@ -247,7 +249,8 @@ class Encoder:
 
     model: "minilm"/None (embedded default) or a local HF / sentence-transformers directory.
     backend: "torch" (any device; cuda when available) or "onnx" (ONNX Runtime, CPU).
-    precision: "fp32", "bf16" (torch, weights cast once) or "int8" (onnx: int8 weights, dynamic activations).
+    precision: "fp32", "bf16" (torch, weights cast once), "fp16" (torch on CUDA; the GPU default) or
+    "int8" (onnx: int8 weights, dynamic activations).
     """
 
     def __init__(self, model: str | os.PathLike | None = DEFAULT_ENCODER, *, pooling: str | None = None,
@@ -294,10 +297,10 @@ class Encoder:
         if self.device == "cpu":
             torch.set_num_threads(self.num_threads)
         module = self._load_torch_module()
-        if self.precision == "bf16":
-            # weights stored in bf16 once: autocast would re-cast them on every call, which
-            # dominates small query batches on CPU
-            module = module.to(torch.bfloat16)
+        if self.precision in ("bf16", "fp16"):
+            # weights stored in 16 bits once: autocast would re-cast them on every call, which
+            # dominates small query batches on CPU; pooling and the norm stay in fp32 (_Pooled)
+            module = module.to(torch.bfloat16 if self.precision == "bf16" else torch.float16)
         self._module = module.to(self.device)
         self._run = self._run_torch
 

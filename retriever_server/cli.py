@@ -20,7 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kind", choices=("auto", "dense", "bm25", "hybrid"))
     p.add_argument("--encoder", help="query encoder: 'minilm' or a local model dir (default: as indexed)")
     p.add_argument("--encoder-backend", choices=("torch", "onnx"))
-    p.add_argument("--encoder-precision", choices=("auto", "fp32", "bf16", "int8"))
+    p.add_argument("--encoder-precision", choices=("auto", "fp32", "bf16", "fp16", "int8"))
     p.add_argument("--pooling", choices=("mean", "cls"))
     p.add_argument("--num-threads", type=int)
     p.add_argument("--no-verify-corpus-hash", dest="verify_corpus_hash", action="store_const", const=False,

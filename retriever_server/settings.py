@@ -23,8 +23,8 @@ class Settings(BaseModel):
     """Query encoder spec ('minilm' or a local dir); None: the one recorded in the index."""
     encoder_backend: Literal["torch", "onnx"] | None = None
     """Query encoder runtime; None: onnx on CPU, torch on GPU (data_prep.encoder)."""
-    encoder_precision: Literal["auto", "fp32", "bf16", "int8"] | None = None
-    """Query encoder precision; None/auto: int8 ONNX where the CPU has VNNI, else fp32."""
+    encoder_precision: Literal["auto", "fp32", "bf16", "fp16", "int8"] | None = None
+    """Query encoder precision; None/auto: int8 ONNX where the CPU has VNNI, fp16 on CUDA, else fp32."""
     pooling: Literal["mean", "cls"] | None = None
     """Pooling override; None: the one recorded in the index."""
     num_threads: int | None = None

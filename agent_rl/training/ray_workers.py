@@ -168,10 +168,14 @@ class TrainWorkerHost:
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.worker, method)(*args, **kwargs)
 
-    def export_weights(self, transport: str) -> Any:
-        """The policy's HF-format weights (LoRA merged), packed for `transport`."""
+    def export_weights(self, transport: str, rank0: bool = True) -> Any:
+        """The policy's HF-format weights (LoRA merged), packed for `transport`; ranks other
+        than 0 only take part in the FSDP gathers and return None."""
         from agent_rl.training.weight_sync import get_transport
 
+        if not rank0:
+            self.worker.join_weight_gather()
+            return None
         return get_transport(transport).export(self.worker)
 
     def call_on_shard(self, method: str, batch: Any, rank: int, world_size: int) -> tuple[Any, Any]:
@@ -201,8 +205,11 @@ class WorkerGroup:
         return ray.get([h.call.remote(method, *args) for h in self.hosts])
 
     def export_weights(self, transport: str) -> Any:
-        """ObjectRef of rank 0's packed weights (passed on to the engine, never fetched here)."""
-        return self.hosts[0].export_weights.remote(transport)
+        """ObjectRef of rank 0's packed weights (passed on to the engine, never fetched here).
+        Every rank is called: under FSDP gathering the full tensors is collective (rank 0
+        alone would wait for the others forever)."""
+        refs = [h.export_weights.remote(transport, r == 0) for r, h in enumerate(self.hosts)]
+        return refs[0]
 
     def per_token(self, method: str, batch: Any) -> Any:
         """(B, R) per-token result of `method` on each rank's shard, rows back in batch order."""

@@ -10,7 +10,7 @@ One small interface, `WeightSync.push() -> seconds`, two transports:
   reference: the weights never travel through it. Why one flat buffer: Ray pickles torch
   tensors (a copy each way: ~3.5 s for 135M fp32 params here) but maps numpy buffers from
   shared memory without a copy (~0.4 s).
-- "cuda_ipc" (GPU, actor rank 0 and the engine on the same device; UNTESTED here, no GPU):
+- "cuda_ipc" (GPU, actor rank 0 and the engine on the same device; run on an H100, docs/gpu.md):
   rank 0 exports CUDA IPC handles of its tensors instead of copying them; the rollout worker
   rebuilds views of the same memory and loads them. Same engine call, no host copy.
 
@@ -80,14 +80,16 @@ def unpack_weights(packed: PackedWeights) -> list[tuple[str, Any]]:
 
 
 def export_cuda_ipc(named: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
-    """(GPU, untested) Actor side: tensors -> picklable CUDA IPC rebuild recipes."""
+    """Actor side: tensors -> picklable CUDA IPC rebuild recipes. torch keeps a shared CUDA
+    block allocated in this process until every reader has released it, so the tensors may be
+    temporaries (FSDP's gathered weights; tests/gpu/test_training_gpu.py)."""
     from torch.multiprocessing.reductions import reduce_tensor
 
     return [(name, reduce_tensor(t.detach().contiguous())) for name, t in named]
 
 
 def import_cuda_ipc(handles: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
-    """(GPU, untested) Engine side: rebuild the tensors (views of the actor's memory)."""
+    """Engine side: rebuild the tensors (views of the actor's memory, another process's GPU memory)."""
     return [(name, rebuild(*args)) for name, (rebuild, args) in handles]
 
 

@@ -96,3 +96,31 @@ def test_critic_save_load(tiny_model, tmp_path):
     c2.load(str(tmp_path / "critic"))
     assert torch.equal(c2.compute_values(batch), c.compute_values(batch))
     assert c2.num_updates == 1
+
+
+def _fsdp_bf16_main(rank: int, port: int, model: str, out: str) -> None:
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    cfg = make_cfg(model)
+    cfg.critic.bf16_autocast = True
+    cfg.critic.strategy = "fsdp"
+    c = CriticWorker(cfg, total_steps=2)
+    batch = TokenBatch.from_trajectories(make_trajs(4, seed=7))
+    values = c.compute_values(batch)
+    metrics = c.update_critic(with_targets(batch, values))
+    torch.save({"fsdp": c.fsdp, "values": values, "head": str(c.model.value_head.weight.dtype),
+                "loss": metrics["critic/vf_loss"]}, out)
+    torch.distributed.destroy_process_group()
+
+
+def test_fsdp_bf16_critic_keeps_an_fp32_value_head(tiny_model, tmp_path):
+    """Under FSDP2 with bf16 parameters the value head used to be cast to bf16 as well and
+    its fp32 input failed the matmul (found on an H100, docs/gpu.md); gloo, one rank."""
+    import torch.multiprocessing as mp
+
+    from agent_rl.training.workers import dist as wdist
+
+    out = tmp_path / "critic.pt"
+    mp.spawn(_fsdp_bf16_main, args=(wdist.free_port(), str(tiny_model), str(out)), nprocs=1, join=True)
+    r = torch.load(out, weights_only=False)
+    assert r["fsdp"] and r["values"].dtype == torch.float32 and torch.isfinite(r["values"]).all()
+    assert r["head"] == "torch.float32" and math.isfinite(r["loss"])

@@ -127,3 +127,24 @@ def test_two_workers_equal_one(tiny_model, single, strategy, tmp_path):
         assert torch.allclose(p, q, atol=1e-6, rtol=0)
     m1, m2 = adam_moments(single_worker), adam_moments(resumed)
     assert (m2 - m1).norm() <= 1e-5 * m1.norm()
+
+
+def _group_of_one_main(rank: int, port: int, model: str, out: str) -> None:
+    torch.set_num_threads(1)
+    assert not wdist.use_fsdp("fsdp")  # a lone worker without a process group: nothing to shard with
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    worker = ActorWorker(make_cfg(model, "fsdp"), total_steps=2)
+    assert worker.fsdp and not wdist.use_fsdp("auto")  # auto: FSDP on multi-GPU runs only
+    torch.save(step(worker, make_batch()), out)
+    torch.distributed.destroy_process_group()
+
+
+def test_fsdp_over_a_group_of_one_equals_the_plain_worker(tiny_model, single, tmp_path):
+    """strategy=fsdp with one rank (FSDP2's mixed precision on a single GPU, docs/gpu.md):
+    the same gradient and parameters as the plain worker."""
+    out = tmp_path / "one.pt"
+    mp.spawn(_group_of_one_main, args=(wdist.free_port(), str(tiny_model), str(out)), nprocs=1, join=True)
+    one, (_, ref) = torch.load(out, weights_only=False), single
+    assert (one["grad"] - ref["grad"]).norm() <= 1e-5 * ref["grad"].norm()
+    for name, p1 in ref["params"].items():
+        assert torch.allclose(one["params"][name], p1, atol=1e-6, rtol=0), name

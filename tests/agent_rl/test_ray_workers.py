@@ -66,3 +66,34 @@ def test_two_ranks_match_one_rank(model_dir):
         assert metrics["actor/grad_norm"] > 0 and all(math.isfinite(v) for v in metrics.values())
     finally:
         two.shutdown()
+
+
+@pytest.mark.slow
+def test_fsdp_group_exports_full_weights_from_rank0(model_dir, tmp_path):
+    """Under FSDP the export gathers shards collectively: every rank must join rank 0's export
+    (rank 0 alone waited for ever: seen while bringing up the GPU path, docs/gpu.md). Gloo here."""
+    import ray
+
+    from agent_rl.config import TrainConfig, load_config
+    from agent_rl.training.ray_workers import WorkerGroup
+    from agent_rl.training.weight_sync import unpack_weights
+    from agent_rl.training.workers import model_io
+    from agent_rl.training.workers.actor import ActorWorker
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False)
+    tiny = model_io.truncated_copy(model_dir, tmp_path / "tiny", num_layers=2)
+    cfg = load_config(TrainConfig, None, [f"actor_rollout_ref.model.path={tiny}", "actor_rollout_ref.rollout.n=1",
+                                          "actor_rollout_ref.actor.strategy=fsdp",
+                                          "actor_rollout_ref.actor.bf16_autocast=false"])
+    group = WorkerGroup(cfg, functools.partial(ActorWorker, cfg.actor_rollout_ref, 10), 2)
+    try:
+        assert group.call_all("__getattribute__", "fsdp") == [True, True]
+        packed = ray.get(group.export_weights("object_store"), timeout=300)
+    finally:
+        group.shutdown()
+    got = dict(unpack_weights(packed))
+    want = dict(model_io.named_weights(model_io.load_policy(tiny)))
+    assert got.keys() == want.keys()
+    for name, tensor in want.items():
+        assert got[name].shape == tensor.shape and torch.equal(got[name], tensor), name

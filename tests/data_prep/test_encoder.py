@@ -101,3 +101,7 @@ def test_bad_settings_are_refused():
         Encoder("minilm", backend="onnx", precision="bf16")
     with pytest.raises(ValueError, match="int8 needs backend onnx"):
         Encoder("minilm", backend="torch", precision="int8")
+    with pytest.raises(ValueError, match="fp16 needs backend torch"):
+        Encoder("minilm", backend="onnx", precision="fp16")
+    with pytest.raises(ValueError, match="fp16 needs a CUDA device"):
+        Encoder("minilm", backend="torch", precision="fp16", device="cpu")

@@ -94,6 +94,14 @@ def test_encoder_precision_int8_only_with_vnni(monkeypatch):
     assert hw.resolve_encoder_precision("int8", "onnx")[0] == "int8"
 
 
+def test_encoder_precision_on_cuda_is_fp16_whatever_the_cpu(monkeypatch):
+    for info in (SAPPHIRE, EPYC_ZEN2):
+        monkeypatch.setattr(hw, "cpu_info", lambda info=info: info)
+        assert hw.resolve_encoder_precision("auto", "torch", "cuda")[0] == "fp16"
+        assert hw.resolve_encoder_precision("auto", "torch", "cuda:1")[0] == "fp16"
+        assert hw.resolve_encoder_precision("fp32", "torch", "cuda")[0] == "fp32"
+
+
 def test_hardware_line_names_cpu_isa_and_choices(monkeypatch):
     monkeypatch.setenv(hw.OVERRIDE_ENV, "0")
     line = hw.hardware_line(engine="float32 (auto)")

@@ -258,8 +258,17 @@ class ActorWorker:
 
     def device_named_weights(self) -> list[tuple[str, torch.Tensor]]:
         """As `named_weights_for_sync`, left on the worker's device (the cuda_ipc transport
-        shares this memory with the engine instead of copying it)."""
+        shares this memory with the engine instead of copying it; under FSDP these are freshly
+        gathered tensors, kept allocated after they go out of scope here by torch's CUDA IPC
+        reference counting until the engine has released them)."""
         return list(model_io.named_weights(self.model))
+
+    def join_weight_gather(self) -> None:
+        """What ranks > 0 do while rank 0 exports the weights: under FSDP every full tensor is
+        gathered collectively, so they take part in the same gathers (no-op otherwise)."""
+        if self.fsdp:
+            for _ in model_io.named_weights(self.model):
+                pass
 
     def save(self, path: str, include_optimizer: bool = True) -> None:
         """HF directory (transformers / vLLM load it; LoRA: merged + `adapter/`) and

@@ -71,7 +71,8 @@ class CriticWorker:
         self.model.to(self.device)
         del lm
         if self.fsdp:
-            dist.wrap_fsdp(self.model, dist.decoder_layer_types(self.model.trunk), autocast)
+            dist.wrap_fsdp(self.model, dist.decoder_layer_types(self.model.trunk), autocast,
+                           fp32_modules=(self.model.value_head,))
         self.optim = Optim(list(self.model.parameters()), self.cfg.optim, total_steps, self.cfg.grad_clip, fsdp=self.fsdp)
         self.num_updates = 0
 

@@ -75,12 +75,16 @@ STRATEGIES = ("auto", "fsdp", "replicas")
 
 def use_fsdp(strategy: str) -> bool:
     """Whether to shard with FSDP2: "auto" = on multi-GPU runs only (CPU ranks keep full
-    replicas and sum gradients once per step), "fsdp" / "replicas" force a choice."""
+    replicas and sum gradients once per step), "fsdp" / "replicas" force a choice. "fsdp"
+    also applies to a process group of one (FSDP2's mixed precision on a single GPU), but
+    not without a process group: a lone worker has nothing to shard with."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; known: {list(STRATEGIES)}")
-    if world_size() <= 1 or strategy == "replicas":
+    if strategy == "replicas":
         return False
-    return strategy == "fsdp" or torch.cuda.is_available()
+    if strategy == "fsdp":
+        return dist.is_initialized()
+    return world_size() > 1 and torch.cuda.is_available()
 
 
 def decoder_layer_types(model: nn.Module) -> tuple[type, ...]:
@@ -94,15 +98,20 @@ def decoder_layer_types(model: nn.Module) -> tuple[type, ...]:
     return types
 
 
-def wrap_fsdp(model: nn.Module, layer_types: tuple[type, ...], param_dtype: torch.dtype | None) -> nn.Module:
+def wrap_fsdp(model: nn.Module, layer_types: tuple[type, ...], param_dtype: torch.dtype | None,
+              fp32_modules: tuple[nn.Module, ...] = ()) -> nn.Module:
     """FSDP2: shard each transformer block, then the root. `param_dtype` (e.g. bf16) is the
-    compute dtype of gathered parameters; gradients are reduced in fp32."""
+    compute dtype of gathered parameters; gradients are reduced in fp32. `fp32_modules` (e.g.
+    the critic's value head) are sharded on their own and keep fp32 parameters: under the
+    root's policy they would be cast to `param_dtype` too."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     for module in model.modules():
         if isinstance(module, layer_types):
             fully_shard(module, mp_policy=mp)
+    for module in fp32_modules:
+        fully_shard(module, mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.float32))
     fully_shard(model, mp_policy=mp)
     return model
 
@@ -134,11 +143,19 @@ def barrier() -> None:
         dist.barrier()
 
 
+def collective_device() -> torch.device:
+    """Where small tensors for a collective must live: NCCL reduces CUDA tensors only
+    (a CPU tensor fails with "No backend type associated with device type cpu")."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def all_reduce_sum(values: list[float]) -> list[float]:
     """Element-wise sum over ranks (float64); the values themselves when alone."""
     if world_size() <= 1:
         return list(values)
-    t = torch.tensor(values, dtype=torch.float64)
+    t = torch.tensor(values, dtype=torch.float64, device=collective_device())
     dist.all_reduce(t)
     return t.tolist()
 
@@ -147,7 +164,7 @@ def all_reduce_max(values: list[float]) -> list[float]:
     """Element-wise max over ranks."""
     if world_size() <= 1:
         return list(values)
-    t = torch.tensor(values, dtype=torch.float64)
+    t = torch.tensor(values, dtype=torch.float64, device=collective_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.tolist()
 

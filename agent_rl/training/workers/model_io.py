@@ -244,3 +244,18 @@ def truncated_copy(src: str | Path, dst: str | Path, num_layers: int) -> Path:
     finally:
         logging.set_verbosity(verbosity)
     return save_hf(model, dst, src)
+
+
+def random_copy(src: str | Path, dst: str | Path, seed: int = 0, num_layers: int | None = None) -> Path:
+    """HF directory with `src`'s architecture (its config.json, optionally `num_layers` blocks)
+    and tokenizer, and seeded random weights (the model's own initialisation). For checks that
+    depend on shapes and kernels, not on what the model knows: speed, memory and precision
+    agreement on a machine the real weights cannot travel to (scripts/gpu_check.sh)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(src)
+    if num_layers is not None:
+        config.num_hidden_layers = num_layers
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return save_hf(model, dst, src)
