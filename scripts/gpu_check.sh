@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# The GPU paths, run for real on a CUDA machine, in one command (docs/gpu.md).
+#
+#   scripts/gpu_check.sh prepare   # here, with the project's .venv: what must travel -> .gpu/ and .whl/
+#   scripts/gpu_check.sh prepare-ray   # here: Ray and its missing deps, unpacked, xz -> .gpu/ray.tar.xz
+#                                      # (38 MB; travels in a call of its own: with the rest it
+#                                      # passes 64 MiB)
+#   scripts/gpu_check.sh run       # on the CUDA machine: install the carried wheels, run
+#                                  # `pytest -m gpu tests/gpu` and benchmarks/gpu.py, print a table
+#
+# On a CUDA machine where the project is installed (`pip install -e .`), `run` alone works: it
+# then uses the embedded model from `make setup` and the installed packages. `prepare` exists for
+# a machine that has torch and CUDA but not this project's data or packages and cannot download
+# (a lent GPU machine): it writes the policy's config and tokenizer (the weights are rebuilt
+# there at random: 540 MB do not travel), the encoder with fp16 weights (xz), a 2,000-passage
+# slice of the shared Wikipedia corpus, and the wheels that machine lacks (faiss-cpu, FastAPI,
+# uvicorn, pydantic, bm25s) for its Python ($GPU_PYTHON_VERSION, default 3.12).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CARRY=.gpu
+WHEELS=.whl
+PY=${PY:-.venv/bin/python}
+
+prepare() {
+    mkdir -p "$CARRY" "$WHEELS"
+    "$PY" - <<'PYEOF'
+import json, shutil, tarfile, lzma
+from pathlib import Path
+from data_prep.model import prepare_model
+from data_prep.encoder import resolve_model_path
+
+carry = Path(".gpu")
+shutil.rmtree(carry, ignore_errors=True)
+carry.mkdir()
+model = prepare_model(Path("artifacts/model"))
+skel = carry / "policy_skeleton"
+shutil.rmtree(skel, ignore_errors=True)
+skel.mkdir(parents=True)
+for f in model.iterdir():
+    if f.is_file() and not f.name.endswith(".safetensors") and not f.name.startswith("."):
+        shutil.copy2(f, skel / f.name)
+
+import torch
+from safetensors.torch import load_file, save_file
+enc = resolve_model_path("minilm")
+tmp = carry / "encoder.tmp"
+shutil.rmtree(tmp, ignore_errors=True)
+shutil.copytree(enc, tmp, ignore=shutil.ignore_patterns("*.safetensors", "*.onnx", "README.md", ".git*"))
+(tmp / "README.md").write_text("# " + "sentence-transformers/all-MiniLM-L6-v2 (fp16 copy)\n")
+for f in enc.glob("*.safetensors"):
+    save_file({k: v.half().contiguous() for k, v in load_file(f).items()}, tmp / f.name, metadata={"format": "pt"})
+tmp.rename(carry / "encoder")
+
+wiki = Path("../shared/data/corpus/wiki_35k.jsonl")
+if wiki.is_file():
+    with open(wiki) as f, open(carry / "passages.jsonl", "w") as out:
+        for i, line in zip(range(2000), f):
+            out.write(line)
+# one xz archive: the fp16 weights and the text files squeeze into the 64 MiB a lent machine takes
+with lzma.open(carry / "carry.tar.xz", "wb", preset=9 | lzma.PRESET_EXTREME) as xz, tarfile.open(fileobj=xz, mode="w") as tar:
+    for name in ("encoder", "policy_skeleton", "passages.jsonl"):
+        if (carry / name).exists():
+            tar.add(carry / name, arcname=name)
+print("prepared:", sorted(p.name for p in carry.iterdir()))
+PYEOF
+    local pyv=${GPU_PYTHON_VERSION:-3.12}
+    for pkg in faiss-cpu fastapi starlette uvicorn pydantic pydantic_core annotated-types typing-inspection bm25s; do
+        ver=$("$PY" -c "import importlib.metadata as m; print(m.version('$pkg'))")
+        "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$pyv" --implementation cp \
+            --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+            --platform manylinux2014_x86_64 -d "$WHEELS" "$pkg==$ver"
+    done
+    du -sh "$CARRY/carry.tar.xz" "$WHEELS"
+    echo "carry to the GPU machine: $CARRY/carry.tar.xz and $WHEELS (the rest of $CARRY is unpacked from it there)"
+}
+
+prepare_ray() {
+    # ray's wheel is 79 MB; without its Java jar and the dashboard's source map it packs to 38 MB
+    local pyv=${GPU_PYTHON_VERSION:-3.12} site
+    site=$(mktemp -d)
+    local ver
+    ver=$("$PY" -c "import importlib.metadata as m; print(m.version('ray'))")
+    for pkg in "ray==$ver" jsonschema jsonschema-specifications referencing rpds-py; do
+        "$PY" -m pip install -q --no-deps --only-binary=:all: --python-version "$pyv" --implementation cp \
+            --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --target "$site" "$pkg"
+    done
+    rm -rf "$site/ray/jars" "$site/bin" "$site"/ray/dashboard/client/build/static/js/*.map
+    mkdir -p "$CARRY"
+    tar -C "$site" -cf - . | xz -T0 -6 > "$CARRY/ray.tar.xz"
+    rm -rf "$site"
+    du -sh "$CARRY/ray.tar.xz"
+}
+
+run() {
+    local out=${OUT:-gpu_out}
+    mkdir -p "$out"
+    local py=${GPU_PY:-python3}
+    if compgen -G "$WHEELS/*.whl" >/dev/null; then
+        "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/agent-rl-site "$WHEELS"/*.whl
+        export PYTHONPATH=/tmp/agent-rl-site${PYTHONPATH:+:$PYTHONPATH}
+    fi
+    if [ -f "$CARRY/ray.tar.xz" ]; then
+        mkdir -p /tmp/agent-rl-ray && tar -xJf "$CARRY/ray.tar.xz" -C /tmp/agent-rl-ray
+        export PYTHONPATH=/tmp/agent-rl-ray${PYTHONPATH:+:$PYTHONPATH}
+    fi
+    if [ -f "$CARRY/carry.tar.xz" ] && [ ! -d "$CARRY/encoder" ]; then
+        tar -xJf "$CARRY/carry.tar.xz" -C "$CARRY"
+    fi
+    export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+    export PYTHONUNBUFFERED=1
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+    set +e
+    "$py" -m pytest -m gpu tests/gpu -q -rA -p no:cacheprovider --junitxml="$out/gpu_tests.xml" 2>&1 | tee "$out/gpu_tests.log"
+    local tests_rc=${PIPESTATUS[0]}
+    "$py" benchmarks/gpu.py --json "$out/gpu_bench.json" ${GPU_BENCH_ARGS:-} 2>&1 | tee "$out/gpu_bench.log"
+    local bench_rc=${PIPESTATUS[0]}
+    set -e
+    "$py" - "$out/gpu_tests.xml" <<'PYEOF'
+import sys, xml.etree.ElementTree as ET
+root = ET.parse(sys.argv[1]).getroot()
+print(f"\n{'GPU test':72} result")
+for case in root.iter("testcase"):
+    status = "passed"
+    for tag in ("failure", "error", "skipped"):
+        el = case.find(tag)
+        if el is not None:
+            status = f"{tag}: {(el.get('message') or '')[:60]}"
+    print(f"{case.get('classname').split('.')[-1] + '::' + case.get('name'):72} {status}")
+PYEOF
+    echo "pytest exit $tests_rc, benchmark exit $bench_rc"
+    [ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ]
+}
+
+case "${1:-run}" in
+    prepare) prepare ;;
+    prepare-ray) prepare_ray ;;
+    run) run ;;
+    *) echo "usage: $0 prepare|prepare-ray|run" >&2; exit 2 ;;
+esac
