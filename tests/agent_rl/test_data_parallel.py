@@ -148,3 +148,14 @@ def test_fsdp_over_a_group_of_one_equals_the_plain_worker(tiny_model, single, tm
     assert (one["grad"] - ref["grad"]).norm() <= 1e-5 * ref["grad"].norm()
     for name, p1 in ref["params"].items():
         assert torch.allclose(one["params"][name], p1, atol=1e-6, rtol=0), name
+
+
+def test_collectives_put_their_tensors_where_the_backend_reduces(monkeypatch):
+    """NCCL reduces CUDA tensors only: the metric all-reduces used CPU tensors and failed on
+    GPUs ("No backend type associated with device type cpu", seen on an H100)."""
+    monkeypatch.setattr(wdist.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(wdist.dist, "get_backend", lambda group=None: "nccl")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert wdist.collective_device() == torch.device("cuda", 3)
+    monkeypatch.setattr(wdist.dist, "get_backend", lambda group=None: "gloo")
+    assert wdist.collective_device() == torch.device("cpu")
