@@ -276,6 +276,15 @@ class RetrieverConfig:
     """Per-request timeout."""
     max_retries: int = 3
     """Retries (with backoff) on connection errors and 5xx before an error observation."""
+    skip_failed_searches: bool = True
+    """Leave trajectories whose search failed (an error observation) out of the update, with
+    their whole group for group estimators (GRPO, RLOO): a retriever outage must not teach
+    the policy that searching fails. Counted in rollout/failed_search_*."""
+    outage_share: float = 0.25
+    """When more than this share of a step's trajectories had a failed search, wait for the
+    retriever's /health before going on (and collect the step again if nothing was kept)."""
+    outage_wait_s: float = 600.0
+    """How long to wait for a healthy retriever before the run stops with an error."""
 
 
 @dataclass

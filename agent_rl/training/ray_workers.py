@@ -120,6 +120,12 @@ class RolloutWorker:
 
         return await self.engine.generate(prompt_ids, Sampling(temperature=temperature, max_tokens=max_tokens, stop=()))
 
+    async def wait_retriever(self, timeout: float) -> None:
+        """Until the retriever answers /health (RetrieverUnavailable after `timeout` s); no-op
+        for an in-process retriever object."""
+        if self.client is not None:
+            await self.client.wait_healthy(timeout)
+
     async def load_weights(self, weights: Any, transport: str = "object_store") -> float:
         """Load named tensors (resolved from the object store by Ray) into the running engine."""
         from agent_rl.training.weight_sync import get_transport

@@ -16,6 +16,7 @@ for truncated importance sampling (`actor.tis_cap`).
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import time
 from contextlib import contextmanager
@@ -33,6 +34,12 @@ from agent_rl.training.checkpoint import CheckpointManager
 from agent_rl.training.data import Prompt, PromptLoader, drop_overlong, load_prompts
 from agent_rl.training.metrics import MetricsLogger
 from agent_rl.types import Trajectory
+
+
+log = logging.getLogger(__name__)
+
+OUTAGE_ATTEMPTS = 3
+"""Collections of one step, each after a wait for the retriever's /health, before giving up."""
 
 
 class StepTimer:
@@ -160,9 +167,28 @@ class RayTrainer:
         def rollout(prompts: list[Prompt]) -> tuple[list[Trajectory], dict[str, float]]:
             return ray.get(self.rollout.rollout.remote(prompts, cfg.actor_rollout_ref.rollout.n))
 
-        a = cfg.algorithm
+        a, r = cfg.algorithm, cfg.retriever
         max_rounds = a.max_filter_rounds if a.filter_groups else 0
-        return collect_groups(self.loader, rollout, cfg.reward, cfg.data.train_batch_size, a.filter_groups, max_rounds, t)
+        drop = ("group" if algos.uses_groups(a.adv_estimator) else "trajectory") if r.skip_failed_searches else None
+        consumed: list[str] = []
+        lost = dict.fromkeys(("rollout/failed_search_trajectories", "rollout/dropped_for_failed_search"), 0.0)
+        for attempt in range(1, OUTAGE_ATTEMPTS + 1):
+            trajs, ids, metrics = collect_groups(self.loader, rollout, cfg.reward, cfg.data.train_batch_size,
+                                                 a.filter_groups, max_rounds, t, drop_failed=drop)
+            consumed += ids
+            for k in lost:  # counted over every collection of the step, the failed ones too
+                lost[k] += metrics.get(k, 0.0)
+            if metrics.get("rollout/failed_search_share", 0.0) > r.outage_share:
+                log.warning("step %d: %.0f%% of the trajectories had a failed search; waiting up to %.0f s for "
+                            "the retriever's /health", self.step, 100 * metrics["rollout/failed_search_share"],
+                            r.outage_wait_s)
+                with t("retriever_wait"):
+                    ray.get(self.rollout.wait_retriever.remote(r.outage_wait_s))
+            if trajs:
+                metrics.update(lost if drop else {}, **{"rollout/collect_attempts": float(attempt)})
+                return trajs, consumed, metrics
+        raise RuntimeError(f"step {self.step}: every trajectory of {OUTAGE_ATTEMPTS} collections had a failed search "
+                           f"although the retriever answered /health in between ({cfg.retriever.url})")
 
     def _advantages(self, batch: TokenBatch, mask: torch.Tensor) -> tuple[TokenBatch, dict[str, float]]:
         """Token rewards -> (optional in-reward KL) -> advantages and returns, all on `mask`."""
@@ -267,12 +293,16 @@ def collect_groups(
     filter_on: bool,
     max_extra_rounds: int,
     t: StepTimer,
+    drop_failed: str | None = None,
 ) -> tuple[list[Trajectory], list[str], dict[str, float]]:
     """Rollout and score `want` prompts (one group of n samples each). With `filter_on`, groups
     whose rewards all agree carry no signal and are dropped (DAPO dynamic sampling); extra
     prompts are drawn, sized by the keep rate so far, for up to `max_extra_rounds` rounds
-    until `want` groups are kept. Returns (trajectories with group ids 0..G-1, ids of every
-    prompt consumed, rollout/* reward/* filter/* metrics of the first round)."""
+    until `want` groups are kept. `drop_failed` ("group" | "trajectory" | None) leaves out
+    trajectories with a failed search, with their group when "group" (see
+    `drop_failed_searches`). Returns (trajectories with group ids 0..G-1, ids of every prompt
+    consumed, rollout/* reward/* filter/* metrics of the first round); no trajectories when
+    every one was left out for a failed search."""
     kept: list[list[Trajectory]] = []
     consumed: list[str] = []
     metrics: dict[str, float] = {}
@@ -287,6 +317,10 @@ def collect_groups(
         if round_ == 0:
             metrics.update(gen_metrics)
             metrics.update(reward_metrics(results, reward_cfg.kind))
+        if drop_failed is not None:
+            groups, failure_metrics = drop_failed_searches(groups, whole_group=drop_failed == "group")
+            if round_ == 0:
+                metrics.update(failure_metrics)
         if filter_on:
             rewards = torch.tensor([tr.reward for g in groups for tr in g])
             result = algos.filter_groups(rewards, [i for i, g in enumerate(groups) for _ in g])
@@ -301,12 +335,31 @@ def collect_groups(
     if filter_on:
         metrics["filter/rounds"] = float(round_ + 1)
         metrics["filter/batch_groups"] = float(len(kept))
+    if not kept and metrics.get("rollout/failed_search_trajectories", 0.0) > 0:
+        return [], consumed, metrics  # the caller waits for the retriever and collects again
     if not kept:
         raise RuntimeError(
             f"every group's rewards agreed in {round_ + 1} round(s): nothing to learn from "
             "(raise algorithm.max_filter_rounds or disable algorithm.filter_groups)"
         )
     return [tr for gid, g in enumerate(kept) for tr in _with_group(g, gid)], consumed, metrics
+
+
+def drop_failed_searches(groups: list[list[Trajectory]], whole_group: bool) -> tuple[list[list[Trajectory]], dict]:
+    """Leave out trajectories with a failed search (an error observation, usually reward 0):
+    trained on, they would teach the policy that searching fails. With `whole_group` their
+    group goes too, since its other members' advantages were computed against them."""
+    failed = sum(tr.num_tool_failures > 0 for g in groups for tr in g)
+    total = sum(len(g) for g in groups)
+    if whole_group:
+        kept = [g for g in groups if not any(tr.num_tool_failures > 0 for tr in g)]
+    else:
+        kept = [[tr for tr in g if tr.num_tool_failures == 0] for g in groups]
+        kept = [g for g in kept if g]
+    dropped = total - sum(len(g) for g in kept)
+    return kept, {"rollout/failed_search_trajectories": float(failed),
+                  "rollout/failed_search_share": failed / max(total, 1),
+                  "rollout/dropped_for_failed_search": float(dropped)}
 
 
 def score_trajectories(trajs: list[Trajectory], prompts: list[Prompt], reward_cfg) -> list:

@@ -136,3 +136,34 @@ def retriever_url(tiny_kb, tmp_path_factory):
 def dense_retriever_url(tiny_kb, tmp_path_factory):
     """A real retriever server over a flat FAISS index of the tiny KB (the encoder path too)."""
     yield from _serve(tiny_kb, tmp_path_factory.mktemp("index") / "flat", "flat")
+
+
+# ----------------------------------------------------------------------------- few-shot prompts
+FEW_SHOT = [
+    ("In which city was Tomas Verlin born?", "Tomas Verlin", "Tomas Verlin was born in Kradholt in 1901.", "Kradholt"),
+    ("Who founded Brelmar Labs?", "Brelmar Labs", "Brelmar Labs was founded by Ana Quist in 1950.", "Ana Quist"),
+    ("When was Soreth Press founded?", "Soreth Press", "Soreth Press is a publishing house founded in 1820.", "1820"),
+]
+
+
+def _few_shot_prompt(question: str) -> str:
+    """Examples in the exact observation format make even the untrained model search."""
+    from agent_rl.rollout import observation as O
+
+    shots = "".join(
+        f"Question: {q}\n<search> {s} </search>{O.format_observation(f'Doc 1(Title: {s}) {d}')}<answer> {a} </answer>\n\n"
+        for q, s, d, a in FEW_SHOT
+    )
+    return shots + f"Question: {question}\n"
+
+
+@pytest.fixture(scope="session")
+def few_shot_examples() -> list[tuple[str, str, str, str]]:
+    """(question, search query, passage, answer) examples for steering the untrained model."""
+    return FEW_SHOT
+
+
+@pytest.fixture(scope="session")
+def few_shot_prompt():
+    """question -> a prompt whose examples make the untrained 135M model search."""
+    return _few_shot_prompt

@@ -242,22 +242,6 @@ def test_prebuilt_prompt_ids_are_used_as_given(tok):
 
 
 # ----------------------------------------------------------------------------- real engine
-FEW_SHOT = [
-    ("In which city was Tomas Verlin born?", "Tomas Verlin", "Tomas Verlin was born in Kradholt in 1901.", "Kradholt"),
-    ("Who founded Brelmar Labs?", "Brelmar Labs", "Brelmar Labs was founded by Ana Quist in 1950.", "Ana Quist"),
-    ("When was Soreth Press founded?", "Soreth Press", "Soreth Press is a publishing house founded in 1820.", "1820"),
-]
-
-
-def few_shot_prompt(question: str) -> str:
-    """Examples in the exact observation format make even the untrained model search."""
-    shots = "".join(
-        f"Question: {q}\n<search> {s} </search>{O.format_observation(f'Doc 1(Title: {s}) {d}')}<answer> {a} </answer>\n\n"
-        for q, s, d, a in FEW_SHOT
-    )
-    return shots + f"Question: {question}\n"
-
-
 class Recording:
     """Wraps an engine / retriever and keeps what it returned."""
 
@@ -293,7 +277,8 @@ def client(aio, retriever_url):
 
 
 @pytest.mark.slow
-def test_real_engine_search_trajectory_ids_masks_and_logprobs(aio, engine, tokenizer, hf_model, hf_logprobs, client, kb_questions):
+def test_real_engine_search_trajectory_ids_masks_and_logprobs(aio, engine, tokenizer, hf_model, hf_logprobs, client, kb_questions,
+                                                               few_shot_prompt):
     """Tests 1-4 on the real engine + real retriever: ids = engine ids + observation ids, mask,
     logprobs == an fp32 transformers pass over the whole interleaved sequence, max_turns."""
     eng, ret = Recording(engine), Recording(client)
@@ -318,16 +303,16 @@ def test_real_engine_search_trajectory_ids_masks_and_logprobs(aio, engine, token
     assert all(lp == 0.0 for lp, m in zip(traj.rollout_logprobs, traj.loss_mask) if not m)
 
 
-def direct_few_shot_prompt(question: str) -> str:
+def direct_few_shot_prompt(question: str, examples) -> str:
     """Answer-only examples: the model writes `<answer> ... </answer>` itself."""
-    return "".join(f"Question: {q}\n<answer> {a} </answer>\n\n" for q, _, _, a in FEW_SHOT) + f"Question: {question}\n"
+    return "".join(f"Question: {q}\n<answer> {a} </answer>\n\n" for q, _, _, a in examples) + f"Question: {question}\n"
 
 
 @pytest.mark.slow
-def test_real_engine_stops_at_answer_and_respects_length(aio, engine, tokenizer, client, kb_questions):
+def test_real_engine_stops_at_answer_and_respects_length(aio, engine, tokenizer, client, kb_questions, few_shot_examples):
     eng = Recording(engine)
     mgr = RolloutManager(eng, client, make_cfg(max_turns=2), tokenizer=tokenizer)
-    ans = aio(mgr.run_trajectory(tokenizer.encode(direct_few_shot_prompt(kb_questions[0].question)),
+    ans = aio(mgr.run_trajectory(tokenizer.encode(direct_few_shot_prompt(kb_questions[0].question, few_shot_examples)),
                                  Sampling(temperature=0.0, max_tokens=32), 2))
     assert ans.finish_reason == "answer" and ans.num_turns == 1, ans.response_text
     assert eng.results[0].stop_reason == "</answer>" and eng.results[0].text.endswith("</answer>")
@@ -347,7 +332,7 @@ def test_real_engine_stops_at_answer_and_respects_length(aio, engine, tokenizer,
 
 
 @pytest.mark.slow
-def test_retriever_down_gives_error_observation_and_does_not_hang(aio, engine, tokenizer, kb_questions):
+def test_retriever_down_gives_error_observation_and_does_not_hang(aio, engine, tokenizer, kb_questions, few_shot_prompt):
     from retriever_server.launch import free_port
 
     dead = RetrieverClient(f"http://127.0.0.1:{free_port()}", timeout=2.0, connect_timeout=0.5, max_retries=2, backoff=0.05)

@@ -253,3 +253,115 @@ def test_collect_raises_when_no_group_has_signal():
     rollout, _ = _fake_rollout({f"q{i}": ["zz", "zz"] for i in range(4)}, n=2)
     with pytest.raises(RuntimeError, match="nothing to learn"):
         collect_groups(_loader(4), rollout, RewardConfig(), 2, True, 1, StepTimer())
+
+
+# ----------------------------------------------------------------------------- failed searches
+def _rollout_with_failures(failed: set[tuple[str, int]]):
+    """2 samples per prompt; sample k of prompt p had a failed search when (p, k) in `failed`."""
+    from agent_rl.types import Trajectory
+
+    def rollout(prompts):
+        trajs = [Trajectory([1], [2, 3], [1, 1], [-0.1, -0.2], group_id=g, golden_answers=p.golden_answers,
+                            response_text=f"<answer>{p.golden_answers[0] if k == 0 else 'zz'}</answer>",
+                            num_tool_failures=int((p.id, k) in failed))
+                 for g, p in enumerate(prompts) for k in range(2)]
+        return trajs, {"rollout/num_trajectories": float(len(trajs))}
+
+    return rollout
+
+
+@pytest.mark.parametrize("drop,kept", [("group", [("q1", 0), ("q1", 1)]),
+                                        ("trajectory", [("q0", 1), ("q1", 0), ("q1", 1)])])
+def test_trajectories_with_a_failed_search_are_left_out(drop, kept):
+    """A retriever outage must not teach the policy: a trajectory with a failed search is not
+    trained on, and for group estimators neither is its group (its mates' advantages were
+    computed against it)."""
+    from agent_rl.config import RewardConfig
+    from agent_rl.training.trainer import StepTimer, collect_groups
+
+    rollout = _rollout_with_failures({("q0", 0)})
+    trajs, _, metrics = collect_groups(_loader(2), rollout, RewardConfig(), 2, False, 0, StepTimer(), drop_failed=drop)
+    answer = {("q0", 0): "a0", ("q1", 0): "a1"}
+    assert [t.response_text for t in trajs] == [f"<answer>{answer.get(k, 'zz')}</answer>" for k in kept]
+    assert all(t.num_tool_failures == 0 for t in trajs)
+    assert sorted({t.group_id for t in trajs}) == list(range(len({k[0] for k in kept})))  # renumbered 0..G-1
+    assert metrics["rollout/failed_search_trajectories"] == 1.0 and metrics["rollout/failed_search_share"] == 0.25
+    assert metrics["rollout/dropped_for_failed_search"] == 4 - len(kept)
+
+
+def test_a_step_whose_every_search_failed_returns_nothing_to_train_on():
+    from agent_rl.config import RewardConfig
+    from agent_rl.training import algos
+    from agent_rl.training.trainer import StepTimer, collect_groups
+
+    assert algos.uses_groups("grpo") and algos.uses_groups("rloo") and not algos.uses_groups("gae")
+    rollout = _rollout_with_failures({(f"q{i}", k) for i in range(2) for k in range(2)})
+    trajs, consumed, metrics = collect_groups(_loader(2), rollout, RewardConfig(), 2, False, 0, StepTimer(),
+                                              drop_failed="group")
+    assert trajs == [] and consumed == ["q0", "q1"] and metrics["rollout/failed_search_share"] == 1.0
+
+
+@pytest.mark.slow
+def test_a_retriever_killed_mid_run_does_not_teach_the_policy(tiny_kb, few_shot_prompt, tmp_path):
+    """A real GRPO run whose retriever (its own server process) is killed after step 1 and
+    started again 8 s later on the same port: step 2's failed searches are counted and left
+    out of the update, the trainer waits for /health, and step 3 searches again. Few-shot
+    questions make the untrained model search."""
+    import threading
+
+    import pandas as pd
+
+    from data_prep.indexing import build_index
+    from retriever_server.launch import free_port, start_server, stop_server, wait_healthy
+
+    rows = pd.read_parquet(tiny_kb / "test.parquet").head(4)
+    qa = tmp_path / "few_shot.jsonl"
+    qa.write_text("".join(json.dumps({"id": f"q{i}", "question": few_shot_prompt(r.question),
+                                      "golden_answers": list(r.golden_answers)}) + "\n"
+                          for i, r in enumerate(rows.itertuples())))
+    index = tmp_path / "bm25"
+    build_index(tiny_kb / "corpus.jsonl", index, kind="bm25", progress=False)
+    port = free_port()
+    procs = [start_server(index, tiny_kb / "corpus.jsonl", port=port)[0]]
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(url, timeout=300, proc=procs[0])
+
+    def restart():
+        time.sleep(8)
+        procs.append(start_server(index, tiny_kb / "corpus.jsonl", port=port)[0])
+
+    def on_step(step: int, metrics: dict) -> None:
+        if step == 1:
+            procs[0].kill()
+            procs[0].wait(30)
+            threading.Thread(target=restart, daemon=True).start()
+
+    from agent_rl.config import TrainConfig, load_config
+    from agent_rl.training.trainer import RayTrainer
+
+    _ray()
+    run_dir = tmp_path / "run"
+    cfg = load_config(TrainConfig, ROOT / "configs/train/demo_grpo_cpu.yaml", [
+        *overrides(tiny_kb, url, run_dir, "grpo"), f"data.train_files=[{qa}]", f"data.val_files=[{qa}]",
+        "data.max_prompt_length=1024", "actor_rollout_ref.rollout.chat_template=false",
+        "actor_rollout_ref.rollout.temperature=0.3", "trainer.total_training_steps=3", "trainer.save_freq=-1",
+        "trainer.test_freq=-1", "trainer.val_before_train=false",
+        "retriever.max_retries=1", "retriever.timeout_s=5", "retriever.outage_wait_s=120"])
+    trainer = RayTrainer(cfg)
+    try:
+        trainer.fit(on_step)
+    finally:
+        trainer.shutdown()
+        for p in procs:
+            stop_server(p)
+    rows = {r["step"]: r for r in read_jsonl(run_dir)}
+    assert sorted(rows) == [1, 2, 3]
+    assert rows[1]["rollout/searches_mean"] > 0, "the few-shot prompts did not make the model search"
+    two = rows[2]
+    assert two["rollout/failed_search_trajectories"] > 0, "no search reached the dead retriever"
+    assert two["rollout/dropped_for_failed_search"] >= two["rollout/failed_search_trajectories"]
+    assert two["timing/retriever_wait"] > 0
+    # what step 2 trained on is what was kept: no trajectory with a failed search
+    if two["rollout/collect_attempts"] == 1:
+        assert two["batch/num_sequences"] == two["rollout/num_trajectories"] - two["rollout/dropped_for_failed_search"]
+    assert rows[3]["rollout/failed_search_trajectories"] == 0 and rows[3]["rollout/tool_failures"] == 0

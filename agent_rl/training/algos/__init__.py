@@ -47,6 +47,7 @@ from agent_rl.training.algos.registry import (
     needs_critic,
     register_adv_est,
     register_policy_loss,
+    uses_groups,
 )
 
 __all__ = [
@@ -55,5 +56,5 @@ __all__ = [
     "entropy_from_logits", "entropy_loss", "filter_groups", "gae", "get_adv_estimator", "get_policy_loss", "needs_critic",
     "group_index", "grpo", "kl_loss", "kl_penalty", "make_kl_controller", "masked_mean", "masked_whiten",
     "place_outcome_reward", "ppo_policy_loss", "register_adv_est", "register_policy_loss",
-    "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo", "value_loss",
+    "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo", "uses_groups", "value_loss",
 ]

@@ -110,7 +110,7 @@ def _group_relative(token_rewards, mask, group_ids, where: str):
 
 
 # ----------------------------------------------------------------------------- outcome estimators
-@register_adv_est("grpo")
+@register_adv_est("grpo", uses_groups=True)
 @torch.no_grad()
 def grpo(token_rewards, mask, group_ids=None, values=None, cfg=None):
     """GRPO (Shao et al. 2024, arXiv:2402.03300): A_i = (s_i - mean_g) / (std_g + eps).
@@ -129,7 +129,7 @@ def grpo(token_rewards, mask, group_ids=None, values=None, cfg=None):
     return adv, adv
 
 
-@register_adv_est("rloo")
+@register_adv_est("rloo", uses_groups=True)
 @torch.no_grad()
 def rloo(token_rewards, mask, group_ids=None, values=None, cfg=None):
     """RLOO (Ahmadian et al. 2024, arXiv:2402.14740): A_i = s_i - mean_{j != i} s_j
@@ -140,7 +140,7 @@ def rloo(token_rewards, mask, group_ids=None, values=None, cfg=None):
     return adv, adv
 
 
-@register_adv_est("reinforce_plus_plus_baseline")
+@register_adv_est("reinforce_plus_plus_baseline", uses_groups=True)
 @torch.no_grad()
 def reinforce_plus_plus_baseline(token_rewards, mask, group_ids=None, values=None, cfg=None):
     """REINFORCE++ with a group baseline (Hu 2025, arXiv:2501.03262): s_i - mean_g on every

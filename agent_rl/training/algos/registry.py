@@ -49,10 +49,17 @@ ADV_ESTIMATORS = Registry("advantage estimator")
 POLICY_LOSSES = Registry("policy loss")
 
 
-def register_adv_est(name: str, needs_critic: bool = False) -> Callable[[F], F]:
+def register_adv_est(name: str, needs_critic: bool = False, uses_groups: bool = False) -> Callable[[F], F]:
     """Decorator: register an advantage estimator under `name` (`algorithm.adv_estimator`);
-    `needs_critic`: it takes value estimates, so the trainer builds a critic for it."""
-    return ADV_ESTIMATORS.register(name, needs_critic=needs_critic)
+    `needs_critic`: it takes value estimates, so the trainer builds a critic for it;
+    `uses_groups`: a sample's advantage depends on its group-mates (GRPO, RLOO), so a group
+    that loses a member must be left out whole."""
+    return ADV_ESTIMATORS.register(name, needs_critic=needs_critic, uses_groups=uses_groups)
+
+
+def uses_groups(name: str) -> bool:
+    """Whether the estimator registered as `name` compares samples within a group."""
+    return bool(ADV_ESTIMATORS.info(name)["uses_groups"])
 
 
 def needs_critic(name: str) -> bool:
