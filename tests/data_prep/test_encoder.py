@@ -101,3 +101,14 @@ def test_bad_settings_are_refused():
         Encoder("minilm", backend="onnx", precision="bf16")
     with pytest.raises(ValueError, match="int8 needs backend onnx"):
         Encoder("minilm", backend="torch", precision="int8")
+
+
+def test_onnx_threads_do_not_spin():
+    """Beside a busy trainer the encoder's idle threads must sleep (issue #15): no spinning,
+    one inter-op thread, intra-op threads bounded by the cores this process may use."""
+    from data_prep.encoder import cpu_threads
+
+    enc = Encoder("minilm", backend="onnx", precision="fp32")
+    so = enc._session.get_session_options()
+    assert so.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert so.inter_op_num_threads == 1 and 1 <= so.intra_op_num_threads <= cpu_threads()
