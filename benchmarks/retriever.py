@@ -37,6 +37,9 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from data_prep.hardware import passive_threads  # noqa: E402
+
+passive_threads()  # as the server does: the in-process limit must not spin beside the neighbour
 
 SHARED = ROOT.parent / "shared" / "data"
 WIKI = SHARED / "corpus" / "wiki_35k.jsonl"
