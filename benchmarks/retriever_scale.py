@@ -193,9 +193,12 @@ def probe(args: argparse.Namespace) -> int:
     m1 = mem_kb()
     base = faiss.downcast_index(index)
     settings = [("-", None)]
-    if isinstance(base, faiss.IndexRefine):
+    refine = index if isinstance(base, faiss.IndexRefine) else None
+    if refine is not None:
         base = faiss.downcast_index(base.base_index)
-    if hasattr(base, "nprobe"):
+        # re-ranking depth: k_factor * 10 PQ candidates get their exact score
+        settings = [("np,kf", (p, k)) for p in (16, 64) for k in (4, 16, 64) if p <= base.nlist]
+    elif hasattr(base, "nprobe"):
         settings = [("nprobe", v) for v in (8, 16, 32, 64, 128) if v <= base.nlist]
     elif hasattr(base, "hnsw"):
         settings = [("efSearch", v) for v in (32, 64, 128, 256)]
@@ -206,6 +209,9 @@ def probe(args: argparse.Namespace) -> int:
             base.nprobe = v
         elif name == "efSearch":
             base.hnsw.efSearch = v
+        elif name == "np,kf":
+            base.nprobe, refine.k_factor = v
+            v = f"{v[0]},{v[1]}"
         _, found = index.search(q, TOPK)
         rec = recall_at_k(found, truth)
         bq = timed_qps(lambda: index.search(q, TOPK), len(q), args.min_s)
@@ -299,13 +305,17 @@ def extrapolate(r: dict) -> dict:
     """One measured row scaled to 21M x 768, by how each figure grows (said in `how`):
     bytes, memory and build time with n*d; flat QPS with 1/(n*d) (a full scan); IVF QPS with
     1/(sqrt(n)*d) (nlist ~ sqrt(n): each probe scans n/nlist codes of d/8 or d/4 bytes);
-    HNSW QPS with 1/(log(n)*d). Recall is carried over as measured at the largest n."""
+    HNSW QPS with 1/(log(n)*d). Recall is carried over as measured at the largest n. The
+    memory-mapped refine vectors of ivfpq_refine are resident only where queries touched them,
+    which depends on the traffic, not on n: that figure is left out (nan)."""
     f = (WIKI18 * WIKI18_DIM) / (r["n"] * r["dim"])
     q = {"flat": 1 / f, "hnsw": math.log(r["n"]) / math.log(WIKI18) * r["dim"] / WIKI18_DIM}.get(
         r["kind"], math.sqrt(r["n"] / WIKI18) * r["dim"] / WIKI18_DIM)
     out = {**r, "n": WIKI18, "dim": WIKI18_DIM, "source": f"extrapolated from {r['n']:,} x {r['dim']}"}
     for k in ("build_s", "disk_mb", "rss_mb", "rss_mb_searched"):
         out[k] = r[k] * f
+    if r["kind"] == "ivfpq_refine":  # mapped refine vectors: resident = the rows queries touched, not n
+        out["rss_mb_searched"] = float("nan")
     out["load_s"] = r["load_s"] * f if not r.get("mmap") else r["load_s"]
     for k in ("batch_qps", "single_qps"):
         out[k] = r[k] * q
