@@ -160,11 +160,12 @@ def build(space: Space, kind: str, n: int, path: Path) -> dict:
 
 # ----------------------------------------------------------------------------- probing (own process)
 def mem_kb(pid: int | str = "self") -> dict:
-    """VmRSS and PSS (kB): PSS splits a shared page between the processes that map it."""
+    """RSS, PSS and anonymous memory (kB): PSS splits a shared page between the processes that
+    map it; `anonymous` is the process's own memory (a mapped file's pages are the page cache's)."""
     out = {}
     for line in open(f"/proc/{pid}/smaps_rollup"):
         key = line.split(":")[0]
-        if key in ("Rss", "Pss"):
+        if key in ("Rss", "Pss", "Anonymous"):
             out[key.lower()] = int(line.split()[1])
     return out
 
@@ -295,7 +296,10 @@ def corpus_lookup(work: Path, lines: int, lookups: int = 2000) -> dict:
             assert doc["id"] == str(r)
         us = np.asarray(lat) * 1e6
         out[phase] = {"p50_us": float(np.percentile(us, 50)), "p99_us": float(np.percentile(us, 99))}
-    out["rss_mb"] = (mem_kb()["rss"] - m0["rss"]) / 1024
+    m1 = mem_kb()
+    # a mapped file's pages count in RSS as they are touched (the kernel maps whole page-cache
+    # folios around each fault); they stay the page cache's, only `anonymous` is the process's
+    out["rss_mb"], out["anon_mb"] = (m1["rss"] - m0["rss"]) / 1024, (m1["anonymous"] - m0["anonymous"]) / 1024
     store.close()
     return out
 
@@ -456,7 +460,8 @@ def main(argv=None) -> int:
             print(f"  corpus {lookup['lines']:,} lines ({lookup['bytes'] / 2 ** 30:.2f} GiB): open "
                   f"{lookup['open_s'] * 1000:.1f} ms, get() p50/p99 {lookup['first']['p50_us']:.0f}/"
                   f"{lookup['first']['p99_us']:.0f} us first touch, {lookup['again']['p50_us']:.0f}/"
-                  f"{lookup['again']['p99_us']:.0f} us again, RSS +{lookup['rss_mb']:.0f} MB", flush=True)
+                  f"{lookup['again']['p99_us']:.0f} us again, RSS +{lookup['rss_mb']:.0f} MB "
+                  f"(anonymous +{lookup['anon_mb']:.0f} MB)", flush=True)
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
@@ -484,7 +489,7 @@ def main(argv=None) -> int:
         print(f"\npassage store: {lookup['lines']:,} lines, {lookup['bytes'] / 2 ** 30:.2f} GiB, open "
               f"{lookup['open_s'] * 1000:.1f} ms; get() p50 {lookup['first']['p50_us']:.0f} us, p99 "
               f"{lookup['first']['p99_us']:.0f} us (first touch), p50 {lookup['again']['p50_us']:.0f} us again; "
-              f"RSS +{lookup['rss_mb']:.0f} MB")
+              f"RSS +{lookup['rss_mb']:.0f} MB (mapped file pages; anonymous +{lookup['anon_mb']:.0f} MB)")
     out = {"hardware": hardware_info(), "hardware_line": hw, "quick": args.quick, "rows": rows,
            "extrapolated": extra, "shared_memory": shared, "corpus_lookup": lookup}
     if args.json:
