@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import json
 import os
 import re
+import shutil
 import string
-import sys
 import subprocess
+import sys
 import tempfile
 import time
 from contextlib import contextmanager, nullcontext
@@ -288,6 +290,7 @@ def main(argv=None) -> int:
     if args.quick:
         levels = [c for c in levels if c <= 64]
     tmp = Path(tempfile.mkdtemp(prefix="bench-retriever-"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # the generated corpus and its index
     if args.corpus:
         corpus, qa = Path(args.corpus), read_qa(Path(args.qa or NQ), args.num_queries)
     elif args.kb:
