@@ -336,16 +336,31 @@ class BM25Searcher(Searcher):
 
 
 def load_faiss(index_dir: str | os.PathLike, mmap: bool = False):
+    return load_faiss_file(Path(index_dir) / FAISS_FILE, mmap=mmap)
+
+
+def load_faiss_file(path: str | os.PathLike, mmap: bool = False):
+    """Read a FAISS index; mmap: map its vectors from the file instead of copying them, so
+    processes serving one index share one copy in the page cache (and start at once).
+
+    FAISS has two flags and they do not combine: IO_FLAG_MMAP maps IVF inverted lists (it needs
+    a plain file reader), IO_FLAG_MMAP_IFC maps flat codes (IndexFlat, the storage of HNSW)
+    through its own mapped reader. The file header says which one applies."""
     import faiss
 
-    flags = faiss.IO_FLAG_MMAP if mmap else 0
-    return faiss.read_index(str(Path(index_dir) / FAISS_FILE), flags)
+    path = str(path)
+    if not mmap:
+        return faiss.read_index(path)
+    with open(path, "rb") as f:
+        ivf = f.read(2) in (b"Iw", b"Iv")  # the fourcc of every IVF index (IwPQ, IwFl, IwSQ, ...)
+    return faiss.read_index(path, faiss.IO_FLAG_MMAP if ivf else faiss.IO_FLAG_MMAP_IFC)
 
 
 def load_searcher(index_dir: str | os.PathLike, corpus_path: str | os.PathLike, *,
                   encoder: Encoder | str | None = None, verify: bool = True, nprobe: int | None = None,
-                  ef_search: int | None = None, **encoder_kwargs: Any) -> Searcher:
+                  ef_search: int | None = None, mmap: bool = False, **encoder_kwargs: Any) -> Searcher:
     """Open an index built by `build_index` for searching (checks it against corpus and encoder).
+    mmap: map the FAISS vectors from the file instead of copying them (see load_faiss_file).
 
     encoder: an Encoder, a spec, or None for the one recorded in meta.json (same pooling and
     prefixes; backend/precision from encoder_kwargs or the defaults)."""
@@ -369,7 +384,8 @@ def load_searcher(index_dir: str | os.PathLike, corpus_path: str | os.PathLike, 
     store = PassageStore(corpus_path, Path(index_dir) / OFFSETS_FILE)
     if meta["kind"] == "bm25":
         return BM25Searcher(index_dir, store)
-    return DenseSearcher(load_faiss(index_dir), encoder, store, meta["kind"], nprobe=nprobe, ef_search=ef_search)
+    return DenseSearcher(load_faiss(index_dir, mmap=mmap), encoder, store, meta["kind"], nprobe=nprobe,
+                         ef_search=ef_search)
 
 
 # ============================================================================ CLI hooks

@@ -124,7 +124,7 @@ def load_backend(settings: Settings) -> Backend:
                                      "precision": settings.encoder_precision,
                                      "num_threads": settings.num_threads}.items() if v is not None}
         dense = load_searcher(dense_dirs[0], settings.corpus, encoder=settings.encoder,
-                              verify=settings.verify_corpus_hash, nprobe=settings.nprobe,
+                              verify=settings.verify_corpus_hash, nprobe=settings.nprobe, mmap=settings.mmap_index,
                               ef_search=max(settings.ef_search, settings.max_topk), **kwargs)
         if settings.use_gpu:
             dense.index = to_gpus(dense.index)

@@ -23,6 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--encoder-precision", choices=("auto", "fp32", "bf16", "fp16", "int8"))
     p.add_argument("--pooling", choices=("mean", "cls"))
     p.add_argument("--num-threads", type=int)
+    p.add_argument("--no-mmap-index", dest="mmap_index", action="store_const", const=False,
+                   help="copy the FAISS index into memory (default: map it from the file, shared between processes)")
     p.add_argument("--no-verify-corpus-hash", dest="verify_corpus_hash", action="store_const", const=False,
                    help="check the corpus size only (skip hashing a very large corpus at start-up)")
     p.add_argument("--topk", type=int)
@@ -45,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from data_prep.hardware import passive_threads
+
+    passive_threads()  # before faiss loads OpenMP: idle threads must not spin on shared cores
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -29,6 +29,9 @@ class Settings(BaseModel):
     """Pooling override; None: the one recorded in the index."""
     num_threads: int | None = None
     """Encoder/search threads; None: all cores this process may use."""
+    mmap_index: bool = True
+    """Map the FAISS index from its file instead of copying it into the process: start-up is
+    instant and processes serving one index on a machine share one copy in the page cache."""
     verify_corpus_hash: bool = True
     """Hash the corpus at start-up (~1 s per GB) besides checking its size."""
 

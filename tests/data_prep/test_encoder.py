@@ -105,3 +105,25 @@ def test_bad_settings_are_refused():
         Encoder("minilm", backend="onnx", precision="fp16")
     with pytest.raises(ValueError, match="fp16 needs a CUDA device"):
         Encoder("minilm", backend="torch", precision="fp16", device="cpu")
+
+
+def test_onnx_threads_do_not_spin():
+    """Beside a busy trainer the encoder's idle threads must sleep (issue #15): no spinning,
+    one inter-op thread, intra-op threads bounded by the cores this process may use."""
+    from data_prep.encoder import cpu_threads
+
+    enc = Encoder("minilm", backend="onnx", precision="fp32")
+    so = enc._session.get_session_options()
+    assert so.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert so.inter_op_num_threads == 1 and 1 <= so.intra_op_num_threads <= cpu_threads()
+
+
+def test_query_sub_batches_give_the_same_vectors():
+    """Queries are encoded in length-sorted passes of QUERY_BATCH (less padding when the
+    retriever's batches grow with load); the vectors do not depend on the pass size."""
+    from data_prep.encoder import QUERY_BATCH
+
+    enc = Encoder("minilm", backend="onnx", precision="fp32")
+    queries = [("why " * (i % 13 + 1)) + f"question {i}" for i in range(3 * QUERY_BATCH + 5)]
+    a, b = enc.encode_queries(queries), enc.encode_queries(queries, batch_size=len(queries))
+    assert a.shape == b.shape and np.allclose(a, b, atol=1e-4)

@@ -115,3 +115,16 @@ def test_hardware_line_names_cpu_isa_and_choices(monkeypatch):
 def test_matmul_probe_measures_something():
     flops = hw.matmul_flops("float32", n=128, seconds=0.05)
     assert 1e6 < flops < 1e15
+
+
+def test_passive_threads_sets_a_default_only(monkeypatch):
+    """Idle OpenMP threads must sleep, not spin, on cores shared with a trainer (issue #15);
+    a value the user set is kept."""
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    hw.passive_threads()
+    import os
+
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    hw.passive_threads()
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"

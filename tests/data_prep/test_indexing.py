@@ -268,3 +268,32 @@ def test_cli_reports_skipped_corpus_lines(corpus, tmp_path, capfd):
     out, err = capfd.readouterr()
     assert f"bm25 over {len(rows)} passages" in out and f"read {len(rows) + 5}, written {len(rows)}, skipped 5" in out
     assert expected[0] in err and "skipped corpus lines (5)" in err
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivfpq"])
+def test_memory_mapped_index_searches_like_a_copied_one(tmp_path, kind):
+    """load_faiss_file(mmap=True) picks the FAISS flag that applies (IVF lists vs flat codes;
+    the two do not combine) and answers exactly as the copied index."""
+    import faiss
+
+    from data_prep.indexing import load_faiss_file
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2000, 32)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    if kind == "flat":
+        index = faiss.IndexFlatIP(32)
+    elif kind == "hnsw":
+        index = faiss.IndexHNSWFlat(32, 16, faiss.METRIC_INNER_PRODUCT)
+    else:
+        index = faiss.IndexIVFPQ(faiss.IndexFlatIP(32), 32, 16, 8, 6, faiss.METRIC_INNER_PRODUCT)
+        index.train(x)
+    index.add(x)
+    path = tmp_path / "index.faiss"
+    faiss.write_index(index, str(path))
+    copied, mapped = load_faiss_file(path), load_faiss_file(path, mmap=True)
+    for ix in (copied, mapped):
+        if kind == "ivfpq":
+            faiss.downcast_index(ix).nprobe = 4
+    a, b = copied.search(x[:20], 5), mapped.search(x[:20], 5)
+    assert np.array_equal(a[1], b[1]) and np.allclose(a[0], b[0])

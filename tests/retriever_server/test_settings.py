@@ -44,3 +44,25 @@ def test_cli_refuses_bad_settings_and_missing_paths(tmp_path, capsys):
     (tmp_path / "latin1.yaml").write_bytes(b"# r\xe9glages\ntopk: 5\n")
     assert main(["--config", str(tmp_path / "latin1.yaml")]) == 2
     assert "latin1.yaml:1: invalid UTF-8 at byte 4 (0xe9)" in capsys.readouterr().err
+
+
+def test_server_sets_passive_threads_before_faiss_loads():
+    """OpenMP reads OMP_WAIT_POLICY once, when faiss loads it: the CLI module must not import
+    faiss (or torch) before main() has set it."""
+    import subprocess
+    import sys
+
+    code = ("import os, sys; os.environ.pop('OMP_WAIT_POLICY', None); import retriever_server.cli as c; "
+            "assert 'faiss' not in sys.modules and 'torch' not in sys.modules; "
+            "rc = c.main(['--index', '/nonexistent', '--corpus', '/nonexistent', '--port', '0']); "
+            "print(os.environ.get('OMP_WAIT_POLICY'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == "PASSIVE", out.stdout + out.stderr
+
+
+def test_mmap_index_is_the_default_and_can_be_turned_off():
+    from retriever_server.cli import build_parser
+
+    assert Settings().mmap_index is True
+    args = vars(build_parser().parse_args(["--no-mmap-index"]))
+    assert args["mmap_index"] is False and load_settings(None, mmap_index=args["mmap_index"]).mmap_index is False
