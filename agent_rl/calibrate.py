@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -87,8 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="write the figures as JSON here")
     ap.add_argument("overrides", nargs="*", help="dotted config overrides")
     args = ap.parse_args(argv)
-    for k, v in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false")):
-        os.environ.setdefault(k, v)
+    from data_prep.hardware import offline_env
+
+    offline_env()
     from agent_rl.config import TrainConfig, load_config
 
     cfg = load_config(TrainConfig, args.config, args.overrides)

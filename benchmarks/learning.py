@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -171,8 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", default=None, help="default runs/learning/<time>")
     ap.add_argument("overrides", nargs="*", help="training config overrides, key=value")
     args = ap.parse_args(argv)
-    for k, v in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false")):
-        os.environ.setdefault(k, v)
+    from data_prep.hardware import offline_env
+
+    offline_env()
 
     from agent_rl.evaluation import report
     from agent_rl.evaluation.evaluate import EvalInputError, resolve_model_dir

@@ -99,6 +99,17 @@ def passive_threads() -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+"""Nothing is downloaded at run time (models are local paths), and tokenizers do not warn
+about forked workers. Values already set in the environment win."""
+
+
+def offline_env() -> None:
+    """Set OFFLINE_ENV's defaults; every command's entry point calls it before transformers loads."""
+    for k, v in OFFLINE_ENV.items():
+        os.environ.setdefault(k, v)
+
+
 def cuda_available() -> bool:
     try:
         import torch

@@ -47,12 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from data_prep.hardware import passive_threads
+    from data_prep.hardware import offline_env, passive_threads
 
     passive_threads()  # before faiss loads OpenMP: idle threads must not spin on shared cores
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    offline_env()
     args = vars(build_parser().parse_args(argv))
     config = args.pop("config")
     parent_pid = args.pop("parent_pid")

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import sys
 import time
@@ -286,8 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    for k, v in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false")):
-        os.environ.setdefault(k, v)
+    from data_prep.hardware import offline_env
+
+    offline_env()
     cfg = load_config(TrainConfig, args.config, args.overrides)
     max_searches = cfg.max_turns if args.max_searches is None else args.max_searches
     if max_searches < 1:

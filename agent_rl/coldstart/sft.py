@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import functools
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -212,8 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", default=None, help="YAML config (configs/sft/*.yaml); defaults otherwise")
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor_rollout_ref.actor.optim.lr=2e-5")
     args = ap.parse_args(argv)
-    for k, v in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false")):
-        os.environ.setdefault(k, v)
+    from data_prep.hardware import offline_env
+
+    offline_env()
     cfg = load_config(SFTConfig, args.config, args.overrides)
     from agent_rl.precision import announce_run
 

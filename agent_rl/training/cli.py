@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import time
 
@@ -46,8 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor_rollout_ref.actor.optim.lr=1e-6")
     ap.add_argument("--no-wait-retriever", action="store_true", help="do not wait for the retriever's /health")
     args = ap.parse_args(argv)
-    for k, v in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false")):
-        os.environ.setdefault(k, v)
+    from data_prep.hardware import offline_env
+
+    offline_env()
 
     cfg = load_config(TrainConfig, args.config, args.overrides)
     from agent_rl.precision import announce_run

@@ -185,7 +185,9 @@ class RayTrainer:
                 with t("retriever_wait"):
                     ray.get(self.rollout.wait_retriever.remote(r.outage_wait_s))
             if trajs:
-                metrics.update(lost if drop else {}, **{"rollout/collect_attempts": float(attempt)})
+                if drop:
+                    metrics.update(lost)
+                metrics["rollout/collect_attempts"] = float(attempt)
                 return trajs, consumed, metrics
         raise RuntimeError(f"step {self.step}: every trajectory of {OUTAGE_ATTEMPTS} collections had a failed search "
                            f"although the retriever answered /health in between ({cfg.retriever.url})")

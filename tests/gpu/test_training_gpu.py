@@ -5,7 +5,6 @@ scripts/gpu_check.sh (NCCL refuses two ranks on one device; docs/gpu.md)."""
 
 from __future__ import annotations
 
-import functools
 
 import pytest
 import torch
