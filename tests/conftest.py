@@ -17,6 +17,22 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+# A full run writes up to ~8 GiB at once (checkpoints of the real 135M policy with its optimizer
+# state; pyproject's tmp_path_retention_policy removes each passing test's files).
+DISK_NEEDED_GIB = 10
+
+
+def pytest_report_header(config):
+    import shutil
+    import tempfile
+
+    free = shutil.disk_usage(tempfile.gettempdir()).free / 2**30
+    line = f"disk: {free:.0f} GiB free under {tempfile.gettempdir()} (the suite needs ~{DISK_NEEDED_GIB})"
+    if free < DISK_NEEDED_GIB:
+        pytest.exit(f"{line}: free some space first (old /tmp/pytest-of-* or clones)", returncode=3)
+    return line
+
+
 def shared_data_dir() -> Path | None:
     """../shared/data beside the project (or $AGENT_RL_SHARED_DATA); None when absent."""
     env = os.environ.get("AGENT_RL_SHARED_DATA")
