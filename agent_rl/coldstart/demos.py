@@ -20,7 +20,8 @@ hop answer. Everything else is dropped and counted by reason.
 Search chains (`--chains K`, on by default with K = 4 when max_searches >= 2): a question
 whose own search does not retrieve a gold answer gets up to K second searches, from its
 supporting titles and the names its first observation mentions (`plan.chain_candidates`);
-the first whose observation contains a gold answer becomes a two-search demonstration.
+the first that finds a passage titled with that name (the search looked the name up) and
+whose observation contains a gold answer becomes a two-search demonstration.
 
 Queries, grounding checks and the wording of the model turns: `agent_rl.coldstart.plan`;
 the file format SFT reads: `agent_rl.coldstart.demo_file`.
@@ -199,6 +200,13 @@ def demo_row(row: dict, traj: Trajectory, segments: list[str], queries: list[str
     }
 
 
+def _title(doc: Any) -> str:
+    """A search result's passage title (the first line of its contents)."""
+    d = doc.document if hasattr(doc, "document") else doc["document"]
+    contents = d.contents if hasattr(d, "contents") else d["contents"]
+    return contents.split("\n", 1)[0]
+
+
 async def _chains(rows: list[dict], firsts: list[str], results: dict, search: SearchFn, tokenizer: Any,
                   cfg: TrainConfig, seed: int, per_row: int) -> list[dict | None]:
     """Two-search demonstrations for `rows`, whose first search (`firsts`) retrieved no gold
@@ -213,6 +221,8 @@ async def _chains(rows: list[dict], firsts: list[str], results: dict, search: Se
         demo = None
         for c in cs:
             if results.get(c) is None:
+                continue
+            if not any(contains(_title(d), c) for d in results[c]):  # found what it looked up
                 continue
             if grounded_answer(golds, [visible_observation(tokenizer, results[c], cfg.data.max_obs_length)]) is None:
                 continue

@@ -108,7 +108,11 @@ _WORD = r"[A-Z](?:[\w'&-]|\.(?=\w))*"  # a capitalised word; inner dots only ("U
 _NAME = re.compile(rf"{_WORD}(?: +(?:(?:of|the|de|and|for|in|on|von|van|la|le|du|del|da) +)*{_WORD})*")
 _NOT_NAMES = {"the", "a", "an", "in", "on", "at", "he", "she", "it", "they", "his", "her", "its", "their", "this",
               "that", "there", "these", "those", "after", "before", "during", "when", "while", "however", "doc",
-              "title", "as", "by", "for", "from", "with", "of", "to", "and", "but", "or", "if", "i", "we", "you"}
+              "title", "as", "by", "for", "from", "with", "of", "to", "and", "but", "or", "if", "i", "we", "you",
+              "each", "every", "some", "many", "most", "other", "one", "two", "three", "both", "all", "also", "since",
+              "although", "following", "later", "early", "until", "according", "between", "among", "despite",
+              "january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
+              "november", "december", "monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"}
 
 
 def support_titles(row: dict) -> list[str]:
@@ -120,17 +124,20 @@ def support_titles(row: dict) -> list[str]:
 def chain_candidates(question: str, observation: str, titles: Sequence[str] = (), limit: int = 4) -> list[str]:
     """Second-search queries for a chain: the supporting `titles`, then the capitalised names
     in `observation` (in order of appearance) that are neither in the question nor titles of
-    the observed passages, nor common words; at most `limit`, no repeats."""
+    the observed passages, nor common words (a one-word name must not also occur in lower
+    case: "Each", "Summer"); at most `limit`, no repeats."""
     seen_q = _words(question)
     shown = {_words(t) for t in re.findall(r"\(Title: ([^)]*)\)", observation)}
     body = re.sub(r"Doc \d+\(Title: [^)]*\)", " ", observation)
+    lower = set(re.findall(r"\b[a-z][a-z'-]*\b", body))
     out: list[str] = []
     keys: set[str] = set()
     for cand in [*titles, *(m.group(0).rstrip(".-'") for m in _NAME.finditer(body))]:
         key = _words(cand)
         if not key or key in keys or key in _NOT_NAMES or key == _words(question):
             continue
-        if cand not in titles and (key in shown or f" {key} " in f" {seen_q} " or len(key) < 3):
+        if cand not in titles and (key in shown or f" {key} " in f" {seen_q} " or len(key) < 3
+                                   or (" " not in key and key in lower)):
             continue
         keys.add(key)
         out.append(cand)

@@ -297,6 +297,9 @@ def test_chain_candidates_are_titles_then_new_names_of_the_observation():
                                            "George Stricker", "Washington"]  # not "APA": a title already shown
     assert PL.chain_candidates(q, obs, ["Stanley Hall"], limit=2) == ["Stanley Hall", "American Psychological Association"]
     assert PL.support_titles({"support_titles": '["A", " ", "B"]'}) == ["A", "B"]
+    # sentence-initial common words and months are not names; a one-word name seen in lower case neither
+    common = 'Doc 1(Title: "Bill") Each bill is printed in August. Summer sales rose; each summer Gaston Lagaffe came.'
+    assert PL.chain_candidates("What is the largest bill?", common) == ["Gaston Lagaffe"]
 
 
 def test_chain_demonstrations_say_what_they_search_next():
