@@ -1,6 +1,7 @@
 """Does RL teach search? Held-out EM of the SFT model vs the same model after RL (not in CI).
 
     python benchmarks/learning.py [--minutes 60] [--json PATH] [--sft DIR] [--config YAML]
+    python benchmarks/learning.py --real [--minutes 60] [--eval-limit 500]
 
 From the cold-start SFT checkpoint, trains with RL (GRPO by default: configs/train/
 demo_grpo_cpu.yaml) on the embedded knowledge base for a wall-clock budget, then evaluates on
@@ -8,24 +9,34 @@ the KB's held-out test questions (greedy, `agent-rl-eval`, the same seeded sampl
 model):
 - em_sft / em_rl: the SFT and the RL model in agent mode (may search);
 - em_rag / em_direct: the paper's baselines with the SFT model (top-k passages in the
-  prompt; no retrieval).
+  prompt; no retrieval);
+- format_rate_sft / format_rate_rl: Search-R1's strict format rule in agent mode;
+- searches_sft / searches_rl: searches per question in agent mode.
 Each EM comes with its Wilson 95% interval; em_rl - em_sft also with a paired interval (same
-questions). The reward / EM curves of the run go to a PNG; diagnostics from the run's
-metrics (reward first vs last steps, searches, valid format, seconds per step) say what
-limits learning when the goal (em_rl - em_sft >= 0.10 and em_rl > em_rag) is missed.
+questions). The same numbers per data source are under `sets`. The reward / EM curves of the
+run go to a PNG; diagnostics from the run's metrics (reward first vs last steps, searches,
+valid format, seconds per step) say what limits learning.
 
-`--minutes` is the budget of the RL training loop (worker start-up and the evaluations come
-on top; the JSON has `minutes` trained and `wall_minutes` in all).
-The step in flight when the budget ends is finished, then the policy is saved. Everything
-goes to --workdir (default runs/learning/<time>); the retriever is started on the KB's flat
-index (built when missing) and stopped on exit. Extra positional `key=value` arguments
-override the training config (veRL names), e.g. `actor_rollout_ref.rollout.n=8`.
+`--real`: the real-data recipe's artifacts (scripts/real_data.sh builds them): the wiki_35k
+retriever, the SFT model runs/sft/real, configs/train/wiki35k_grpo_cpu.yaml, and
+`--eval-limit` (default 500) questions each of NQ test and HotpotQA dev. Test questions that
+also occur in a training file of the config (normalised text) are dropped first and counted
+(`overlap_dropped`).
+
+`--minutes` is the budget of the RL training loop (`trainer.max_time_s`: the trainer stops
+before a step that would end past it and saves; worker start-up and the evaluations come on
+top; the JSON has `minutes` trained and `wall_minutes` in all). Everything goes to --workdir
+(default runs/learning/<time>); the retriever is started on the flat index (built when
+missing) and stopped on exit. A re-run with the same --workdir reuses finished evaluations.
+Extra positional `key=value` arguments override the training config (veRL names), e.g.
+`actor_rollout_ref.rollout.n=8` or `reward.structure_format_score=0.2`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -38,10 +49,6 @@ PY = sys.executable
 MODES = ("agent", "rag", "direct")
 
 
-class BudgetReached(Exception):
-    """Raised from the trainer's step callback when the time budget is spent."""
-
-
 def run(cmd: list[str], what: str) -> None:
     print(f"\n[learning] {what}\n$ {' '.join(cmd)}", flush=True)
     t0 = time.time()
@@ -49,18 +56,25 @@ def run(cmd: list[str], what: str) -> None:
     print(f"[learning] {what}: {time.time() - t0:.0f}s", flush=True)
 
 
+TRAINING_ONLY = ("reward.", "trainer.", "algorithm.", "actor_rollout_ref.actor.", "critic.")
+
+
 def evaluate(model: Path, modes: list[str], url: str, args: argparse.Namespace, out: Path) -> dict:
-    """`agent-rl-eval` in its own process (its engine must not share the cores with training)."""
+    """`agent-rl-eval` in its own process (its engine must not share the cores with training);
+    resumable: a finished evaluation in `out` is reused."""
     cmd = [PY, "-m", "agent_rl.evaluation.evaluate", "--model", str(model), "--retriever-url", url,
-           "--data", str(args.test), "--mode", *modes, "--out", str(out), "--limit", str(args.eval_limit),
+           "--data", *map(str, args.test), "--mode", *modes, "--out", str(out), "--limit", str(args.eval_limit),
            "--seed", str(args.seed), "--config", str(args.config), "--no-progress"]
-    run(cmd + ["--", *args.overrides] if args.overrides else cmd, f"evaluate {model} in {', '.join(modes)}")
+    # training-only knobs (reward shaping, optimiser, loop) do not change what is evaluated:
+    # leaving them out lets runs that differ only there share the SFT evaluation
+    rollout = [o for o in args.overrides if not o.startswith(TRAINING_ONLY)]
+    run(cmd + ["--", *rollout] if rollout else cmd, f"evaluate {model} in {', '.join(modes)}")
     return json.loads((out / "summary.json").read_text())
 
 
 def train(sft: Path, url: str, args: argparse.Namespace, run_dir: Path) -> tuple[int, float]:
-    """RL from `sft` until the budget is spent; returns (steps, training seconds). The
-    trainer runs in this process (Ray actors for the workers), stopped between steps."""
+    """RL from `sft` until `trainer.max_time_s` is spent; returns (steps, training seconds).
+    The trainer runs in this process (Ray actors for the workers)."""
     from agent_rl.config import TrainConfig, load_config
     from agent_rl.training.ray_workers import init_ray
     from agent_rl.training.trainer import RayTrainer
@@ -73,6 +87,7 @@ def train(sft: Path, url: str, args: argparse.Namespace, run_dir: Path) -> tuple
         # no step count: the clock decides. A warm-up given as a ratio of the (unknown) total
         # would never end, so warm-up must be in steps.
         "trainer.total_training_steps=1000000",
+        f"trainer.max_time_s={60 * args.minutes}",
         "trainer.save_freq=-1",
         *args.overrides,
     ]
@@ -84,24 +99,13 @@ def train(sft: Path, url: str, args: argparse.Namespace, run_dir: Path) -> tuple
     init_ray(cfg.trainer.ray_address)
     trainer = None
     t_setup = time.monotonic()
-
-    def on_step(step: int, metrics: dict) -> None:
-        print(f"[learning] step {step}: {time.monotonic() - t0:.0f}s of {60 * args.minutes:.0f}s", flush=True)
-        if time.monotonic() >= t0 + 60 * args.minutes:
-            raise BudgetReached
-
     try:
         trainer = RayTrainer(cfg, run_dir)
         # the budget is for training steps; worker start-up (engine, actor, Ray) is reported apart
-        t0 = time.monotonic()
-        print(f"[learning] trainer ready in {t0 - t_setup:.0f}s", flush=True)
-        try:
-            trainer.fit(on_step=on_step)
-        except BudgetReached:
-            pass
-        seconds = time.monotonic() - t0
-        trainer.save()
-        return trainer.step, seconds
+        print(f"[learning] trainer ready in {time.monotonic() - t_setup:.0f}s", flush=True)
+        trainer.fit(on_step=lambda step, m: print(f"[learning] step {step}: {m['training/elapsed_s']:.0f}s of "
+                                                  f"{60 * args.minutes:.0f}s", flush=True))
+        return trainer.step, trainer.trained_s
     finally:
         if trainer is not None:
             trainer.shutdown()
@@ -124,25 +128,47 @@ def diagnostics(run_dir: Path, window: int = 5) -> dict:
     return out
 
 
+def _agent_records(d: Path) -> list[dict]:
+    rows = [json.loads(x) for x in (d / "predictions.jsonl").read_text().splitlines() if x.strip()]
+    return [r for r in rows if r["mode"] == "agent"]
+
+
+def numbers(sft: dict, rl: dict, sft_records: list[dict], rl_records: list[dict], source: str) -> dict:
+    """The benchmark's keys for one data source (`report.ALL`: every source) from the SFT
+    evaluation (three modes), the RL evaluation (agent) and their per-question records."""
+    from agent_rl.evaluation import report
+
+    if source != report.ALL:
+        sft_records = [r for r in sft_records if r["data_source"] == source]
+        rl_records = [r for r in rl_records if r["data_source"] == source]
+    paired = report.paired_em_difference(rl_records, sft_records)
+    cells = {"em_sft": sft["agent"][source], "em_rl": rl["agent"][source], "em_rag": sft["rag"][source],
+             "em_direct": sft["direct"][source]}
+    out: dict = {k: c["em"] for k, c in cells.items()}
+    out.update(
+        n_eval=cells["em_sft"]["n"],
+        format_rate_sft=1.0 - cells["em_sft"]["invalid_format_rate"],
+        format_rate_rl=1.0 - cells["em_rl"]["invalid_format_rate"],
+        searches_sft=cells["em_sft"]["searches_mean"],
+        searches_rl=cells["em_rl"]["searches_mean"],
+    )
+    out["ci"] = {k: [c["em_ci_low"], c["em_ci_high"]] for k, c in cells.items()}
+    out["ci"]["em_rl_minus_sft"] = [paired["ci_low"], paired["ci_high"]]
+    return out
+
+
 def assemble(work: Path, steps: int, seconds: float) -> dict:
     """The benchmark's numbers from what the run left on disk: eval_sft/ (three modes),
     eval_rl/ (agent), rl/ (metrics.jsonl)."""
     from agent_rl.evaluation import report
 
     sft, rl = report.read_summary(work / "eval_sft")["modes"], report.read_summary(work / "eval_rl")["modes"]
-
-    def agent_records(d: Path) -> list[dict]:
-        rows = [json.loads(x) for x in (d / "predictions.jsonl").read_text().splitlines() if x.strip()]
-        return [r for r in rows if r["mode"] == "agent"]
-
-    paired = report.paired_em_difference(agent_records(work / "eval_rl"), agent_records(work / "eval_sft"))
-    cells = {"em_sft": sft["agent"]["all"], "em_rl": rl["agent"]["all"], "em_rag": sft["rag"]["all"],
-             "em_direct": sft["direct"]["all"]}
-    result = {k: c["em"] for k, c in cells.items()}
-    result.update(minutes=seconds / 60, steps=steps, n_eval=cells["em_sft"]["n"])
-    result["ci"] = {k: [c["em_ci_low"], c["em_ci_high"]] for k, c in cells.items()}
-    result["ci"]["em_rl_minus_sft"] = [paired["ci_low"], paired["ci_high"]]
-    result["searches"] = {"sft": cells["em_sft"]["searches_mean"], "rl": cells["em_rl"]["searches_mean"]}
+    sft_records, rl_records = _agent_records(work / "eval_sft"), _agent_records(work / "eval_rl")
+    result = numbers(sft, rl, sft_records, rl_records, report.ALL)
+    result.update(minutes=seconds / 60, steps=steps)
+    result["sets"] = {src: numbers(sft, rl, sft_records, rl_records, src) for src in sft["agent"] if src != report.ALL}
+    # the searches of the earlier JSON layout, kept for readers of old results
+    result["searches"] = {"sft": result["searches_sft"], "rl": result["searches_rl"]}
     result["goal_met"] = bool(result["em_rl"] - result["em_sft"] >= 0.10 and result["em_rl"] > result["em_rag"])
     result["diagnostics"] = diagnostics(work / "rl")
     try:
@@ -156,16 +182,51 @@ def assemble(work: Path, steps: int, seconds: float) -> dict:
     return result
 
 
+def held_out(tests: list[Path], config: Path, overrides: list[str], work: Path) -> tuple[list[Path], dict]:
+    """Test files without the questions that also occur in a training file of the config
+    (normalised text, as `agent-rl-prep overlap`); returns the filtered copies and the number
+    dropped per test file."""
+    from agent_rl.config import TrainConfig, load_config
+    from data_prep.qa import normalize_question, read_qa
+
+    cfg = load_config(TrainConfig, config, overrides)
+    seen = {normalize_question(q) for f in cfg.data.train_files for q in read_qa(f)["question"]}
+    out, dropped = [], {}
+    for t in tests:
+        df = read_qa(t)
+        keep = [normalize_question(q) not in seen for q in df["question"]]
+        dropped[t.stem] = len(df) - sum(keep)
+        path = work / "held_out" / f"{t.stem}.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        df[keep].reset_index(drop=True).to_parquet(path, index=False)
+        out.append(path)
+    return out, dropped
+
+
+REAL = {  # --real: what scripts/real_data.sh leaves (OUT=artifacts/real)
+    "sft": "runs/sft/real",
+    "config": "configs/train/wiki35k_grpo_cpu.yaml",
+    "index": "artifacts/wiki35k_flat",
+    "tests": ["artifacts/real/nq_test.parquet", "artifacts/real/hotpotqa_dev.parquet"],
+    "eval_limit": 500,
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--minutes", type=float, default=60.0, help="RL training budget in minutes (default 60)")
     ap.add_argument("--json", default=None, help="write the result here too")
-    ap.add_argument("--sft", default=str(ROOT / "runs/sft/demo_cpu"),
+    ap.add_argument("--real", action="store_true",
+                    help="real data: wiki_35k, NQ test + HotpotQA dev, the SFT model of scripts/real_data.sh "
+                         f"(defaults: {', '.join(f'{k}={v}' for k, v in REAL.items())})")
+    ap.add_argument("--sft", default=None,
                     help="SFT model: HF dir or agent-rl-sft run dir (default runs/sft/demo_cpu, configs/sft/demo_cpu.yaml)")
-    ap.add_argument("--config", default=str(ROOT / "configs/train/demo_grpo_cpu.yaml"), help="training config")
+    ap.add_argument("--config", default=None, help="training config (default configs/train/demo_grpo_cpu.yaml)")
     ap.add_argument("--kb", default=str(ROOT / "artifacts/kb"), help="knowledge base dir (corpus.jsonl, test.parquet)")
-    ap.add_argument("--index", default=str(ROOT / "artifacts/kb_index_flat"), help="flat index of the KB (built when missing)")
-    ap.add_argument("--eval-limit", type=int, default=200, help="held-out questions per evaluation (seeded sample)")
+    ap.add_argument("--index", default=None, help="flat index of the corpus (built when missing; default artifacts/kb_index_flat)")
+    ap.add_argument("--corpus", default=None, help="corpus jsonl (default: the KB's; --real: ../shared/data/corpus/wiki_35k.jsonl)")
+    ap.add_argument("--test", nargs="+", default=None, help="held-out QA files (default: the KB's test.parquet)")
+    ap.add_argument("--eval-limit", type=int, default=None, help="held-out questions per test file (seeded sample; default 200)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the evaluation sample")
     ap.add_argument("--workdir", default=None, help="default runs/learning/<time>")
     ap.add_argument("overrides", nargs="*", help="training config overrides, key=value")
@@ -178,24 +239,43 @@ def main(argv: list[str] | None = None) -> int:
     from agent_rl.evaluation.evaluate import EvalInputError, resolve_model_dir
     from benchmarks.kb_server import serve_index
 
-    kb, index = Path(args.kb), Path(args.index)
-    args.test = kb / "test.parquet"
+    kb = Path(args.kb)
+    if args.real:
+        shared = Path(os.environ.get("AGENT_RL_SHARED_DATA") or ROOT.parent / "shared" / "data")
+        defaults = {**REAL, "corpus": shared / "corpus" / "wiki_35k.jsonl"}
+    else:
+        defaults = {"sft": "runs/sft/demo_cpu", "config": "configs/train/demo_grpo_cpu.yaml",
+                    "index": "artifacts/kb_index_flat", "tests": [kb / "test.parquet"], "eval_limit": 200,
+                    "corpus": kb / "corpus.jsonl"}
+    args.sft = args.sft or str(ROOT / defaults["sft"])
+    args.config = Path(args.config or ROOT / defaults["config"])
+    index, corpus = Path(args.index or ROOT / defaults["index"]), Path(args.corpus or defaults["corpus"])
+    tests = [Path(t) if Path(t).is_absolute() else ROOT / t for t in (args.test or defaults["tests"])]
+    args.eval_limit = args.eval_limit or defaults["eval_limit"]
     work = Path(args.workdir or ROOT / "runs" / "learning" / time.strftime("%Y%m%d-%H%M%S"))
     try:
         sft = resolve_model_dir(args.sft)
     except EvalInputError as e:
-        print(f"learning: --sft {args.sft}: no SFT model ({e})\n  (train the cold-start model first: agent-rl-prep demos, then agent-rl-sft --config configs/sft/demo_cpu.yaml)", file=sys.stderr)
+        how = ("bash scripts/real_data.sh" if args.real else
+               "agent-rl-prep demos, then agent-rl-sft --config configs/sft/demo_cpu.yaml")
+        print(f"learning: --sft {args.sft}: no SFT model ({e})\n  (train the cold-start model first: {how})", file=sys.stderr)
         return 2
-    if not args.test.is_file():
-        print(f"learning: {args.test} missing (agent-rl-prep synthetic --out {kb})", file=sys.stderr)
+    missing = [str(p) for p in (*tests, corpus) if not p.is_file()]
+    if missing:
+        how = "bash scripts/real_data.sh" if args.real else f"agent-rl-prep synthetic --out {kb}"
+        print(f"learning: missing {', '.join(missing)} ({how})", file=sys.stderr)
         return 2
     work.mkdir(parents=True, exist_ok=True)
+    args.test, dropped = held_out(tests, args.config, args.overrides, work)
+    print(f"[learning] test questions also in a training file, dropped: {dropped}", flush=True)
     t_start = time.time()
     try:
-        with serve_index(index, kb / "corpus.jsonl", log_path=work / "retriever.log") as url:
+        with serve_index(index, corpus, log_path=work / "retriever.log") as url:
             evaluate(sft, list(MODES), url, args, work / "eval_sft")
             if (work / "rl").exists():  # an earlier, interrupted attempt: RL restarts from the SFT model
                 (work / "rl").rename(work / f"rl.{time.strftime('%Y%m%d-%H%M%S')}.old")
+                if (work / "eval_rl").exists():
+                    (work / "eval_rl").rename(work / f"eval_rl.{time.strftime('%Y%m%d-%H%M%S')}.old")
             steps, seconds = train(sft, url, args, work / "rl")
             rl_model = resolve_model_dir(work / "rl")
             evaluate(rl_model, ["agent"], url, args, work / "eval_rl")
@@ -206,14 +286,19 @@ def main(argv: list[str] | None = None) -> int:
     result = assemble(work, steps, seconds)
     from data_prep.hardware import hardware_info
 
-    result.update(hardware=hardware_info(), budget_minutes=args.minutes, wall_minutes=(time.time() - t_start) / 60, config=str(args.config),
-                  overrides=args.overrides, sft_model=str(sft), rl_model=str(rl_model))
-    table = report.comparison([("SFT", work / "eval_sft"), ("SFT+RL", work / "eval_rl")])
-    print("\n" + report.comparison_markdown(table, title=f"Learning benchmark: {steps} RL steps in {seconds / 60:.1f} min"))
-    lo, hi = result["ci"]["em_rl_minus_sft"]
-    print(f"em_rl - em_sft = {result['em_rl'] - result['em_sft']:+.3f} (paired 95% CI [{lo:+.3f}, {hi:+.3f}], "
-          f"n={result['n_eval']}); goal (>= +0.10 and em_rl > em_rag={result['em_rag']:.3f}): "
-          f"{'met' if result['goal_met'] else 'not met'}")
+    result.update(hardware=hardware_info(), budget_minutes=args.minutes, wall_minutes=(time.time() - t_start) / 60,
+                  config=str(args.config), overrides=args.overrides, sft_model=str(sft), rl_model=str(rl_model),
+                  overlap_dropped=dropped)
+    sources = [report.ALL] if len(result["sets"]) < 2 else list(result["sets"])
+    for src in sources:
+        table = report.comparison([("SFT", work / "eval_sft"), ("SFT+RL", work / "eval_rl")], source=src)
+        print("\n" + report.comparison_markdown(table, title=f"Learning benchmark ({src}): {steps} RL steps in "
+                                                           f"{seconds / 60:.1f} min"))
+    for src, r in [(report.ALL, result)] + (list(result["sets"].items()) if len(result["sets"]) > 1 else []):
+        lo, hi = r["ci"]["em_rl_minus_sft"]
+        print(f"{src}: em_rl - em_sft = {r['em_rl'] - r['em_sft']:+.3f} (paired 95% CI [{lo:+.3f}, {hi:+.3f}], "
+              f"n={r['n_eval']}); em_rag {r['em_rag']:.3f}; strict format {r['format_rate_sft']:.2f} -> "
+              f"{r['format_rate_rl']:.2f}; searches {r['searches_sft']:.2f} -> {r['searches_rl']:.2f}")
     print(json.dumps(result, indent=1))
     (work / "learning.json").write_text(json.dumps(result, indent=1) + "\n")
     if args.json:

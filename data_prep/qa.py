@@ -8,6 +8,11 @@ Row formats, recognised per row (so one reader handles jsonl, JSON arrays, parqu
 
 - FlashRAG: ``{"id", "question", "golden_answers": [...], "metadata"?}``
 - NQ-open: ``{"question", "answer": [...]}``; HotpotQA: ``{"_id"?, "question", "answer": str}``
+- HotpotQA official (``supporting_facts``, ``context``, ``type``, ``level``) and MuSiQue
+  official (``answer_aliases``, ``question_decomposition``, ``paragraphs``, ``answerable``):
+  the supporting paragraphs' titles become ``support_titles`` (what a multi-hop
+  demonstration can search second); MuSiQue's aliases join the gold answers; an unanswerable
+  MuSiQue row is reported.
 - verl / Search-R1 training rows: ``{"data_source", "prompt": [{"role","content"}],
   "reward_model": {"ground_truth": {"target": [...]} | str}, "extra_info": {"split","index"}}``.
   The question is the ``question`` field when present, else ``extra_info.question``, else
@@ -145,6 +150,9 @@ def normalize_row(row: dict, position: int, split: str | None = None, source: st
             raise RowError("missing field 'golden_answers' (or 'answer')")
         answers = _verl_answers(row)
 
+    multihop = _official_multihop(row)
+    if multihop.pop("aliases", None):  # MuSiQue: often an empty list
+        answers = list(dict.fromkeys(answers + [str(a).strip() for a in row["answer_aliases"] if str(a).strip()]))
     split = str(split or row.get("split") or info.get("split") or default_split)
     rid = row.get("id", row.get("_id"))
     if rid is None and is_verl and info.get("index") is not None:
@@ -158,11 +166,31 @@ def normalize_row(row: dict, position: int, split: str | None = None, source: st
     out = {"id": str(rid), "question": question, "golden_answers": answers,
            "data_source": src, "split": split}
     meta = row.get("metadata")
-    extras = {**(meta if isinstance(meta, dict) else {}), **row}
+    extras = {**(meta if isinstance(meta, dict) else {}), **row, **multihop}
     for k, v in extras.items():
         if k not in STANDARD and k not in _DROP and k not in out:
             out[k] = v
     return out
+
+
+def _official_multihop(row: dict) -> dict:
+    """`support_titles` (and `aliases`: whether answer_aliases count) from HotpotQA's or
+    MuSiQue's official schema; {} for other rows. Titles are an aid: a hop or fact that
+    names no titled paragraph adds none."""
+    if "question_decomposition" in row and isinstance(row.get("paragraphs"), list):  # MuSiQue
+        if row.get("answerable") is False:
+            raise RowError("unanswerable MuSiQue question (answerable: false)")
+        paragraphs = {p.get("idx"): p for p in row["paragraphs"] if isinstance(p, dict)}
+        hops = row["question_decomposition"] if isinstance(row["question_decomposition"], list) else []
+        found = [paragraphs.get(h.get("paragraph_support_idx")) for h in hops if isinstance(h, dict)]
+        titles = [str(p.get("title") or "").strip() for p in found if p is not None]
+        return {"support_titles": list(dict.fromkeys(t for t in titles if t)),
+                "aliases": isinstance(row.get("answer_aliases"), list)}
+    facts = row.get("supporting_facts")
+    if isinstance(facts, list) and "context" in row:  # HotpotQA
+        titles = [str(f[0]).strip() for f in facts if isinstance(f, (list, tuple)) and f]
+        return {"support_titles": list(dict.fromkeys(t for t in titles if t))}
+    return {}
 
 
 # ---------------------------------------------------------------------------------------

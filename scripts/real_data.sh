@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# The real-data run (issue 7): the README's commands on ../shared/data.
+# The real-data recipe: the README's commands on ../shared/data.
 #   wiki_35k corpus -> flat index -> retriever -> grounded demonstrations from NQ (AmbigQA
-#   train), HotpotQA/2Wiki (R1-Searcher train) and MuSiQue train, minus every question that
-#   is also in a test set -> cold-start SFT -> evaluation of the base and SFT models on NQ
-#   test and HotpotQA dev samples in agent / rag / direct modes -> table.
-# Every step is skipped when its output exists, so an interrupted run continues.
-#   bash scripts/real_data.sh   (EVAL_N=500 questions per set, SFT_MINUTES=20, DEMOS_N=all)
+#   train), HotpotQA/2Wiki (R1-Searcher train), MuSiQue train and the official-schema
+#   MuSiQue / HotpotQA train rows (decompositions, supporting titles), with two-search chains,
+#   minus every question that is also in a test set -> cold-start SFT -> GRPO from the SFT
+#   model for RL_MINUTES (trainer.max_time_s: stops cleanly with a checkpoint) -> evaluation of
+#   the base, SFT and SFT+RL models on NQ test and HotpotQA dev samples in agent / rag /
+#   direct modes -> one table.
+# Every step is skipped when its output exists (RL resumes from its checkpoint with the time
+# left), so an interrupted run continues where it stopped.
+#   bash scripts/real_data.sh   (EVAL_N=500 questions per set, SFT_MINUTES=20, RL_MINUTES=60,
+#                                DEMOS_N=all, RL_REWARD=format: Search-R1 v0.3's format-aware
+#                                reward; em: exact match only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -15,6 +21,8 @@ INDEX=${INDEX:-artifacts/wiki35k_flat}
 EVAL_N=${EVAL_N:-500}
 DEMOS_N=${DEMOS_N:-}                 # empty: every training question is a candidate
 SFT_MINUTES=${SFT_MINUTES:-20}
+RL_MINUTES=${RL_MINUTES:-60}
+RL_REWARD=${RL_REWARD:-format}
 PORT=${PORT:-8035}
 CFG=configs/train/wiki35k_grpo_cpu.yaml
 URL=http://127.0.0.1:$PORT
@@ -24,9 +32,11 @@ mkdir -p "$OUT"
 step() { echo; echo "[real] $*"; }
 
 step "QA sets into the system's format"
-TRAIN_SETS="nq_train hotpot_train musique_train"
+TRAIN_SETS="nq_train hotpot_train musique_train musique_official hotpot_official"
 for spec in "ambigqa/train.jsonl nq_train nq train" "r1searcher_train/train.jsonl hotpot_train hotpotqa_2wiki train" \
             "musique/train.jsonl musique_train musique train" \
+            "multihop_train/musique_train_100.json musique_official musique train" \
+            "multihop_train/hotpotqa_train_100.json hotpot_official hotpotqa train" \
             "nq/test.jsonl nq_test nq test" "hotpotqa/dev.jsonl hotpotqa_dev hotpotqa dev"; do
   set -- $spec
   [ -f "$OUT/$2.parquet" ] || $PY -m data_prep qa --input "$SHARED/qa/$1" --out "$OUT/$2.parquet" --source "$3" --split "$4"
@@ -72,13 +82,25 @@ SFT=runs/sft/$RUN
   "data.train_files=[${DEMO_FILES#,}]" "trainer.total_training_steps=0" \
   "trainer.max_time_s=$((SFT_MINUTES * 60))" "trainer.default_local_dir=$SFT"
 
+step "GRPO from the SFT model ($RL_MINUTES min budget, reward: $RL_REWARD) on the demonstrations' questions"
+# the questions the corpus can answer (a grounded demonstration exists): the others give
+# every sample of a group reward 0, hence no GRPO signal
+RL=runs/rl/$RUN
+REWARD_ARGS=""
+[ "$RL_REWARD" = format ] && REWARD_ARGS="reward.structure_format_score=0.2 reward.final_format_score=0.1 reward.retrieval_score=0.1"
+$PY -m agent_rl.training.cli --config "$CFG" "actor_rollout_ref.model.path=$SFT/model" \
+  "data.train_files=[${DEMO_FILES#,}]" "retriever.url=[$URL/retrieve]" $REWARD_ARGS \
+  "trainer.total_training_steps=100000" "trainer.max_time_s=$((RL_MINUTES * 60))" "trainer.save_freq=10" \
+  "trainer.default_local_dir=$RL"
+
 step "evaluation: $EVAL_N questions of NQ test and HotpotQA dev, agent / rag / direct"
-for pair in "base artifacts/model" "sft $SFT"; do
+for pair in "base artifacts/model" "sft $SFT" "rl $RL"; do
   set -- $pair
   $PY -m agent_rl.evaluation.evaluate --model "$2" --config "$CFG" --retriever-url "$URL" \
     --data "$OUT/nq_test.parquet" "$OUT/hotpotqa_dev.parquet" --mode agent rag direct --limit "$EVAL_N" \
     --out "runs/eval/${RUN}_$1" --no-progress
 done
 { for src in nq hotpotqa; do
-    $PY -m agent_rl.evaluation.report base=runs/eval/${RUN}_base SFT=runs/eval/${RUN}_sft --source "$src"; done
+    $PY -m agent_rl.evaluation.report base=runs/eval/${RUN}_base SFT=runs/eval/${RUN}_sft \
+      SFT+RL=runs/eval/${RUN}_rl --source "$src"; done
 } | tee "$OUT/report.md"

@@ -17,6 +17,12 @@ observation after truncation) contains a gold answer, and, when the data gives e
 answer (the embedded knowledge base's `hop_answers`), each hop's observation contains its
 hop answer. Everything else is dropped and counted by reason.
 
+Search chains (`--chains K`, on by default with K = 4 when max_searches >= 2): a question
+whose own search does not retrieve a gold answer gets up to K second searches, from its
+supporting titles and the names its first observation mentions (`plan.chain_candidates`);
+the first that finds a passage titled with that name (the search looked the name up) and
+whose observation contains a gold answer becomes a two-search demonstration.
+
 Queries, grounding checks and the wording of the model turns: `agent_rl.coldstart.plan`;
 the file format SFT reads: `agent_rl.coldstart.demo_file`.
 
@@ -42,7 +48,17 @@ from pathlib import Path
 from typing import Any
 
 from agent_rl.coldstart.demo_file import settings_of, write_demos
-from agent_rl.coldstart.plan import DROP_REASONS, Drop, Plan, contains, grounded_answer, plan_queries, write_segments
+from agent_rl.coldstart.plan import (
+    DROP_REASONS,
+    Drop,
+    Plan,
+    chain_candidates,
+    contains,
+    grounded_answer,
+    plan_queries,
+    support_titles,
+    write_segments,
+)
 from agent_rl.config import TrainConfig, load_config
 from agent_rl.rollout import observation as O
 from agent_rl.rollout import prompts as P
@@ -184,12 +200,50 @@ def demo_row(row: dict, traj: Trajectory, segments: list[str], queries: list[str
     }
 
 
+def _title(doc: Any) -> str:
+    """A search result's passage title (the first line of its contents)."""
+    d = doc.document if hasattr(doc, "document") else doc["document"]
+    contents = d.contents if hasattr(d, "contents") else d["contents"]
+    return contents.split("\n", 1)[0]
+
+
+async def _chains(rows: list[dict], firsts: list[str], results: dict, search: SearchFn, tokenizer: Any,
+                  cfg: TrainConfig, seed: int, per_row: int) -> list[dict | None]:
+    """Two-search demonstrations for `rows`, whose first search (`firsts`) retrieved no gold
+    answer: the first chain candidate whose observation contains one (None where none does)."""
+    obs = [visible_observation(tokenizer, results[q], cfg.data.max_obs_length) for q in firsts]
+    cands = [chain_candidates(str(r["question"]), o, support_titles(r), per_row) for r, o in zip(rows, obs)]
+    wanted = [c for cs in cands for c in dict.fromkeys(cs) if c not in results]
+    results.update(await _fetch(search, list(dict.fromkeys(wanted)), cfg.retriever.topk))
+    out: list[dict | None] = []
+    for row, first, cs in zip(rows, firsts, cands):
+        golds = [str(g) for g in row["golden_answers"]]
+        demo = None
+        for c in cs:
+            if results.get(c) is None:
+                continue
+            if not any(contains(_title(d), c) for d in results[c]):  # found what it looked up
+                continue
+            if grounded_answer(golds, [visible_observation(tokenizer, results[c], cfg.data.max_obs_length)]) is None:
+                continue
+            plan = Plan([first, c], [c, None], chain=True)
+            try:
+                demo = await _one_demo(row, plan, results, tokenizer, cfg, seed)
+                break
+            except Drop:
+                continue
+        out.append(demo)
+    return out
+
+
 async def build_demos(rows: Sequence[dict], search: SearchFn, tokenizer: Any, cfg: TrainConfig,
                       max_searches: int, seed: int = 0, progress: Callable[[int], None] | None = None,
-                      chunk: int = 256) -> BuildResult:
+                      chunk: int = 256, chains: int = 4) -> BuildResult:
     """Demonstrations for QA `rows` (dicts with id, question, golden_answers, ...).
 
     `search`: async (queries, topk) -> results per query (RetrieverClient.search).
+    `chains`: second searches tried per question whose own search retrieves no gold answer
+    (0: none; needs max_searches >= 2).
     """
     if max_searches > cfg.max_turns:
         raise ValueError(f"max_searches={max_searches} exceeds max_turns={cfg.max_turns}: the rollout "
@@ -215,13 +269,25 @@ async def build_demos(rows: Sequence[dict], search: SearchFn, tokenizer: Any, cf
                 plans.append(None)
         wanted = list(dict.fromkeys(q for p in plans if p is not None for q in p.queries))
         results = await _fetch(search, wanted, cfg.retriever.topk)
+        unanswered = []
         for row, plan in zip(part, plans):
             if plan is None:
                 continue
             try:
                 out.rows.append(await _one_demo(row, plan, results, tokenizer, cfg, seed))
             except Drop as e:
-                drop(row, e.reason)
+                single = len(plan.queries) == 1 and results.get(plan.queries[0]) is not None
+                if e.reason == "answer_not_retrieved" and single and chains > 0 and max_searches >= 2:
+                    unanswered.append((row, plan.queries[0]))
+                else:
+                    drop(row, e.reason)
+        if unanswered:
+            rows_u, firsts = [r for r, _ in unanswered], [q for _, q in unanswered]
+            for row, demo in zip(rows_u, await _chains(rows_u, firsts, results, search, tokenizer, cfg, seed, chains)):
+                if demo is None:
+                    drop(row, "no_chain")
+                else:
+                    out.rows.append(demo)
         if progress is not None:
             progress(len(part))
     return out
@@ -278,6 +344,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the RL run's config (configs/train/*.yaml): template, lengths, topk, max_turns, model")
     ap.add_argument("--model", default=None, metavar="DIR",
                     help="tokenizer directory (default: actor_rollout_ref.model.path of the config)")
+    ap.add_argument("--chains", type=int, default=4, metavar="K",
+                    help="second searches tried per question whose own search retrieves no gold answer: its "
+                         "supporting titles, then names its first observation mentions; the first that retrieves "
+                         "a gold answer makes a two-search demonstration (default 4; 0: single searches only)")
     ap.add_argument("--dropped", default=None, metavar="FILE", help="also write each dropped id and reason (jsonl)")
     ap.add_argument("overrides", nargs="*", help="config overrides, e.g. data.max_response_length=400")
     return ap
@@ -323,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             await client.wait_healthy(timeout=cfg.trainer.retriever_health_timeout_s)
             with tqdm(total=len(rows), desc="demos", unit="q", dynamic_ncols=True) as bar:
-                return await build_demos(rows, client.search, tokenizer, cfg, max_searches, args.seed, bar.update)
+                return await build_demos(rows, client.search, tokenizer, cfg, max_searches, args.seed, bar.update,
+                                         chains=args.chains)
         finally:
             await client.aclose()
 
@@ -336,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in report_lines(res, time.time() - t0):
         print(line, flush=True)
     settings = settings_of(cfg, model, qa=str(args.qa), retriever_url=url, seed=args.seed,
-                           max_searches=max_searches, candidates=res.candidates, kept=len(res.rows),
+                           max_searches=max_searches, chains=args.chains, candidates=res.candidates, kept=len(res.rows),
                            dropped=dict(res.dropped))
     if args.dropped:
         Path(args.dropped).parent.mkdir(parents=True, exist_ok=True)

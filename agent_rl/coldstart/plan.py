@@ -6,6 +6,12 @@ hops: a bridge question searches hop 1, then hop 2 with the intermediate answer;
 comparison searches both entities; or MuSiQue's `question_decomposition`, with `#k` replaced
 by the k-th answer), else the question itself. A candidate that cannot become a grounded
 demonstration raises `Drop` with one of `DROP_REASONS`.
+
+Search chains (`chain_candidates`): when the question's own search does not retrieve a gold
+answer, a second search can start from what the first one showed: the row's supporting
+titles (HotpotQA's `supporting_facts`, MuSiQue's supporting paragraphs, as `support_titles`)
+and the names the first observation mentions that the question does not. The demonstration
+builder keeps a chain only when a gold answer first appears in the second observation.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ DROP_REASONS = {
     "retriever_rejected": "the retriever rejected a query (4xx)",
     "hop_answer_not_retrieved": "a hop's observation does not contain that hop's answer",
     "answer_not_retrieved": "no observation contains a gold answer",
+    "no_chain": "no observation contains a gold answer, nor that of a second search from the first one",
     "turn_too_long": "a model turn exceeds rollout.max_tokens_per_turn",
     "too_long": "the trajectory exceeds data.max_response_length",
 }
@@ -40,6 +47,8 @@ class Plan:
     queries: list[str]
     hop_answers: list[str | None]
     comparison: bool = False
+    chain: bool = False
+    """A search chain: the second query is a name the first observation mentions."""
 
 
 class Drop(Exception):
@@ -95,6 +104,48 @@ def plan_queries(row: dict, max_searches: int) -> Plan:
     return Plan(queries, answers, comparison=kind == "comparison")
 
 
+_WORD = r"[A-Z](?:[\w'&-]|\.(?=\w))*"  # a capitalised word; inner dots only ("U.S")
+_NAME = re.compile(rf"{_WORD}(?: +(?:(?:of|the|de|and|for|in|on|von|van|la|le|du|del|da) +)*{_WORD})*")
+_NOT_NAMES = {"the", "a", "an", "in", "on", "at", "he", "she", "it", "they", "his", "her", "its", "their", "this",
+              "that", "there", "these", "those", "after", "before", "during", "when", "while", "however", "doc",
+              "title", "as", "by", "for", "from", "with", "of", "to", "and", "but", "or", "if", "i", "we", "you",
+              "each", "every", "some", "many", "most", "other", "one", "two", "three", "both", "all", "also", "since",
+              "although", "following", "later", "early", "until", "according", "between", "among", "despite",
+              "january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
+              "november", "december", "monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"}
+
+
+def support_titles(row: dict) -> list[str]:
+    """The row's supporting-paragraph titles (`data_prep.qa` keeps them from HotpotQA's and
+    MuSiQue's official schemas), in order."""
+    return [str(t).strip() for t in _as_list(row.get("support_titles")) if str(t).strip()]
+
+
+def chain_candidates(question: str, observation: str, titles: Sequence[str] = (), limit: int = 4) -> list[str]:
+    """Second-search queries for a chain: the supporting `titles`, then the capitalised names
+    in `observation` (in order of appearance) that are neither in the question nor titles of
+    the observed passages, nor common words (a one-word name must not also occur in lower
+    case: "Each", "Summer"); at most `limit`, no repeats."""
+    seen_q = _words(question)
+    shown = {_words(t) for t in re.findall(r"\(Title: ([^)]*)\)", observation)}
+    body = re.sub(r"Doc \d+\(Title: [^)]*\)", " ", observation)
+    lower = set(re.findall(r"\b[a-z][a-z'-]*\b", body))
+    out: list[str] = []
+    keys: set[str] = set()
+    for cand in [*titles, *(m.group(0).rstrip(".-'") for m in _NAME.finditer(body))]:
+        key = _words(cand)
+        if not key or key in keys or key in _NOT_NAMES or key == _words(question):
+            continue
+        if cand not in titles and (key in shown or f" {key} " in f" {seen_q} " or len(key) < 3
+                                   or (" " not in key and key in lower)):
+            continue
+        keys.add(key)
+        out.append(cand)
+        if len(out) == limit:
+            break
+    return out
+
+
 # ----------------------------------------------------------------------------- grounding
 def _words(text: str) -> str:
     # SQuAD normalisation keeps non-ASCII punctuation ("(1940–1999)"): split on it too
@@ -144,6 +195,12 @@ _NEXT_UNKNOWN = [
     "The documents help with the first part. Next I need {q2}.",
     "Now I will search for {q2}.",
 ]
+_CHAIN_NEXT = [
+    "The documents mention {e}, but not the answer. I will search for {e}.",
+    "{e} may lead to the answer. Let me search for it.",
+    "I need to know more about {e}.",
+    "The results point to {e}. Next I will look up {e}.",
+]
 _FINAL = [
     "The documents say {q}: {a}. So the answer is {ans}.",
     "From the information, {q} is {a}. The answer is {ans}.",
@@ -173,10 +230,12 @@ def write_segments(plan: Plan, answer: str, rng: random.Random) -> list[str]:
     """The model turns of a demonstration: one per search, then the answer turn."""
     qs, ans = plan.queries, plan.hop_answers
     n = len(qs)
-    first = rng.choice(_FIRST_OF_MANY if n > 1 else _FIRST).format(q=qs[0], n=n)
+    first = rng.choice(_FIRST_OF_MANY if n > 1 and not plan.chain else _FIRST).format(q=qs[0], n=n)
     segments = [_turn(first, "search", qs[0])]
     for i in range(1, n):
-        if ans[i - 1] is None:
+        if plan.chain:
+            think = rng.choice(_CHAIN_NEXT).format(e=qs[i])
+        elif ans[i - 1] is None:
             think = rng.choice(_NEXT_UNKNOWN).format(q2=qs[i])
         else:
             think = rng.choice(_NEXT).format(q=qs[i - 1], a=ans[i - 1], q2=qs[i])

@@ -1,7 +1,9 @@
-"""Plot a run's reward and EM curves from its metrics.jsonl to a PNG.
+"""Plot a run's reward and EM curves from its metrics.jsonl to a PNG, or several runs side by side.
 
     python -m agent_rl.evaluation.plot runs/demo                # writes runs/demo/curves.png
     python -m agent_rl.evaluation.plot runs/demo --out a.png --keys reward/mean val/em
+    python -m agent_rl.evaluation.plot EM-only=runs/a format=runs/b --out cmp.png \
+        --keys reward/em reward/valid_format rollout/searches_mean --smooth 5
 """
 
 from __future__ import annotations
@@ -56,13 +58,53 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, keys: list[str]
     return out
 
 
+def moving_average(ys: list[float], window: int) -> list[float]:
+    """Mean of each value and the up to `window - 1` before it (window 1: the values)."""
+    return [sum(ys[max(0, i - window + 1): i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(ys))]
+
+
+def plot_runs(runs: dict[str, str | Path], out: str | Path, keys: list[str], smooth: int = 1) -> Path:
+    """One panel per metric key, one line per run (`label -> run dir`), each smoothed by a
+    trailing moving average of `smooth` steps; returns the PNG path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = {label: read_jsonl(d) for label, d in runs.items()}
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 3.8), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        for label, rows in data.items():
+            pts = [(r["step"], r[key]) for r in rows
+                   if r.get("step", 0) > 0 and isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+            if pts:
+                xs, ys = zip(*pts)
+                ax.plot(xs, moving_average(list(ys), smooth), label=label)
+        ax.set_title(key + (f" (mean of {smooth} steps)" if smooth > 1 else ""), fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return Path(out)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("run_dir", help="run directory containing metrics.jsonl")
-    ap.add_argument("--out", default=None, help="PNG path (default RUN_DIR/curves.png)")
+    ap.add_argument("runs", nargs="+", help="a run directory containing metrics.jsonl, or LABEL=DIR pairs to compare")
+    ap.add_argument("--out", default=None, help="PNG path (default RUN_DIR/curves.png; required to compare)")
     ap.add_argument("--keys", nargs="*", default=None, help="metric keys (default: reward/mean and EM curves)")
+    ap.add_argument("--smooth", type=int, default=1, help="moving average over this many steps (comparisons)")
     args = ap.parse_args(argv)
-    print(plot_run(args.run_dir, args.out, args.keys))
+    if len(args.runs) == 1 and "=" not in args.runs[0]:
+        print(plot_run(args.runs[0], args.out, args.keys))
+        return
+    pairs = [r.split("=", 1) if "=" in r else (Path(r).name, r) for r in args.runs]
+    if not args.out:
+        ap.error("--out is required to compare runs")
+    print(plot_runs(dict(pairs), args.out, args.keys or ["reward/mean", "reward/em"], max(1, args.smooth)))
 
 
 if __name__ == "__main__":

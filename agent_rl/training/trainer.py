@@ -75,6 +75,7 @@ class RayTrainer:
         self.loader = PromptLoader(load_train_prompts(cfg), cfg.data.train_batch_size, cfg.data.shuffle, cfg.data.seed)
         self.total_steps = cfg.trainer.total_training_steps or cfg.trainer.total_epochs * self.loader.steps_per_epoch
         self.step = 0
+        self.trained_s = 0.0  # wall seconds of training steps, summed over resumed attempts
         self.adv_fn = algos.get_adv_estimator(cfg.algorithm.adv_estimator)
         self.kl_ctrl = algos.make_kl_controller(cfg.algorithm.kl_ctrl)
         self.use_critic = algos.needs_critic(cfg.algorithm.adv_estimator)
@@ -108,6 +109,9 @@ class RayTrainer:
         if cfg.trainer.val_before_train and self.step == 0:
             self.metrics.log(self.validate(), step=0)
         while self.step < self.total_steps:
+            if self._out_of_time():
+                break
+            t_iter = time.monotonic()
             self.step += 1
             t = StepTimer()
             with t("step"):
@@ -145,12 +149,32 @@ class RayTrainer:
             metrics.update(t.metrics())
             metrics["perf/tokens_per_s"] = batch.num_tokens / t.seconds["step"]
             metrics["training/epoch"] = float(self.loader.pos.epoch)
+            self.trained_s += time.monotonic() - t_iter
+            metrics["training/elapsed_s"] = self.trained_s
             # 5. log before the checkpoint: a run killed after checkpoint K has logged K
             self.metrics.log(metrics, self.step, extra={"prompt_ids": prompt_ids})
-            if self._save_due():
+            out_of_time = self._out_of_time()
+            if self._save_due() or out_of_time:
                 self.save()
             if on_step is not None:
                 on_step(self.step, metrics)
+            if out_of_time:
+                break
+
+    def _out_of_time(self) -> bool:
+        """trainer.max_time_s: True when the next step, at the run's mean step time, would end
+        past the budget (or the budget is spent: a re-run of a finished run does nothing)."""
+        budget = self.cfg.trainer.max_time_s
+        if budget is None:
+            return False
+        mean_step = self.trained_s / self.step if self.step else 0.0
+        if self.trained_s + mean_step <= budget:
+            return False
+        if not getattr(self, "_told_out_of_time", False):
+            self._told_out_of_time = True
+            print(f"[train] time budget trainer.max_time_s={budget:g}: stopping at step {self.step}/{self.total_steps} "
+                  f"after {self.trained_s:.0f}s of training (another step takes ~{mean_step:.0f}s)", flush=True)
+        return True
 
     # ------------------------------------------------------------------ step pieces
     def _needs_old_log_probs(self, num_sequences: int) -> bool:
@@ -237,7 +261,7 @@ class RayTrainer:
             if self.critic is not None:
                 self.critic.call_all("save", str(d / "critic"))
 
-        state = {"data": self.loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict()}
+        state = {"data": self.loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict(), "trained_s": self.trained_s}
         return self.checkpoints.save(self.step, state, to_dict(self.cfg), save_workers)
 
     def _maybe_resume(self) -> None:
@@ -256,6 +280,7 @@ class RayTrainer:
         self.loader.load_state_dict(state["data"])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.step = int(state["step"])
+        self.trained_s = float(state.get("trained_s", 0.0))  # checkpoints from before the time budget: 0
         self.sync.push()  # the engine started from the base model
         print(f"[train] resumed from {path} at step {self.step}", flush=True)
 

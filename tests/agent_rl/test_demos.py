@@ -249,9 +249,65 @@ def test_ungrounded_candidates_are_dropped_and_counted(aio, built, kb_rows, retr
 
     res = aio(run())
     assert [r["id"] for r in res.rows] == [single[1]["id"]]
-    assert dict(res.dropped) == {"hop_answer_not_retrieved": 2, "answer_not_retrieved": 1, "too_many_searches": 1}
+    # the single-search row also tried second searches (chains) before it was dropped
+    assert dict(res.dropped) == {"hop_answer_not_retrieved": 2, "no_chain": 1, "too_many_searches": 1}
     assert set(res.dropped_ids) == {("fake_gold", "hop_answer_not_retrieved"), ("fake_hop", "hop_answer_not_retrieved"),
-                                    ("fake_answer_no_hops", "answer_not_retrieved"), ("three_hops", "too_many_searches")}
+                                    ("fake_answer_no_hops", "no_chain"), ("three_hops", "too_many_searches")}
+
+
+def test_search_chains_find_the_bridge_from_the_first_observation(aio, kb_rows, retriever_url, tokenizer):
+    """KB bridge questions without their hops: the question's own search shows the bridge
+    entity, not the answer; a chain searches that entity next and is kept only when the gold
+    answer first appears in the second observation. Without chains they are all dropped."""
+    from agent_rl.rollout.retrieval_client import RetrieverClient
+
+    bridges = [{**r, "hop_queries": [], "hop_answers": []} for r in kb_rows if r["kind"] == "bridge"]
+
+    async def run(chains: int):
+        async with RetrieverClient(retriever_url) as client:
+            return await D.build_demos(bridges, client.search, tokenizer, _cfg(), max_searches=2, chains=chains)
+
+    direct, chained = aio(run(0)), aio(run(4))
+    kept_direct = {r["id"] for r in direct.rows}
+    assert direct.dropped["answer_not_retrieved"] == len(bridges) - len(kept_direct) > 0
+    two = [r for r in chained.rows if r["num_searches"] == 2]
+    assert len(two) >= 0.3 * (len(bridges) - len(kept_direct)), (len(two), chained.dropped)
+    assert chained.dropped["no_chain"] == len(bridges) - len(chained.rows)
+    by_id = {r["id"]: r for r in bridges}
+    for r in two:
+        first, second = R.information_blocks(r["response_text"])
+        assert r["queries"][0] == by_id[r["id"]]["question"] and r["queries"][1] in first
+        assert not any(PL.contains(first, g) for g in r["golden_answers"])
+        assert PL.contains(second, r["answer"]) and R.format_error(r["response_text"]) is None
+    # how often the chain found the data's own bridge entity (hop 1's answer)
+    hop1 = {k["id"]: k["hop_answers"][0] for k in kb_rows if k["kind"] == "bridge"}
+    hits = sum(r["queries"][1] == hop1[r["id"]] for r in two)
+    print(f"\n[chains] {len(two)} two-search demonstrations from {len(bridges) - len(kept_direct)} unanswered "
+          f"bridge questions; {hits} searched the data's bridge entity")
+
+
+def test_chain_candidates_are_titles_then_new_names_of_the_observation():
+    obs = ('Doc 1(Title: "Journal of Psychotherapy Integration") The Journal of Psychotherapy Integration is '
+           "published by the American Psychological Association on behalf of the Society for the Exploration of "
+           "Psychotherapy Integration. It was established in 1991 by George Stricker.\nDoc 2(Title: APA) The "
+           "U.S. APA is in Washington.")
+    q = "Who was the first president of the association which published Journal of Psychotherapy Integration?"
+    assert PL.chain_candidates(q, obs) == ["American Psychological Association",
+                                           "Society for the Exploration of Psychotherapy Integration",
+                                           "George Stricker", "Washington"]  # not "APA": a title already shown
+    assert PL.chain_candidates(q, obs, ["Stanley Hall"], limit=2) == ["Stanley Hall", "American Psychological Association"]
+    assert PL.support_titles({"support_titles": '["A", " ", "B"]'}) == ["A", "B"]
+    # sentence-initial common words and months are not names; a one-word name seen in lower case neither
+    common = 'Doc 1(Title: "Bill") Each bill is printed in August. Summer sales rose; each summer Gaston Lagaffe came.'
+    assert PL.chain_candidates("What is the largest bill?", common) == ["Gaston Lagaffe"]
+
+
+def test_chain_demonstrations_say_what_they_search_next():
+    plan = PL.Plan(["Who founded X?", "Ann Lee"], ["Ann Lee", None], chain=True)
+    segs = PL.write_segments(plan, "Boston", random.Random(0))
+    assert len(segs) == 3 and "Ann Lee" in segs[1].split("</think>")[0] and segs[1].endswith("<search> Ann Lee </search>")
+    assert R.format_error(segs[0] + "\n\n<information>x</information>\n\n" + segs[1]
+                          + "\n\n<information>y</information>\n\n" + segs[2]) is None
 
 
 def test_length_limits_of_the_rl_config_drop_what_the_rollout_could_not_produce(aio, built, kb_rows, retriever_url, tokenizer):

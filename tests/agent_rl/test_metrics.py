@@ -81,3 +81,25 @@ def test_plot_without_reward_metrics_says_so(tmp_path):
     log.close()
     with pytest.raises(ValueError, match="no reward"):
         plot_main([str(tmp_path)])
+
+
+def test_moving_average_by_hand():
+    from agent_rl.evaluation.plot import moving_average
+
+    assert moving_average([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+    assert moving_average([1.0, 3.0, 5.0], 1) == [1.0, 3.0, 5.0]
+    assert moving_average([2.0, 4.0, 9.0], 5) == [2.0, 3.0, 5.0]
+
+
+def test_plot_compares_runs_side_by_side(tmp_path, capsys):
+    for name, scale in (("a", 1.0), ("b", 0.5)):
+        log = MetricsLogger(tmp_path / name, ["jsonl"])
+        for step in range(1, 6):
+            log.log({"reward/em": scale * step / 5, "rollout/searches_mean": 1.0 + step / 10}, step)
+        log.close()
+    out = tmp_path / "cmp.png"
+    plot_main([f"EM-only={tmp_path / 'a'}", f"format={tmp_path / 'b'}", "--out", str(out),
+               "--keys", "reward/em", "rollout/searches_mean", "--smooth", "2"])
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and str(out) in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # comparing needs --out
+        plot_main([f"a={tmp_path / 'a'}", f"b={tmp_path / 'b'}"])

@@ -191,6 +191,43 @@ def test_killed_run_resumes_from_its_checkpoint_on_the_same_data_order(grpo_run,
     assert after[0]["prompt_ids"] != after[1]["prompt_ids"]
 
 
+@pytest.mark.slow
+def test_time_budget_stops_with_a_checkpoint_and_a_rerun_continues_the_clock(tiny_kb, retriever, tmp_path):
+    run_dir = tmp_path / "budget"
+    # 1 s: step 1 runs (nothing measured yet), then the next step would end past the budget
+    run_in_process("grpo", tiny_kb, retriever, run_dir, ["trainer.total_training_steps=3", "trainer.max_time_s=1",
+                                                         "trainer.save_freq=-1"])
+    ckpt = run_dir / "checkpoints"
+    assert (ckpt / "latest").read_text() == "global_step_1"  # saved although save_freq=-1 and 3 steps were asked
+    first = read_jsonl(run_dir)
+    assert [r["step"] for r in first] == [1]
+    state = json.loads((ckpt / "global_step_1" / "trainer_state.json").read_text())
+    assert state["trained_s"] == pytest.approx(first[0]["training/elapsed_s"]) and state["trained_s"] > 1
+    # a larger budget: the clock goes on from the checkpoint's, not from 0
+    run_in_process("grpo", tiny_kb, retriever, run_dir, ["trainer.total_training_steps=2", "trainer.max_time_s=100000"])
+    rows = read_jsonl(run_dir)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[1]["training/elapsed_s"] > rows[0]["training/elapsed_s"] + rows[1]["timing/step"] * 0.99
+
+
+def _budget(trained_s: float, step: int, budget: float | None):
+    from types import SimpleNamespace
+
+    from agent_rl.training.trainer import RayTrainer
+
+    fake = SimpleNamespace(cfg=SimpleNamespace(trainer=SimpleNamespace(max_time_s=budget)), trained_s=trained_s,
+                           step=step, total_steps=10)
+    return RayTrainer._out_of_time(fake)
+
+
+def test_time_budget_judges_the_next_step_by_the_mean_step_time():
+    assert not _budget(0.0, 0, 1.0)  # nothing measured: the first step always runs
+    assert not _budget(1e9, 5, None)  # no budget
+    assert not _budget(60.0, 3, 80.0)  # 60 + 20 = 80: the next step ends on the budget
+    assert _budget(60.0, 3, 79.0)  # ... one second past it
+    assert _budget(100.0, 4, 100.0)  # spent: a re-run does nothing
+
+
 # ----------------------------------------------------------------------------- unit: collect_groups
 def _fake_rollout(answers_by_prompt: dict[str, list[str]], n: int):
     """A rollout returning, for prompt p, n trajectories answering answers_by_prompt[p.id]."""

@@ -316,3 +316,35 @@ def test_overlap_uses_normalised_text(tmp_path):
     test.write_text(json.dumps({"id": "b", "question": "who wrote hobbit", "golden_answers": ["x"]}) + "\n"
                     + json.dumps({"id": "c", "question": "Who wrote Dune?", "golden_answers": ["y"]}) + "\n")
     assert check_overlap(train, test) == (1, ["who wrote hobbit"])
+
+
+@pytest.mark.shared_data
+def test_official_multihop_schemas_give_support_titles(shared_data, tmp_path):
+    """MuSiQue's and HotpotQA's official train rows: aliases join the gold answers, the
+    supporting paragraphs' titles come out in hop order, decompositions are kept."""
+    mh = shared_data / "qa" / "multihop_train"
+    r = convert_qa(mh / "musique_train_100.json", tmp_path / "m.parquet", source="musique", split="train")
+    assert (r.read, r.written, r.skipped) == (100, 100, 0)
+    m = read_qa(tmp_path / "m.parquet").set_index("id")
+    first = m.loc["2hop__150763_14904"]
+    assert list(first.golden_answers) == ["G. Stanley Hall", "Stanley Hall"]
+    assert list(first.support_titles) == ["Journal of Psychotherapy Integration", "Adolescence"]
+    assert all(1 <= len(t) <= 4 for t in m.support_titles)
+    r = convert_qa(mh / "hotpotqa_train_100.json", tmp_path / "h.parquet", source="hotpotqa", split="train")
+    assert (r.read, r.written, r.skipped) == (100, 100, 0)
+    h = read_qa(tmp_path / "h.parquet").set_index("id")
+    assert list(h.loc["5a77ec115542992a6e59dff7"].support_titles) == ["Alû", "Lilu (mythology)"]
+    assert set(h.type) == {"bridge", "comparison"}
+
+
+def test_official_musique_rows_reported_when_unanswerable(tmp_path):
+    src = tmp_path / "musique_official.jsonl"
+    hop = {"question": "Q1", "answer": "A1", "paragraph_support_idx": 0}
+    good = {"id": "g", "question": "Q?", "answer": "A", "answer_aliases": [], "answerable": True,
+            "question_decomposition": [hop, {**hop, "paragraph_support_idx": 7}],
+            "paragraphs": [{"idx": 0, "title": "T0", "paragraph_text": "x"}]}
+    src.write_text(json.dumps(good) + "\n" + json.dumps({**good, "id": "u", "answerable": False}) + "\n")
+    r = convert_qa(src, tmp_path / "o.parquet")
+    assert (r.read, r.written) == (2, 1) and "answerable: false" in r.problems[0] and ":2" in r.problems[0]
+    row = read_qa(tmp_path / "o.parquet").iloc[0]
+    assert list(row.golden_answers) == ["A"] and list(row.support_titles) == ["T0"]  # idx 7 names no paragraph

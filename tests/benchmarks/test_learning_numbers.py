@@ -1,0 +1,80 @@
+"""benchmarks/learning.py's numbers, per data source, from evaluation directories written by
+hand (the real runs take an hour: not in CI): EM per mode, strict-format rate and searches
+before / after RL, and the paired RL - SFT interval; the held-out filter drops and counts
+test questions that a training file also has."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from agent_rl.evaluation import report  # noqa: E402
+from benchmarks import learning  # noqa: E402
+
+
+def _rec(mode: str, src: str, qid: str, em: float, valid: bool = True, searches: int = 1) -> dict:
+    return {"id": qid, "mode": mode, "data_source": src, "em": em, "subem": em, "f1": em, "valid_format": valid,
+            "searches": searches, "turns": searches + 1, "prediction": "x", "retrieval_hit": False}
+
+
+def _write(d: Path, records: list[dict]) -> None:
+    d.mkdir(parents=True)
+    (d / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    report.write_summary(report.summarize(records), d)
+
+
+def test_numbers_per_set_from_the_evaluations(tmp_path):
+    # nq: 4 questions, SFT right on q0 only; RL right on q0, q1, q2; hotpotqa: 2 questions, both 0 -> 1 of 2
+    sft = [_rec("agent", "nq", f"q{i}", float(i == 0), valid=i != 3) for i in range(4)]
+    sft += [_rec("agent", "hotpotqa", f"h{i}", 0.0, valid=False, searches=2) for i in range(2)]
+    sft += [_rec("rag", "nq", f"q{i}", float(i < 2), searches=0) for i in range(4)]
+    sft += [_rec("rag", "hotpotqa", f"h{i}", 0.0, searches=0) for i in range(2)]
+    sft += [_rec("direct", s, q, 0.0, searches=0) for s, q in [("nq", "q0"), ("nq", "q1"), ("nq", "q2"), ("nq", "q3"),
+                                                                ("hotpotqa", "h0"), ("hotpotqa", "h1")]]
+    rl = [_rec("agent", "nq", f"q{i}", float(i < 3), searches=2) for i in range(4)]
+    rl += [_rec("agent", "hotpotqa", "h0", 1.0, searches=2), _rec("agent", "hotpotqa", "h1", 0.0, searches=2)]
+    _write(tmp_path / "eval_sft", sft)
+    _write(tmp_path / "eval_rl", rl)
+    (tmp_path / "rl").mkdir()
+    (tmp_path / "rl" / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "reward/mean": r, "reward/em": r, "timing/step": 30.0}) + "\n"
+        for s, r in [(1, 0.1), (2, 0.2), (3, 0.5)]))
+
+    res = learning.assemble(tmp_path, steps=7, seconds=600.0)
+    assert res["steps"] == 7 and res["minutes"] == pytest.approx(10.0)
+    nq, hp = res["sets"]["nq"], res["sets"]["hotpotqa"]
+    assert (nq["em_sft"], nq["em_rl"], nq["em_rag"], nq["em_direct"]) == (0.25, 0.75, 0.5, 0.0)
+    assert (nq["format_rate_sft"], nq["format_rate_rl"]) == (0.75, 1.0)
+    assert (nq["searches_sft"], nq["searches_rl"]) == (1.0, 2.0)
+    assert (hp["em_sft"], hp["em_rl"], hp["format_rate_sft"], hp["searches_sft"]) == (0.0, 0.5, 0.0, 2.0)
+    assert res["em_sft"] == pytest.approx(1 / 6) and res["em_rl"] == pytest.approx(4 / 6)
+    # nq differences 0, 1, 1, 0: mean 0.5, sd sqrt(1/3), half width 1.96 * sd / 2 (the top clipped at 1)
+    half = report.Z95 * (1 / 3) ** 0.5 / 2
+    assert nq["ci"]["em_rl_minus_sft"] == pytest.approx([0.5 - half, 1.0])
+    assert nq["n_eval"] == 4 and hp["n_eval"] == 2
+    assert res["searches"] == {"sft": res["searches_sft"], "rl": res["searches_rl"]}
+    d = res["diagnostics"]  # window 1 of 3 steps: first vs last
+    assert (d["reward_mean_first"], d["reward_mean_last"], d["steps_logged"]) == (0.1, 0.5, 3)
+    assert Path(res["curves_png"]).stat().st_size > 0
+
+
+def test_held_out_drops_and_counts_training_questions(tmp_path):
+    train = tmp_path / "train.parquet"
+    pd.DataFrame({"id": ["t0", "t1"], "question": ["Who wrote Hamlet?", "Where is Paris?"],
+                  "golden_answers": [["Shakespeare"], ["France"]], "data_source": "nq", "split": "train"}).to_parquet(train)
+    test = tmp_path / "nq_test.parquet"
+    pd.DataFrame({"id": ["a", "b", "c"], "question": ["who wrote hamlet", "When was the Eiffel Tower built?",
+                                                      "Where is  Paris"],
+                  "golden_answers": [["Shakespeare"], ["1889"], ["France"]], "data_source": "nq",
+                  "split": "test"}).to_parquet(test)
+    cfg = ROOT / "configs/train/demo_grpo_cpu.yaml"
+    (kept,), dropped = learning.held_out([test], cfg, [f"data.train_files=[{train}]"], tmp_path / "work")
+    assert dropped == {"nq_test": 2}
+    assert list(pd.read_parquet(kept)["id"]) == ["b"]
