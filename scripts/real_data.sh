@@ -11,7 +11,7 @@
 # left), so an interrupted run continues where it stopped.
 #   bash scripts/real_data.sh   (EVAL_N=500 questions per set, SFT_MINUTES=20, RL_MINUTES=60,
 #                                DEMOS_N=all, RL_REWARD=format: Search-R1 v0.3's format-aware
-#                                reward; em: exact match only)
+#                                reward; em: exact match only, EVAL_MODELS="base sft rl")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -23,6 +23,7 @@ DEMOS_N=${DEMOS_N:-}                 # empty: every training question is a candi
 SFT_MINUTES=${SFT_MINUTES:-20}
 RL_MINUTES=${RL_MINUTES:-60}
 RL_REWARD=${RL_REWARD:-format}
+EVAL_MODELS=${EVAL_MODELS:-base sft rl}  # which models to evaluate (the table shows every one evaluated so far)
 PORT=${PORT:-8035}
 CFG=configs/train/wiki35k_grpo_cpu.yaml
 URL=http://127.0.0.1:$PORT
@@ -96,11 +97,14 @@ $PY -m agent_rl.training.cli --config "$CFG" "actor_rollout_ref.model.path=$SFT/
 step "evaluation: $EVAL_N questions of NQ test and HotpotQA dev, agent / rag / direct"
 for pair in "base artifacts/model" "sft $SFT" "rl $RL"; do
   set -- $pair
+  case " $EVAL_MODELS " in *" $1 "*) ;; *) continue ;; esac
   $PY -m agent_rl.evaluation.evaluate --model "$2" --config "$CFG" --retriever-url "$URL" \
     --data "$OUT/nq_test.parquet" "$OUT/hotpotqa_dev.parquet" --mode agent rag direct --limit "$EVAL_N" \
     --out "runs/eval/${RUN}_$1" --no-progress
 done
-{ for src in nq hotpotqa; do
-    $PY -m agent_rl.evaluation.report base=runs/eval/${RUN}_base SFT=runs/eval/${RUN}_sft \
-      SFT+RL=runs/eval/${RUN}_rl --source "$src"; done
-} | tee "$OUT/report.md"
+ROWS=""
+for pair in "base base" "sft SFT" "rl SFT+RL"; do
+  set -- $pair
+  [ -f "runs/eval/${RUN}_$1/summary.json" ] && ROWS="$ROWS $2=runs/eval/${RUN}_$1"
+done
+{ for src in nq hotpotqa; do $PY -m agent_rl.evaluation.report $ROWS --source "$src"; done; } | tee "$OUT/report.md"
