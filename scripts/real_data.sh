@@ -28,6 +28,8 @@ PORT=${PORT:-8035}
 CFG=configs/train/wiki35k_grpo_cpu.yaml
 URL=http://127.0.0.1:$PORT
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_CPU_OMP_THREADS_BIND=all
+# as the Makefile: Ray's default kill threshold (95% of node memory) is reached on 24 GiB by page cache
+export RAY_memory_usage_threshold=${RAY_memory_usage_threshold:-0.99}
 [ -f "$SHARED/corpus/wiki_35k.jsonl" ] || { echo "no $SHARED/corpus/wiki_35k.jsonl (set AGENT_RL_SHARED_DATA)" >&2; exit 2; }
 mkdir -p "$OUT"
 step() { echo; echo "[real] $*"; }
