@@ -187,19 +187,14 @@ def held_out(tests: list[Path], config: Path, overrides: list[str], work: Path) 
     (normalised text, as `agent-rl-prep overlap`); returns the filtered copies and the number
     dropped per test file."""
     from agent_rl.config import TrainConfig, load_config
-    from data_prep.qa import normalize_question, read_qa
+    from data_prep.qa import drop_questions, questions_of
 
-    cfg = load_config(TrainConfig, config, overrides)
-    seen = {normalize_question(q) for f in cfg.data.train_files for q in read_qa(f)["question"]}
+    seen = questions_of(load_config(TrainConfig, config, overrides).data.train_files)
     out, dropped = [], {}
     for t in tests:
-        df = read_qa(t)
-        keep = [normalize_question(q) not in seen for q in df["question"]]
-        dropped[t.stem] = len(df) - sum(keep)
-        path = work / "held_out" / f"{t.stem}.parquet"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        df[keep].reset_index(drop=True).to_parquet(path, index=False)
-        out.append(path)
+        out.append(work / "held_out" / f"{t.stem}.parquet")
+        out[-1].parent.mkdir(parents=True, exist_ok=True)
+        dropped[t.stem] = drop_questions(t, seen, out[-1])[1]
     return out, dropped
 
 
@@ -289,12 +284,12 @@ def main(argv: list[str] | None = None) -> int:
     result.update(hardware=hardware_info(), budget_minutes=args.minutes, wall_minutes=(time.time() - t_start) / 60,
                   config=str(args.config), overrides=args.overrides, sft_model=str(sft), rl_model=str(rl_model),
                   overlap_dropped=dropped)
-    sources = [report.ALL] if len(result["sets"]) < 2 else list(result["sets"])
-    for src in sources:
+    sets = result["sets"] if len(result["sets"]) > 1 else {}  # one source: its numbers are the overall ones
+    for src in sets or [report.ALL]:
         table = report.comparison([("SFT", work / "eval_sft"), ("SFT+RL", work / "eval_rl")], source=src)
         print("\n" + report.comparison_markdown(table, title=f"Learning benchmark ({src}): {steps} RL steps in "
                                                            f"{seconds / 60:.1f} min"))
-    for src, r in [(report.ALL, result)] + (list(result["sets"].items()) if len(result["sets"]) > 1 else []):
+    for src, r in {report.ALL: result, **sets}.items():
         lo, hi = r["ci"]["em_rl_minus_sft"]
         print(f"{src}: em_rl - em_sft = {r['em_rl'] - r['em_sft']:+.3f} (paired 95% CI [{lo:+.3f}, {hi:+.3f}], "
               f"n={r['n_eval']}); em_rag {r['em_rag']:.3f}; strict format {r['format_rate_sft']:.2f} -> "
