@@ -198,7 +198,10 @@ def held_out(tests: list[Path], config: Path, overrides: list[str], work: Path) 
     return out, dropped
 
 
+REAL_TRAIN_SETS = ("nq_train", "hotpot_train", "musique_train", "musique_official", "hotpot_official")
+"""scripts/real_data.sh's TRAIN_SETS: RL trains on their demonstrations' questions."""
 REAL = {  # --real: what scripts/real_data.sh leaves (OUT=artifacts/real)
+    "train_files": [f"artifacts/real/demos_{name}.parquet" for name in REAL_TRAIN_SETS],
     "sft": "runs/sft/real",
     "config": "configs/train/wiki35k_grpo_cpu.yaml",
     "index": "artifacts/wiki35k_flat",
@@ -242,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
         defaults = {"sft": "runs/sft/demo_cpu", "config": "configs/train/demo_grpo_cpu.yaml",
                     "index": "artifacts/kb_index_flat", "tests": [kb / "test.parquet"], "eval_limit": 200,
                     "corpus": kb / "corpus.jsonl"}
+    if args.real and not any(o.startswith("data.train_files=") for o in args.overrides):
+        # the config names artifacts/real/train.parquet; the recipe trains on the demonstrations' questions
+        args.overrides.insert(0, f"data.train_files=[{','.join(str(ROOT / f) for f in REAL['train_files'])}]")
     args.sft = args.sft or str(ROOT / defaults["sft"])
     args.config = Path(args.config or ROOT / defaults["config"])
     index, corpus = Path(args.index or ROOT / defaults["index"]), Path(args.corpus or defaults["corpus"])
