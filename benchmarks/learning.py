@@ -187,23 +187,21 @@ def held_out(tests: list[Path], config: Path, overrides: list[str], work: Path) 
     (normalised text, as `agent-rl-prep overlap`); returns the filtered copies and the number
     dropped per test file."""
     from agent_rl.config import TrainConfig, load_config
-    from data_prep.qa import normalize_question, read_qa
+    from data_prep.qa import drop_questions, questions_of
 
-    cfg = load_config(TrainConfig, config, overrides)
-    seen = {normalize_question(q) for f in cfg.data.train_files for q in read_qa(f)["question"]}
+    seen = questions_of(load_config(TrainConfig, config, overrides).data.train_files)
     out, dropped = [], {}
     for t in tests:
-        df = read_qa(t)
-        keep = [normalize_question(q) not in seen for q in df["question"]]
-        dropped[t.stem] = len(df) - sum(keep)
-        path = work / "held_out" / f"{t.stem}.parquet"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        df[keep].reset_index(drop=True).to_parquet(path, index=False)
-        out.append(path)
+        out.append(work / "held_out" / f"{t.stem}.parquet")
+        out[-1].parent.mkdir(parents=True, exist_ok=True)
+        dropped[t.stem] = drop_questions(t, seen, out[-1])[1]
     return out, dropped
 
 
+REAL_TRAIN_SETS = ("nq_train", "hotpot_train", "musique_train", "musique_official", "hotpot_official")
+"""scripts/real_data.sh's TRAIN_SETS: RL trains on their demonstrations' questions."""
 REAL = {  # --real: what scripts/real_data.sh leaves (OUT=artifacts/real)
+    "train_files": [f"artifacts/real/demos_{name}.parquet" for name in REAL_TRAIN_SETS],
     "sft": "runs/sft/real",
     "config": "configs/train/wiki35k_grpo_cpu.yaml",
     "index": "artifacts/wiki35k_flat",
@@ -247,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
         defaults = {"sft": "runs/sft/demo_cpu", "config": "configs/train/demo_grpo_cpu.yaml",
                     "index": "artifacts/kb_index_flat", "tests": [kb / "test.parquet"], "eval_limit": 200,
                     "corpus": kb / "corpus.jsonl"}
+    if args.real and not any(o.startswith("data.train_files=") for o in args.overrides):
+        # the config names artifacts/real/train.parquet; the recipe trains on the demonstrations' questions
+        args.overrides.insert(0, f"data.train_files=[{','.join(str(ROOT / f) for f in REAL['train_files'])}]")
     args.sft = args.sft or str(ROOT / defaults["sft"])
     args.config = Path(args.config or ROOT / defaults["config"])
     index, corpus = Path(args.index or ROOT / defaults["index"]), Path(args.corpus or defaults["corpus"])
@@ -289,12 +290,12 @@ def main(argv: list[str] | None = None) -> int:
     result.update(hardware=hardware_info(), budget_minutes=args.minutes, wall_minutes=(time.time() - t_start) / 60,
                   config=str(args.config), overrides=args.overrides, sft_model=str(sft), rl_model=str(rl_model),
                   overlap_dropped=dropped)
-    sources = [report.ALL] if len(result["sets"]) < 2 else list(result["sets"])
-    for src in sources:
+    sets = result["sets"] if len(result["sets"]) > 1 else {}  # one source: its numbers are the overall ones
+    for src in sets or [report.ALL]:
         table = report.comparison([("SFT", work / "eval_sft"), ("SFT+RL", work / "eval_rl")], source=src)
         print("\n" + report.comparison_markdown(table, title=f"Learning benchmark ({src}): {steps} RL steps in "
                                                            f"{seconds / 60:.1f} min"))
-    for src, r in [(report.ALL, result)] + (list(result["sets"].items()) if len(result["sets"]) > 1 else []):
+    for src, r in {report.ALL: result, **sets}.items():
         lo, hi = r["ci"]["em_rl_minus_sft"]
         print(f"{src}: em_rl - em_sft = {r['em_rl'] - r['em_sft']:+.3f} (paired 95% CI [{lo:+.3f}, {hi:+.3f}], "
               f"n={r['n_eval']}); em_rag {r['em_rag']:.3f}; strict format {r['format_rate_sft']:.2f} -> "

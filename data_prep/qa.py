@@ -150,9 +150,8 @@ def normalize_row(row: dict, position: int, split: str | None = None, source: st
             raise RowError("missing field 'golden_answers' (or 'answer')")
         answers = _verl_answers(row)
 
-    multihop = _official_multihop(row)
-    if multihop.pop("aliases", None):  # MuSiQue: often an empty list
-        answers = list(dict.fromkeys(answers + [str(a).strip() for a in row["answer_aliases"] if str(a).strip()]))
+    multihop, aliases = _official_multihop(row)
+    answers = list(dict.fromkeys(answers + aliases))
     split = str(split or row.get("split") or info.get("split") or default_split)
     rid = row.get("id", row.get("_id"))
     if rid is None and is_verl and info.get("index") is not None:
@@ -173,10 +172,10 @@ def normalize_row(row: dict, position: int, split: str | None = None, source: st
     return out
 
 
-def _official_multihop(row: dict) -> dict:
-    """`support_titles` (and `aliases`: whether answer_aliases count) from HotpotQA's or
-    MuSiQue's official schema; {} for other rows. Titles are an aid: a hop or fact that
-    names no titled paragraph adds none."""
+def _official_multihop(row: dict) -> tuple[dict, list[str]]:
+    """(`{"support_titles": [...]}`, MuSiQue's answer aliases) from HotpotQA's or MuSiQue's
+    official schema; ({}, []) for other rows. Titles are an aid: a hop or fact that names no
+    titled paragraph adds none."""
     if "question_decomposition" in row and isinstance(row.get("paragraphs"), list):  # MuSiQue
         if row.get("answerable") is False:
             raise RowError("unanswerable MuSiQue question (answerable: false)")
@@ -184,13 +183,14 @@ def _official_multihop(row: dict) -> dict:
         hops = row["question_decomposition"] if isinstance(row["question_decomposition"], list) else []
         found = [paragraphs.get(h.get("paragraph_support_idx")) for h in hops if isinstance(h, dict)]
         titles = [str(p.get("title") or "").strip() for p in found if p is not None]
-        return {"support_titles": list(dict.fromkeys(t for t in titles if t)),
-                "aliases": isinstance(row.get("answer_aliases"), list)}
+        aliases = row.get("answer_aliases") if isinstance(row.get("answer_aliases"), list) else []  # often empty
+        return ({"support_titles": list(dict.fromkeys(t for t in titles if t))},
+                [str(a).strip() for a in aliases if str(a).strip()])
     facts = row.get("supporting_facts")
     if isinstance(facts, list) and "context" in row:  # HotpotQA
         titles = [str(f[0]).strip() for f in facts if isinstance(f, (list, tuple)) and f]
-        return {"support_titles": list(dict.fromkeys(t for t in titles if t))}
-    return {}
+        return {"support_titles": list(dict.fromkeys(t for t in titles if t))}, []
+    return {}, []
 
 
 # ---------------------------------------------------------------------------------------
@@ -461,13 +461,23 @@ def check_overlap(train_path: str | Path, test_path: str | Path, max_examples: i
     return len(shared), shared[:max_examples]
 
 
+def questions_of(paths) -> set[str]:
+    """The normalised questions of QA files (`normalize_question`)."""
+    return {normalize_question(q) for p in paths for q in read_qa(p)["question"]}
+
+
+def drop_questions(path: str | Path, questions: set[str], out: str | Path) -> tuple[int, int]:
+    """Write the QA file `path` without the rows whose normalised question is in `questions`
+    (parquet, atomically). Returns ``(n_rows, n_dropped)``."""
+    df = read_qa(path)
+    keep = [normalize_question(q) not in questions for q in df["question"]]
+    with atomic_path(out) as tmp:
+        df[keep].reset_index(drop=True).to_parquet(tmp, index=False)
+    return len(df), len(df) - sum(keep)
+
+
 def drop_overlap(train_path: str | Path, test_path: str | Path, out: str | Path) -> tuple[int, int]:
     """Write the train file without the rows whose normalised question occurs in the test
     file (parquet, atomically), so a test question is never trained on. Returns
     ``(n_train_rows, n_dropped)``."""
-    test = {normalize_question(q) for q in read_qa(test_path)["question"]}
-    df = read_qa(train_path)
-    keep = [normalize_question(q) not in test for q in df["question"]]
-    with atomic_path(out) as tmp:
-        df[keep].reset_index(drop=True).to_parquet(tmp, index=False)
-    return len(df), len(df) - sum(keep)
+    return drop_questions(train_path, questions_of([test_path]), out)

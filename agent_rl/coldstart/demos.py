@@ -200,35 +200,23 @@ def demo_row(row: dict, traj: Trajectory, segments: list[str], queries: list[str
     }
 
 
-def _title(doc: Any) -> str:
-    """A search result's passage title (the first line of its contents)."""
-    d = doc.document if hasattr(doc, "document") else doc["document"]
-    contents = d.contents if hasattr(d, "contents") else d["contents"]
-    return contents.split("\n", 1)[0]
-
-
-async def _chains(rows: list[dict], firsts: list[str], results: dict, search: SearchFn, tokenizer: Any,
+async def _chains(unanswered: list[tuple[dict, str]], results: dict, search: SearchFn, tokenizer: Any,
                   cfg: TrainConfig, seed: int, per_row: int) -> list[dict | None]:
-    """Two-search demonstrations for `rows`, whose first search (`firsts`) retrieved no gold
-    answer: the first chain candidate whose observation contains one (None where none does)."""
-    obs = [visible_observation(tokenizer, results[q], cfg.data.max_obs_length) for q in firsts]
-    cands = [chain_candidates(str(r["question"]), o, support_titles(r), per_row) for r, o in zip(rows, obs)]
-    wanted = [c for cs in cands for c in dict.fromkeys(cs) if c not in results]
+    """Two-search demonstrations for (row, first query) pairs whose first search retrieved no
+    gold answer: the first chain candidate that finds a passage titled with its name and
+    grounds the answer (`_one_demo`); None where none does."""
+    cands = [chain_candidates(str(row["question"]), visible_observation(tokenizer, results[first], cfg.data.max_obs_length),
+                              support_titles(row), per_row) for row, first in unanswered]
+    wanted = [c for cs in cands for c in cs if c not in results]
     results.update(await _fetch(search, list(dict.fromkeys(wanted)), cfg.retriever.topk))
     out: list[dict | None] = []
-    for row, first, cs in zip(rows, firsts, cands):
-        golds = [str(g) for g in row["golden_answers"]]
+    for (row, first), cs in zip(unanswered, cands):
         demo = None
         for c in cs:
-            if results.get(c) is None:
+            if not any(contains(O.split_passage(d)[0], c) for d in results.get(c) or []):  # found what it looked up
                 continue
-            if not any(contains(_title(d), c) for d in results[c]):  # found what it looked up
-                continue
-            if grounded_answer(golds, [visible_observation(tokenizer, results[c], cfg.data.max_obs_length)]) is None:
-                continue
-            plan = Plan([first, c], [c, None], chain=True)
             try:
-                demo = await _one_demo(row, plan, results, tokenizer, cfg, seed)
+                demo = await _one_demo(row, Plan([first, c], [c, None], chain=True), results, tokenizer, cfg, seed)
                 break
             except Drop:
                 continue
@@ -282,8 +270,7 @@ async def build_demos(rows: Sequence[dict], search: SearchFn, tokenizer: Any, cf
                 else:
                     drop(row, e.reason)
         if unanswered:
-            rows_u, firsts = [r for r, _ in unanswered], [q for _, q in unanswered]
-            for row, demo in zip(rows_u, await _chains(rows_u, firsts, results, search, tokenizer, cfg, seed, chains)):
+            for (row, _), demo in zip(unanswered, await _chains(unanswered, results, search, tokenizer, cfg, seed, chains)):
                 if demo is None:
                     drop(row, "no_chain")
                 else:

@@ -18,15 +18,21 @@ from retriever_server.schemas import ScoredDocument
 SEARCH_ERROR_TEXT = "Search failed: the search engine is unavailable. No results."
 
 
+def split_passage(item: ScoredDocument | dict) -> tuple[str, str]:
+    """(title, text) of one search result: the first line of its contents as is (Search-R1
+    keeps the corpus' quotes), and the remaining lines."""
+    doc = item.document if isinstance(item, ScoredDocument) else item["document"]
+    content = doc.contents if hasattr(doc, "contents") else doc["contents"]
+    title, _, text = content.partition("\n")
+    return title, text
+
+
 def format_passages(docs: Sequence[ScoredDocument | dict]) -> str:
     """Search-R1's `_passages2string` (search_r1/llm_agent/generation.py): title = first line of
-    contents as is (Search-R1 keeps the corpus' quotes), text = the remaining lines."""
+    contents as is, text = the remaining lines (`split_passage`)."""
     out = ""
     for i, item in enumerate(docs):
-        doc = item.document if isinstance(item, ScoredDocument) else item["document"]
-        content = doc.contents if hasattr(doc, "contents") else doc["contents"]
-        lines = content.split("\n")
-        title, text = lines[0], "\n".join(lines[1:])
+        title, text = split_passage(item)
         out += f"Doc {i + 1}(Title: {title}) {text}\n"
     return out
 

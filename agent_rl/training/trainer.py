@@ -108,9 +108,7 @@ class RayTrainer:
         cfg = self.cfg
         if cfg.trainer.val_before_train and self.step == 0:
             self.metrics.log(self.validate(), step=0)
-        while self.step < self.total_steps:
-            if self._out_of_time():
-                break
+        while self.step < self.total_steps and not self._out_of_time():
             t_iter = time.monotonic()
             self.step += 1
             t = StepTimer()
@@ -153,28 +151,21 @@ class RayTrainer:
             metrics["training/elapsed_s"] = self.trained_s
             # 5. log before the checkpoint: a run killed after checkpoint K has logged K
             self.metrics.log(metrics, self.step, extra={"prompt_ids": prompt_ids})
-            out_of_time = self._out_of_time()
-            if self._save_due() or out_of_time:
+            if self._save_due() or self._out_of_time():
                 self.save()
             if on_step is not None:
                 on_step(self.step, metrics)
-            if out_of_time:
-                break
+        if self.step < self.total_steps:  # stopped by the clock
+            print(f"[train] time budget trainer.max_time_s={cfg.trainer.max_time_s:g}: stopping at step "
+                  f"{self.step}/{self.total_steps} after {self.trained_s:.0f}s of training (another step takes "
+                  f"~{self.trained_s / max(1, self.step):.0f}s)", flush=True)
 
     def _out_of_time(self) -> bool:
         """trainer.max_time_s: True when the next step, at the run's mean step time, would end
         past the budget (or the budget is spent: a re-run of a finished run does nothing)."""
         budget = self.cfg.trainer.max_time_s
-        if budget is None:
-            return False
         mean_step = self.trained_s / self.step if self.step else 0.0
-        if self.trained_s + mean_step <= budget:
-            return False
-        if not getattr(self, "_told_out_of_time", False):
-            self._told_out_of_time = True
-            print(f"[train] time budget trainer.max_time_s={budget:g}: stopping at step {self.step}/{self.total_steps} "
-                  f"after {self.trained_s:.0f}s of training (another step takes ~{mean_step:.0f}s)", flush=True)
-        return True
+        return budget is not None and self.trained_s + mean_step > budget
 
     # ------------------------------------------------------------------ step pieces
     def _needs_old_log_probs(self, num_sequences: int) -> bool:

@@ -78,3 +78,13 @@ def test_held_out_drops_and_counts_training_questions(tmp_path):
     (kept,), dropped = learning.held_out([test], cfg, [f"data.train_files=[{train}]"], tmp_path / "work")
     assert dropped == {"nq_test": 2}
     assert list(pd.read_parquet(kept)["id"]) == ["b"]
+
+
+def test_real_mode_trains_on_the_recipes_demonstration_files():
+    """--real must train on (and hold out the test questions of) what scripts/real_data.sh writes."""
+    import re
+
+    script = (ROOT / "scripts" / "real_data.sh").read_text()
+    sets = re.search(r'^TRAIN_SETS="([^"]+)"', script, re.M).group(1).split()
+    assert tuple(sets) == learning.REAL_TRAIN_SETS
+    assert 'DEMO_FILES="$DEMO_FILES,$OUT/demos_$qa.parquet"' in script  # the files RL trains on
