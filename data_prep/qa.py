@@ -151,7 +151,8 @@ def normalize_row(row: dict, position: int, split: str | None = None, source: st
         answers = _verl_answers(row)
 
     multihop, aliases = _official_multihop(row)
-    answers = list(dict.fromkeys(answers + aliases))
+    if aliases:  # other rows keep their answer lists exactly as given
+        answers = list(dict.fromkeys(answers + aliases))
     split = str(split or row.get("split") or info.get("split") or default_split)
     rid = row.get("id", row.get("_id"))
     if rid is None and is_verl and info.get("index") is not None:
