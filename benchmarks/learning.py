@@ -18,7 +18,8 @@ run go to a PNG; diagnostics from the run's metrics (reward first vs last steps,
 valid format, seconds per step) say what limits learning.
 
 `--real`: the real-data recipe's artifacts (scripts/real_data.sh builds them): the wiki_35k
-retriever, the SFT model runs/sft/real, configs/train/wiki35k_grpo_cpu.yaml, and
+retriever, the SFT model runs/sft/real, configs/train/wiki35k_grpo_cpu.yaml, RL on the
+questions of the demonstrations the recipe kept out of SFT (artifacts/real/split/rl_*), and
 `--eval-limit` (default 500) questions each of NQ test and HotpotQA dev. Test questions that
 also occur in a training file of the config (normalised text) are dropped first and counted
 (`overlap_dropped`).
@@ -27,7 +28,9 @@ also occur in a training file of the config (normalised text) are dropped first 
 before a step that would end past it and saves; worker start-up and the evaluations come on
 top; the JSON has `minutes` trained and `wall_minutes` in all). Everything goes to --workdir
 (default runs/learning/<time>); the retriever is started on the flat index (built when
-missing) and stopped on exit. A re-run with the same --workdir reuses finished evaluations.
+missing) and stopped on exit. RL runs first, then the evaluations (they give the same numbers
+however busy the host is). A re-run with the same --workdir reuses a finished RL run
+(`rl_finished.json`) and finished evaluations.
 Extra positional `key=value` arguments override the training config (veRL names), e.g.
 `actor_rollout_ref.rollout.n=8` or `reward.structure_format_score=0.2`.
 """
@@ -199,9 +202,10 @@ def held_out(tests: list[Path], config: Path, overrides: list[str], work: Path) 
 
 
 REAL_TRAIN_SETS = ("nq_train", "hotpot_train", "musique_train", "musique_official", "hotpot_official")
-"""scripts/real_data.sh's TRAIN_SETS: RL trains on their demonstrations' questions."""
+"""scripts/real_data.sh's TRAIN_SETS: RL trains on the questions of their demonstrations that
+the recipe kept out of SFT (`split/rl_*`)."""
 REAL = {  # --real: what scripts/real_data.sh leaves (OUT=artifacts/real)
-    "train_files": [f"artifacts/real/demos_{name}.parquet" for name in REAL_TRAIN_SETS],
+    "train_files": [f"artifacts/real/split/rl_{name}.parquet" for name in REAL_TRAIN_SETS],
     "sft": "runs/sft/real",
     "config": "configs/train/wiki35k_grpo_cpu.yaml",
     "index": "artifacts/wiki35k_flat",
@@ -246,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
                     "index": "artifacts/kb_index_flat", "tests": [kb / "test.parquet"], "eval_limit": 200,
                     "corpus": kb / "corpus.jsonl"}
     if args.real and not any(o.startswith("data.train_files=") for o in args.overrides):
-        # the config names artifacts/real/train.parquet; the recipe trains on the demonstrations' questions
+        # the config names artifacts/real/train.parquet; the recipe trains RL on the questions of the
+        # demonstrations it kept out of SFT
         args.overrides.insert(0, f"data.train_files=[{','.join(str(ROOT / f) for f in REAL['train_files'])}]")
     args.sft = args.sft or str(ROOT / defaults["sft"])
     args.config = Path(args.config or ROOT / defaults["config"])
@@ -272,13 +277,21 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.time()
     try:
         with serve_index(index, corpus, log_path=work / "retriever.log") as url:
-            evaluate(sft, list(MODES), url, args, work / "eval_sft")
-            if (work / "rl").exists():  # an earlier, interrupted attempt: RL restarts from the SFT model
-                (work / "rl").rename(work / f"rl.{time.strftime('%Y%m%d-%H%M%S')}.old")
-                if (work / "eval_rl").exists():
-                    (work / "eval_rl").rename(work / f"eval_rl.{time.strftime('%Y%m%d-%H%M%S')}.old")
-            steps, seconds = train(sft, url, args, work / "rl")
+            # RL first, on a quiet host (its step count depends on the cores it gets); the
+            # evaluations after it give the same numbers however slowly they run
+            finished = work / "rl_finished.json"
+            if finished.is_file():  # a re-run: the RL model of the finished training is evaluated
+                steps, seconds = (json.loads(finished.read_text())[k] for k in ("steps", "seconds"))
+            else:
+                if (work / "rl").exists():  # an earlier, interrupted attempt: RL restarts from the SFT model
+                    stamp = time.strftime("%Y%m%d-%H%M%S")
+                    for old in ("rl", "eval_rl"):
+                        if (work / old).exists():
+                            (work / old).rename(work / f"{old}.{stamp}.old")
+                steps, seconds = train(sft, url, args, work / "rl")
+                finished.write_text(json.dumps({"steps": steps, "seconds": seconds}))
             rl_model = resolve_model_dir(work / "rl")
+            evaluate(sft, list(MODES), url, args, work / "eval_sft")
             evaluate(rl_model, ["agent"], url, args, work / "eval_rl")
     except KeyboardInterrupt:
         print("\n[learning] interrupted", file=sys.stderr)

@@ -477,6 +477,27 @@ def drop_questions(path: str | Path, questions: set[str], out: str | Path) -> tu
     return len(df), len(df) - sum(keep)
 
 
+def split_by_id(path: str | Path, every: int, out_rest: str | Path, out_held: str | Path) -> tuple[int, int]:
+    """Split a parquet file with an `id` column (QA rows, demonstrations: every column kept) in
+    two: the rows whose id's SHA-1 is divisible by `every` go to `out_held`, the others to
+    `out_rest` (atomically). The split depends on the ids only, so it is the same on every run
+    and machine. Returns ``(n_rest, n_held)``."""
+    import hashlib
+
+    import pandas as pd
+
+    if every < 2:
+        raise ValueError(f"split_by_id: every must be >= 2, got {every}")
+    df = pd.read_parquet(path)
+    if "id" not in df.columns:
+        raise ValueError(f"{path}: no 'id' column to split by (columns: {', '.join(map(str, df.columns))})")
+    held = df["id"].astype(str).map(lambda s: int(hashlib.sha1(s.encode()).hexdigest(), 16) % every == 0)
+    for out, part in ((out_rest, df[~held]), (out_held, df[held])):
+        with atomic_path(out) as tmp:
+            part.reset_index(drop=True).to_parquet(tmp, index=False)
+    return int((~held).sum()), int(held.sum())
+
+
 def drop_overlap(train_path: str | Path, test_path: str | Path, out: str | Path) -> tuple[int, int]:
     """Write the train file without the rows whose normalised question occurs in the test
     file (parquet, atomically), so a test question is never trained on. Returns

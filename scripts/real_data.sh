@@ -3,9 +3,9 @@
 #   wiki_35k corpus -> flat index -> retriever -> grounded demonstrations from NQ (AmbigQA
 #   train), HotpotQA/2Wiki (R1-Searcher train), MuSiQue train and the official-schema
 #   MuSiQue / HotpotQA train rows (decompositions, supporting titles), with two-search chains,
-#   minus every question that is also in a test set -> cold-start SFT -> GRPO from the SFT
-#   model for RL_MINUTES (trainer.max_time_s: stops cleanly with a checkpoint) -> evaluation of
-#   the base, SFT and SFT+RL models on NQ test and HotpotQA dev samples in agent / rag /
+#   minus every question that is also in a test set -> a split by id (1 in RL_EVERY kept out of
+#   SFT) -> cold-start SFT -> GRPO from the SFT model, on the held-out questions, for
+#   RL_MINUTES (trainer.max_time_s: stops cleanly with a checkpoint) -> evaluation of the base, SFT and SFT+RL models on NQ test and HotpotQA dev samples in agent / rag /
 #   direct modes -> one table.
 # Every step is skipped when its output exists (RL resumes from its checkpoint with the time
 # left), so an interrupted run continues where it stopped.
@@ -23,6 +23,7 @@ DEMOS_N=${DEMOS_N:-}                 # empty: every training question is a candi
 SFT_MINUTES=${SFT_MINUTES:-20}
 RL_MINUTES=${RL_MINUTES:-60}
 RL_REWARD=${RL_REWARD:-format}
+RL_EVERY=${RL_EVERY:-5}                  # 1 demonstration in RL_EVERY (by id hash) is kept out of SFT for RL
 EVAL_MODELS=${EVAL_MODELS:-base sft rl}  # which models to evaluate (the table shows every one evaluated so far)
 PORT=${PORT:-8035}
 CFG=configs/train/wiki35k_grpo_cpu.yaml
@@ -70,29 +71,39 @@ for _ in $(seq 300); do curl -sf "$URL/health" >/dev/null && break; sleep 1; don
 curl -sf "$URL/health" >/dev/null || { echo "retriever did not come up: $OUT/retriever.log" >&2; exit 1; }
 
 step "grounded demonstrations"
-DEMO_FILES=""
 for qa in $TRAIN_SETS; do
   [ -f "$OUT/demos_$qa.parquet" ] || $PY -m data_prep demos --qa "$OUT/${qa}_clean.parquet" --retriever-url "$URL" \
     --out "$OUT/demos_$qa.parquet" --config "$CFG" --model artifacts/model ${DEMOS_N:+--limit "$DEMOS_N"} \
     --dropped "$OUT/demos_$qa.dropped.jsonl"
-  DEMO_FILES="$DEMO_FILES,$OUT/demos_$qa.parquet"
+done
+
+step "demonstrations split by id: 1 in $RL_EVERY kept out of SFT, for RL"
+# RL on questions SFT has fitted teaches little (the samples of a group agree); on questions
+# it has not seen, as at test time, the group's rewards differ
+SFT_FILES="" RL_FILES=""
+for qa in $TRAIN_SETS; do
+  [ -f "$OUT/split/rl_$qa.parquet" ] || $PY -c "import sys; from data_prep.qa import split_by_id; \
+print(sys.argv[1], 'sft, rl:', split_by_id(sys.argv[1], $RL_EVERY, sys.argv[2], sys.argv[3]))" \
+    "$OUT/demos_$qa.parquet" "$OUT/split/sft_$qa.parquet" "$OUT/split/rl_$qa.parquet"
+  SFT_FILES="$SFT_FILES,$OUT/split/sft_$qa.parquet"
+  RL_FILES="$RL_FILES,$OUT/split/rl_$qa.parquet"
 done
 
 step "cold-start SFT ($SFT_MINUTES min budget)"
 RUN=$(basename "$OUT")
 SFT=runs/sft/$RUN
 [ -f "$SFT/model/config.json" ] || $PY -m agent_rl.coldstart.sft --config configs/sft/wiki35k_cpu.yaml \
-  "data.train_files=[${DEMO_FILES#,}]" "trainer.total_training_steps=0" \
+  "data.train_files=[${SFT_FILES#,}]" "trainer.total_training_steps=0" \
   "trainer.max_time_s=$((SFT_MINUTES * 60))" "trainer.default_local_dir=$SFT"
 
-step "GRPO from the SFT model ($RL_MINUTES min budget, reward: $RL_REWARD) on the demonstrations' questions"
-# the questions the corpus can answer (a grounded demonstration exists): the others give
-# every sample of a group reward 0, hence no GRPO signal
+step "GRPO from the SFT model ($RL_MINUTES min budget, reward: $RL_REWARD) on the held-out demonstrations' questions"
+# questions the corpus can answer (a grounded demonstration exists; the others give every
+# sample of a group reward 0, hence no GRPO signal) that SFT did not see
 RL=runs/rl/$RUN
 REWARD_ARGS=""
 [ "$RL_REWARD" = format ] && REWARD_ARGS="reward.structure_format_score=0.2 reward.final_format_score=0.1 reward.retrieval_score=0.1"
 $PY -m agent_rl.training.cli --config "$CFG" "actor_rollout_ref.model.path=$SFT/model" \
-  "data.train_files=[${DEMO_FILES#,}]" "retriever.url=[$URL/retrieve]" $REWARD_ARGS \
+  "data.train_files=[${RL_FILES#,}]" "retriever.url=[$URL/retrieve]" $REWARD_ARGS \
   "trainer.total_training_steps=100000" "trainer.max_time_s=$((RL_MINUTES * 60))" "trainer.save_freq=10" \
   "trainer.default_local_dir=$RL"
 

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from data_prep.io import DataPrepError, Report
-from data_prep.qa import check_overlap, convert_qa, question_from_prompt, read_qa
+from data_prep.qa import check_overlap, convert_qa, question_from_prompt, read_qa, split_by_id
 
 
 # Search-R1's prompt (scripts/data_process/nq_search.py, template_type="base").
@@ -348,3 +348,25 @@ def test_official_musique_rows_reported_when_unanswerable(tmp_path):
     assert (r.read, r.written) == (2, 1) and "answerable: false" in r.problems[0] and ":2" in r.problems[0]
     row = read_qa(tmp_path / "o.parquet").iloc[0]
     assert list(row.golden_answers) == ["A"] and list(row.support_titles) == ["T0"]  # idx 7 names no paragraph
+
+
+def test_split_by_id_is_disjoint_stable_and_keeps_every_column(tmp_path):
+    import hashlib
+
+    ids = [f"q{i}" for i in range(40)]
+    src = tmp_path / "demos.parquet"
+    pd.DataFrame({"id": ids, "question": [f"question {i}" for i in range(40)],
+                  "response_ids": [[i, i + 1] for i in range(40)]}).to_parquet(src)
+    rest, held = tmp_path / "rest.parquet", tmp_path / "held.parquet"
+    want_held = [i for i in ids if int(hashlib.sha1(i.encode()).hexdigest(), 16) % 5 == 0]
+    assert split_by_id(src, 5, rest, held) == (40 - len(want_held), len(want_held))
+    r, h = pd.read_parquet(rest), pd.read_parquet(held)
+    assert list(h["id"]) == want_held and want_held  # the hand rule, in file order, non-empty
+    assert sorted(r["id"].tolist() + h["id"].tolist()) == sorted(ids) and not set(r["id"]) & set(h["id"])
+    assert list(h.columns) == ["id", "question", "response_ids"] and list(h["response_ids"].iloc[0]) == [
+        int(want_held[0][1:]), int(want_held[0][1:]) + 1]
+    assert split_by_id(src, 5, tmp_path / "r2.parquet", tmp_path / "h2.parquet") == (len(r), len(h))
+    assert pd.read_parquet(tmp_path / "h2.parquet")["id"].tolist() == want_held  # same split on a re-run
+    with pytest.raises(ValueError, match="no 'id' column"):
+        pd.DataFrame({"question": ["a"]}).to_parquet(tmp_path / "noid.parquet")
+        split_by_id(tmp_path / "noid.parquet", 5, rest, held)
