@@ -281,7 +281,9 @@ def main(argv: list[str] | None = None) -> int:
             # evaluations after it give the same numbers however slowly they run
             finished = work / "rl_finished.json"
             if finished.is_file():  # a re-run: the RL model of the finished training is evaluated
-                steps, seconds = (json.loads(finished.read_text())[k] for k in ("steps", "seconds"))
+                done = json.loads(finished.read_text())
+                steps, seconds = done["steps"], done["seconds"]
+                t_start -= done.get("wall_s", 0.0)  # wall_minutes counts the RL run's wall time too
             else:
                 if (work / "rl").exists():  # an earlier, interrupted attempt: RL restarts from the SFT model
                     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -289,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
                         if (work / old).exists():
                             (work / old).rename(work / f"{old}.{stamp}.old")
                 steps, seconds = train(sft, url, args, work / "rl")
-                finished.write_text(json.dumps({"steps": steps, "seconds": seconds}))
+                finished.write_text(json.dumps({"steps": steps, "seconds": seconds, "wall_s": time.time() - t_start}))
             rl_model = resolve_model_dir(work / "rl")
             evaluate(sft, list(MODES), url, args, work / "eval_sft")
             evaluate(rl_model, ["agent"], url, args, work / "eval_rl")
