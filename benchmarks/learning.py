@@ -193,11 +193,8 @@ def held_out(tests: list[Path], config: Path, overrides: list[str], work: Path) 
     from data_prep.qa import drop_questions, questions_of
 
     seen = questions_of(load_config(TrainConfig, config, overrides).data.train_files)
-    out, dropped = [], {}
-    for t in tests:
-        out.append(work / "held_out" / f"{t.stem}.parquet")
-        out[-1].parent.mkdir(parents=True, exist_ok=True)
-        dropped[t.stem] = drop_questions(t, seen, out[-1])[1]
+    out = [work / "held_out" / f"{t.stem}.parquet" for t in tests]
+    dropped = {t.stem: drop_questions(t, seen, o)[1] for t, o in zip(tests, out)}  # atomic_path makes the folder
     return out, dropped
 
 

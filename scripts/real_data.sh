@@ -5,8 +5,9 @@
 #   MuSiQue / HotpotQA train rows (decompositions, supporting titles), with two-search chains,
 #   minus every question that is also in a test set -> a split by id (1 in RL_EVERY kept out of
 #   SFT) -> cold-start SFT -> GRPO from the SFT model, on the held-out questions, for
-#   RL_MINUTES (trainer.max_time_s: stops cleanly with a checkpoint) -> evaluation of the base, SFT and SFT+RL models on NQ test and HotpotQA dev samples in agent / rag /
-#   direct modes -> one table.
+#   RL_MINUTES (trainer.max_time_s: stops cleanly with a checkpoint) -> evaluation of the
+#   base, SFT and SFT+RL models on NQ test and HotpotQA dev samples in agent / rag / direct
+#   modes -> one table.
 # Every step is skipped when its output exists (RL resumes from its checkpoint with the time
 # left), so an interrupted run continues where it stopped.
 #   bash scripts/real_data.sh   (EVAL_N=500 questions per set, SFT_MINUTES=20, RL_MINUTES=60,
