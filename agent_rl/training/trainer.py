@@ -77,6 +77,7 @@ class RayTrainer:
         self.step = 0
         self.trained_s = 0.0  # wall seconds of training steps, summed over resumed attempts
         self.adv_fn = algos.get_adv_estimator(cfg.algorithm.adv_estimator)
+        check_filter_metric(cfg.algorithm.filter_metric)  # before the engine starts
         self.kl_ctrl = algos.make_kl_controller(cfg.algorithm.kl_ctrl)
         self.use_critic = algos.needs_critic(cfg.algorithm.adv_estimator)
         self.use_ref = cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
@@ -189,7 +190,8 @@ class RayTrainer:
         lost = dict.fromkeys(("rollout/failed_search_trajectories", "rollout/dropped_for_failed_search"), 0.0)
         for attempt in range(1, OUTAGE_ATTEMPTS + 1):
             trajs, ids, metrics = collect_groups(self.loader, rollout, cfg.reward, cfg.data.train_batch_size,
-                                                 a.filter_groups, max_rounds, t, drop_failed=drop)
+                                                 a.filter_groups, max_rounds, t, drop_failed=drop,
+                                                 filter_metric=a.filter_metric)
             consumed += ids
             for k in lost:  # counted over every collection of the step, the failed ones too
                 lost[k] += metrics.get(k, 0.0)
@@ -312,15 +314,18 @@ def collect_groups(
     max_extra_rounds: int,
     t: StepTimer,
     drop_failed: str | None = None,
+    filter_metric: str = "score",
 ) -> tuple[list[Trajectory], list[str], dict[str, float]]:
     """Rollout and score `want` prompts (one group of n samples each). With `filter_on`, groups
     whose rewards all agree carry no signal and are dropped (DAPO dynamic sampling); extra
     prompts are drawn, sized by the keep rate so far, for up to `max_extra_rounds` rounds
-    until `want` groups are kept. `drop_failed` ("group" | "trajectory" | None) leaves out
+    until `want` groups are kept; `filter_metric` says on what the samples must disagree: the
+    reward ("score") or the task metric alone ("acc"). `drop_failed` ("group" | "trajectory" | None) leaves out
     trajectories with a failed search, with their group when "group" (see
     `drop_failed_searches`). Returns (trajectories with group ids 0..G-1, ids of every prompt
     consumed, rollout/* reward/* filter/* metrics of the first round); no trajectories when
     every one was left out for a failed search."""
+    check_filter_metric(filter_metric)
     kept: list[list[Trajectory]] = []
     consumed: list[str] = []
     metrics: dict[str, float] = {}
@@ -331,6 +336,7 @@ def collect_groups(
             trajs, gen_metrics = rollout(prompts)
         with t("reward"):
             results = score_trajectories(trajs, prompts, reward_cfg)
+        value = {id(tr): r.metric if filter_metric == "acc" else r.score for tr, r in zip(trajs, results)}
         groups = group_trajectories(trajs)
         if round_ == 0:
             metrics.update(gen_metrics)
@@ -340,7 +346,7 @@ def collect_groups(
             if round_ == 0:
                 metrics.update(failure_metrics)
         if filter_on:
-            rewards = torch.tensor([tr.reward for g in groups for tr in g])
+            rewards = torch.tensor([value[id(tr)] for g in groups for tr in g])
             result = algos.filter_groups(rewards, [i for i, g in enumerate(groups) for _ in g])
             if round_ == 0:
                 metrics.update({f"filter/{k}": v for k, v in result.metrics.items()})
@@ -357,10 +363,15 @@ def collect_groups(
         return [], consumed, metrics  # the caller waits for the retriever and collects again
     if not kept:
         raise RuntimeError(
-            f"every group's rewards agreed in {round_ + 1} round(s): nothing to learn from "
+            f"every group's {'rewards' if filter_metric == 'score' else reward_cfg.kind} agreed in {round_ + 1} round(s): nothing to learn from "
             "(raise algorithm.max_filter_rounds or disable algorithm.filter_groups)"
         )
     return [tr for gid, g in enumerate(kept) for tr in _with_group(g, gid)], consumed, metrics
+
+
+def check_filter_metric(name: str) -> None:
+    if name not in ("score", "acc"):
+        raise ValueError(f"algorithm.filter_metric must be score or acc, got {name!r}")
 
 
 def drop_failed_searches(groups: list[list[Trajectory]], whole_group: bool) -> tuple[list[list[Trajectory]], dict]:

@@ -283,6 +283,32 @@ def test_collect_with_filtering_drops_agreeing_groups_and_over_samples():
     assert loader.pos.index == 4 and t.seconds["gen"] >= 0
 
 
+def test_collect_filters_on_the_task_metric_when_asked():
+    """With format-aware rewards, a group of wrong answers in mixed formats disagrees on the
+    reward (0.1 for a malformed answer, 0 for none) but not on EM: `score` keeps it, `acc`
+    drops it and draws more prompts."""
+    from agent_rl.config import RewardConfig
+    from agent_rl.training.trainer import StepTimer, check_filter_metric, collect_groups
+    from agent_rl.types import Trajectory
+
+    texts = {"q0": ["<answer>zz</answer>", "no answer"], "q1": ["<answer>zz</answer>", "<answer>zz</answer>"],
+             "q2": ["<answer>a2</answer>", "<answer>zz</answer>"], "q3": ["no answer", "no answer"]}
+
+    def rollout(prompts):
+        return [Trajectory([1], [2, 3], [1, 1], [-0.1, -0.2], group_id=g, response_text=x, golden_answers=p.golden_answers)
+                for g, p in enumerate(prompts) for x in texts[p.id]], {}
+
+    reward = RewardConfig(structure_format_score=0.2, final_format_score=0.1, retrieval_score=0.1)
+    by_score, consumed, _ = collect_groups(_loader(4), rollout, reward, 1, True, 3, StepTimer())
+    assert consumed == ["q0", "q1"] and [t.reward for t in by_score] == [0.1, 0.0]  # q0: rewards disagree
+    by_acc, consumed, m = collect_groups(_loader(4), rollout, reward, 1, True, 3, StepTimer(), filter_metric="acc")
+    # q0 and q1 agree on EM (all 0); 1 group wanted, keep rate floor 1/1 -> one more prompt at a time;
+    # q2: a right but malformed answer scores 1 - 0.2 (Search-R1 v0.3)
+    assert consumed == ["q0", "q1", "q2"] and [t.reward for t in by_acc] == [0.8, 0.1] and m["filter/rounds"] == 2.0
+    with pytest.raises(ValueError, match="filter_metric must be score or acc"):
+        check_filter_metric("em")
+
+
 def test_collect_raises_when_no_group_has_signal():
     from agent_rl.config import RewardConfig
     from agent_rl.training.trainer import StepTimer, collect_groups
