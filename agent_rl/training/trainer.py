@@ -318,13 +318,13 @@ def collect_groups(
 ) -> tuple[list[Trajectory], list[str], dict[str, float]]:
     """Rollout and score `want` prompts (one group of n samples each). With `filter_on`, groups
     whose rewards all agree carry no signal and are dropped (DAPO dynamic sampling); extra
-    prompts are drawn, sized by the keep rate so far, for up to `max_extra_rounds` rounds
-    until `want` groups are kept; `filter_metric` says on what the samples must disagree: the
-    reward ("score") or the task metric alone ("acc"). `drop_failed` ("group" | "trajectory" | None) leaves out
-    trajectories with a failed search, with their group when "group" (see
-    `drop_failed_searches`). Returns (trajectories with group ids 0..G-1, ids of every prompt
-    consumed, rollout/* reward/* filter/* metrics of the first round); no trajectories when
-    every one was left out for a failed search."""
+    prompts are drawn, sized by the keep rate so far (4x the batch while none is kept), for up
+    to `max_extra_rounds` rounds until `want` groups are kept. `filter_metric` says what the
+    samples must disagree on: the reward ("score") or the task metric alone ("acc").
+    `drop_failed` ("group" | "trajectory" | None) leaves out trajectories with a failed search,
+    with their group when "group" (see `drop_failed_searches`). Returns (trajectories with
+    group ids 0..G-1, ids of every prompt consumed, rollout/* reward/* filter/* metrics of the
+    first round); no trajectories when every one was left out for a failed search."""
     check_filter_metric(filter_metric)
     kept: list[list[Trajectory]] = []
     consumed: list[str] = []
@@ -354,8 +354,8 @@ def collect_groups(
         kept += groups[: want - len(kept)]
         if len(kept) >= want or not filter_on:
             break
-        rate = max(len(kept) / len(consumed), 1.0 / want)  # over-sample by the keep rate so far
-        prompts = loader.take(min(math.ceil((want - len(kept)) / rate), 4 * want))
+        rate = len(kept) / len(consumed)  # over-sample by the keep rate so far; none kept yet: the most
+        prompts = loader.take(4 * want if rate == 0 else min(math.ceil((want - len(kept)) / rate), 4 * want))
     if filter_on:
         metrics["filter/rounds"] = float(round_ + 1)
         metrics["filter/batch_groups"] = float(len(kept))

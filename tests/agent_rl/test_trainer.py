@@ -302,9 +302,9 @@ def test_collect_filters_on_the_task_metric_when_asked():
     by_score, consumed, _ = collect_groups(_loader(4), rollout, reward, 1, True, 3, StepTimer())
     assert consumed == ["q0", "q1"] and [t.reward for t in by_score] == [0.1, 0.0]  # q0: rewards disagree
     by_acc, consumed, m = collect_groups(_loader(4), rollout, reward, 1, True, 3, StepTimer(), filter_metric="acc")
-    # q0 and q1 agree on EM (all 0); 1 group wanted, keep rate floor 1/1 -> one more prompt at a time;
-    # q2: a right but malformed answer scores 1 - 0.2 (Search-R1 v0.3)
-    assert consumed == ["q0", "q1", "q2"] and [t.reward for t in by_acc] == [0.8, 0.1] and m["filter/rounds"] == 2.0
+    # q0 and q1 agree on EM (all 0); nothing kept yet -> draw 4x the 1 group wanted (the loader wraps
+    # around); q2 kept (a right but malformed answer scores 1 - 0.2, Search-R1 v0.3), the rest agree
+    assert consumed == ["q0", "q1", "q2", "q3", "q0", "q1"] and [t.reward for t in by_acc] == [0.8, 0.1] and m["filter/rounds"] == 2.0
     with pytest.raises(ValueError, match="filter_metric must be score or acc"):
         check_filter_metric("em")
 
