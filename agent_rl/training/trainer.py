@@ -16,6 +16,7 @@ for truncated importance sampling (`actor.tis_cap`).
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import math
 import time
@@ -30,7 +31,7 @@ from agent_rl.rollout.prompts import reward_view
 from agent_rl.rollout.reward import evaluate_response
 from agent_rl.training import algos
 from agent_rl.training.batch import TokenBatch
-from agent_rl.training.checkpoint import CheckpointManager
+from agent_rl.training.checkpoint import STATE, CheckpointManager
 from agent_rl.training.data import Prompt, PromptLoader, drop_overlong, load_prompts
 from agent_rl.training.metrics import MetricsLogger
 from agent_rl.types import Trajectory
@@ -162,11 +163,7 @@ class RayTrainer:
                   f"~{self.trained_s / max(1, self.step):.0f}s)", flush=True)
 
     def _out_of_time(self) -> bool:
-        """trainer.max_time_s: True when the next step, at the run's mean step time, would end
-        past the budget (or the budget is spent: a re-run of a finished run does nothing)."""
-        budget = self.cfg.trainer.max_time_s
-        mean_step = self.trained_s / self.step if self.step else 0.0
-        return budget is not None and self.trained_s + mean_step > budget
+        return out_of_time(self.trained_s, self.step, self.cfg.trainer.max_time_s)
 
     # ------------------------------------------------------------------ step pieces
     def _needs_old_log_probs(self, num_sequences: int) -> bool:
@@ -292,6 +289,36 @@ class RayTrainer:
 
 
 # ----------------------------------------------------------------------------- helpers
+def out_of_time(trained_s: float, step: int, budget: float | None) -> bool:
+    """trainer.max_time_s: True when the next step, at the run's mean step time, would end
+    past the budget (or the budget is spent: a re-run of a finished run does nothing)."""
+    mean_step = trained_s / step if step else 0.0
+    return budget is not None and trained_s + mean_step > budget
+
+
+def finished_run(cfg: TrainConfig) -> str | None:
+    """Why the run that `cfg` would resume has nothing left to do (its latest checkpoint has
+    spent trainer.max_time_s or reached trainer.total_training_steps), or None. Read from the
+    checkpoint's trainer_state.json alone, so a finished run is known before Ray and the
+    engine start."""
+    tr = cfg.trainer
+    if tr.resume_mode != "auto":
+        return None
+    path = Path(tr.resume_from_path) if tr.resume_from_path else CheckpointManager(
+        Path(tr.default_local_dir) / "checkpoints").latest()
+    state_file = path / STATE if path is not None else None
+    if state_file is None or not state_file.is_file():
+        return None
+    state = json.loads(state_file.read_text())
+    step, trained_s = int(state["step"]), float(state.get("trained_s", 0.0))
+    if tr.total_training_steps and step >= tr.total_training_steps:
+        return f"{path} is at step {step} of trainer.total_training_steps={tr.total_training_steps}"
+    if out_of_time(trained_s, step, tr.max_time_s):
+        return (f"{path} has trained {trained_s:.0f}s of trainer.max_time_s={tr.max_time_s:g} "
+                f"({step} steps; another would end past it)")
+    return None
+
+
 def load_train_prompts(cfg: TrainConfig) -> list[Prompt]:
     """Training prompts without those longer than data.max_prompt_length tokens, measured
     with the rollout's own prompt template and tokenizer."""

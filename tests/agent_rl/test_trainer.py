@@ -211,13 +211,9 @@ def test_time_budget_stops_with_a_checkpoint_and_a_rerun_continues_the_clock(tin
 
 
 def _budget(trained_s: float, step: int, budget: float | None):
-    from types import SimpleNamespace
+    from agent_rl.training.trainer import out_of_time
 
-    from agent_rl.training.trainer import RayTrainer
-
-    fake = SimpleNamespace(cfg=SimpleNamespace(trainer=SimpleNamespace(max_time_s=budget)), trained_s=trained_s,
-                           step=step, total_steps=10)
-    return RayTrainer._out_of_time(fake)
+    return out_of_time(trained_s, step, budget)
 
 
 def test_time_budget_judges_the_next_step_by_the_mean_step_time():
@@ -226,6 +222,32 @@ def test_time_budget_judges_the_next_step_by_the_mean_step_time():
     assert not _budget(60.0, 3, 80.0)  # 60 + 20 = 80: the next step ends on the budget
     assert _budget(60.0, 3, 79.0)  # ... one second past it
     assert _budget(100.0, 4, 100.0)  # spent: a re-run does nothing
+
+
+def test_a_finished_run_is_known_from_its_checkpoint_before_anything_starts(tmp_path):
+    """finished_run reads the latest checkpoint's trainer_state.json: spent time budget or step
+    count -> a reason (the CLI returns before Ray); budget left, no checkpoint, resume
+    disabled -> None. The CLI's early return is checked end to end (no retriever, no Ray)."""
+    import json
+
+    from agent_rl.config import TrainConfig, load_config
+    from agent_rl.training.cli import main
+    from agent_rl.training.trainer import finished_run
+
+    def cfg(*overrides):
+        return load_config(TrainConfig, None, [f"trainer.default_local_dir={tmp_path}", *overrides])
+
+    assert finished_run(cfg("trainer.max_time_s=100")) is None  # no checkpoint yet
+    ckpt = tmp_path / "checkpoints" / "global_step_4"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text(json.dumps({"step": 4, "trained_s": 80.0}))
+    assert finished_run(cfg("trainer.max_time_s=101", "trainer.total_training_steps=10")) is None  # 80 + 20 <= 101
+    assert "trained 80s of trainer.max_time_s=99" in finished_run(cfg("trainer.max_time_s=99"))
+    assert "step 4 of trainer.total_training_steps=4" in finished_run(cfg("trainer.total_training_steps=4"))
+    assert finished_run(cfg("trainer.max_time_s=99", "trainer.resume_mode=disable")) is None
+    # the CLI: no retriever listens on this port, so getting past the check would fail or hang
+    assert main([f"trainer.default_local_dir={tmp_path}", "trainer.max_time_s=99",
+                 "retriever.url=[http://127.0.0.1:9/retrieve]", "trainer.retriever_health_timeout_s=1"]) == 0
 
 
 # ----------------------------------------------------------------------------- unit: collect_groups
