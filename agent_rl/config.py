@@ -264,6 +264,10 @@ class AlgorithmConfig:
     """Drop groups whose rewards all agree (no signal) and over-sample to refill the batch."""
     max_filter_rounds: int = 3
     """Extra rollout rounds allowed to refill a filtered batch."""
+    filter_metric: str = "score"
+    """What a kept group's samples must disagree on: score (the reward, format terms included;
+    veRL's seq_reward) | acc (the task metric alone, reward.kind's EM or F1; DAPO's acc). With
+    format-aware rewards, acc keeps only groups where some samples answer right."""
 
 
 @dataclass

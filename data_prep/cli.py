@@ -67,6 +67,18 @@ def _cmd_overlap(args) -> int:
     return 1 if n and args.fail_on_overlap else 0
 
 
+def _cmd_split(args) -> int:
+    from data_prep.qa import split_by_id
+
+    try:
+        n_rest, n_held = split_by_id(args.input, args.every, args.out_rest, args.out_held)
+    except (ValueError, OSError) as e:  # no such file, no id column, every < 2: not a traceback
+        raise DataPrepError(str(e)) from e
+    print(f"{args.input}: {n_rest} rows -> {args.out_rest}, {n_held} held out (1 in {args.every} by id) -> "
+          f"{args.out_held}")
+    return 0
+
+
 def _cmd_index(args) -> int:
     from data_prep.indexing import index_command
 
@@ -185,6 +197,16 @@ def build_parser(with_index_args: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--drop-from-train", metavar="OUT",
                    help="also write the train file without the shared questions to OUT (.parquet)")
     p.set_defaults(func=_cmd_overlap)
+
+    p = sub.add_parser("split", help="split a parquet file in two by a hash of its ids (e.g. SFT / RL questions)",
+                       description="Split a parquet file with an `id` column (QA rows, demonstrations; every "
+                                   "column kept) in two: the rows whose id's SHA-1 is divisible by --every are "
+                                   "held out. The split depends on the ids only: the same on every run.")
+    p.add_argument("input", help="parquet file with an `id` column")
+    p.add_argument("--every", type=int, default=5, metavar="K", help="hold out 1 row in K (default 5)")
+    p.add_argument("--out-rest", required=True, metavar="FILE", help="the other rows (.parquet)")
+    p.add_argument("--out-held", required=True, metavar="FILE", help="the held-out rows (.parquet)")
+    p.set_defaults(func=_cmd_split)
 
     p = sub.add_parser("index", help="encode a corpus and build a FAISS (flat|hnsw|ivfpq) or BM25 index",
                        description="Encode a corpus and build a FAISS (flat|hnsw|ivfpq) or BM25 index, "

@@ -83,9 +83,8 @@ step "demonstrations split by id: 1 in $RL_EVERY kept out of SFT, for RL"
 # it has not seen, as at test time, the group's rewards differ
 SFT_FILES="" RL_FILES=""
 for qa in $TRAIN_SETS; do
-  [ -f "$OUT/split/rl_$qa.parquet" ] || $PY -c "import sys; from data_prep.qa import split_by_id; \
-print(sys.argv[1], 'sft, rl:', split_by_id(sys.argv[1], $RL_EVERY, sys.argv[2], sys.argv[3]))" \
-    "$OUT/demos_$qa.parquet" "$OUT/split/sft_$qa.parquet" "$OUT/split/rl_$qa.parquet"
+  [ -f "$OUT/split/rl_$qa.parquet" ] || $PY -m data_prep split "$OUT/demos_$qa.parquet" --every "$RL_EVERY" \
+    --out-rest "$OUT/split/sft_$qa.parquet" --out-held "$OUT/split/rl_$qa.parquet"
   SFT_FILES="$SFT_FILES,$OUT/split/sft_$qa.parquet"
   RL_FILES="$RL_FILES,$OUT/split/rl_$qa.parquet"
 done

@@ -3,8 +3,9 @@
 Loads the config (YAML, then dotted overrides with veRL names), waits for the retriever's
 /health, starts a local Ray cluster (or joins one: `trainer.ray_address=auto`), and runs
 `RayTrainer.fit()` under a progress bar with ETA. Resumes from the run's latest checkpoint
-unless `trainer.resume_mode=disable`. Ctrl-C stops cleanly (actors and Ray shut down); the
-last checkpoint stays usable.
+unless `trainer.resume_mode=disable`; a run whose checkpoint has already spent its budget
+(trainer.max_time_s, trainer.total_training_steps) returns before anything starts. Ctrl-C
+stops cleanly (actors and Ray shut down); the last checkpoint stays usable.
 
     agent-rl-train --config configs/train/demo_grpo_cpu.yaml trainer.total_training_steps=5
     python -m agent_rl.training.cli --config ... (same)
@@ -50,6 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     offline_env()
 
     cfg = load_config(TrainConfig, args.config, args.overrides)
+    from agent_rl.training.trainer import finished_run
+
+    done = finished_run(cfg)
+    if done:  # before the retriever, Ray and the engine: a re-run of a finished run returns at once
+        print(f"[train] nothing to do: {done}; raise the budget to train on", flush=True)
+        return 0
     from agent_rl.precision import announce_run
 
     announce_run(cfg, critic=cfg.algorithm.adv_estimator == "gae")

@@ -16,6 +16,7 @@ for truncated importance sampling (`actor.tis_cap`).
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import math
 import time
@@ -30,7 +31,7 @@ from agent_rl.rollout.prompts import reward_view
 from agent_rl.rollout.reward import evaluate_response
 from agent_rl.training import algos
 from agent_rl.training.batch import TokenBatch
-from agent_rl.training.checkpoint import CheckpointManager
+from agent_rl.training.checkpoint import STATE, CheckpointManager
 from agent_rl.training.data import Prompt, PromptLoader, drop_overlong, load_prompts
 from agent_rl.training.metrics import MetricsLogger
 from agent_rl.types import Trajectory
@@ -77,6 +78,7 @@ class RayTrainer:
         self.step = 0
         self.trained_s = 0.0  # wall seconds of training steps, summed over resumed attempts
         self.adv_fn = algos.get_adv_estimator(cfg.algorithm.adv_estimator)
+        check_filter_metric(cfg.algorithm.filter_metric)  # before the engine starts
         self.kl_ctrl = algos.make_kl_controller(cfg.algorithm.kl_ctrl)
         self.use_critic = algos.needs_critic(cfg.algorithm.adv_estimator)
         self.use_ref = cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
@@ -161,11 +163,7 @@ class RayTrainer:
                   f"~{self.trained_s / max(1, self.step):.0f}s)", flush=True)
 
     def _out_of_time(self) -> bool:
-        """trainer.max_time_s: True when the next step, at the run's mean step time, would end
-        past the budget (or the budget is spent: a re-run of a finished run does nothing)."""
-        budget = self.cfg.trainer.max_time_s
-        mean_step = self.trained_s / self.step if self.step else 0.0
-        return budget is not None and self.trained_s + mean_step > budget
+        return out_of_time(self.trained_s, self.step, self.cfg.trainer.max_time_s)
 
     # ------------------------------------------------------------------ step pieces
     def _needs_old_log_probs(self, num_sequences: int) -> bool:
@@ -189,7 +187,8 @@ class RayTrainer:
         lost = dict.fromkeys(("rollout/failed_search_trajectories", "rollout/dropped_for_failed_search"), 0.0)
         for attempt in range(1, OUTAGE_ATTEMPTS + 1):
             trajs, ids, metrics = collect_groups(self.loader, rollout, cfg.reward, cfg.data.train_batch_size,
-                                                 a.filter_groups, max_rounds, t, drop_failed=drop)
+                                                 a.filter_groups, max_rounds, t, drop_failed=drop,
+                                                 filter_metric=a.filter_metric)
             consumed += ids
             for k in lost:  # counted over every collection of the step, the failed ones too
                 lost[k] += metrics.get(k, 0.0)
@@ -290,6 +289,36 @@ class RayTrainer:
 
 
 # ----------------------------------------------------------------------------- helpers
+def out_of_time(trained_s: float, step: int, budget: float | None) -> bool:
+    """trainer.max_time_s: True when the next step, at the run's mean step time, would end
+    past the budget (or the budget is spent: a re-run of a finished run does nothing)."""
+    mean_step = trained_s / step if step else 0.0
+    return budget is not None and trained_s + mean_step > budget
+
+
+def finished_run(cfg: TrainConfig) -> str | None:
+    """Why the run that `cfg` would resume has nothing left to do (its latest checkpoint has
+    spent trainer.max_time_s or reached trainer.total_training_steps), or None. Read from the
+    checkpoint's trainer_state.json alone, so a finished run is known before Ray and the
+    engine start."""
+    tr = cfg.trainer
+    if tr.resume_mode != "auto":
+        return None
+    path = Path(tr.resume_from_path) if tr.resume_from_path else CheckpointManager(
+        Path(tr.default_local_dir) / "checkpoints").latest()
+    state_file = path / STATE if path is not None else None
+    if state_file is None or not state_file.is_file():
+        return None
+    state = json.loads(state_file.read_text())
+    step, trained_s = int(state["step"]), float(state.get("trained_s", 0.0))
+    if tr.total_training_steps and step >= tr.total_training_steps:
+        return f"{path} is at step {step} of trainer.total_training_steps={tr.total_training_steps}"
+    if out_of_time(trained_s, step, tr.max_time_s):
+        return (f"{path} has trained {trained_s:.0f}s of trainer.max_time_s={tr.max_time_s:g} "
+                f"({step} steps; another would end past it)")
+    return None
+
+
 def load_train_prompts(cfg: TrainConfig) -> list[Prompt]:
     """Training prompts without those longer than data.max_prompt_length tokens, measured
     with the rollout's own prompt template and tokenizer."""
@@ -312,15 +341,18 @@ def collect_groups(
     max_extra_rounds: int,
     t: StepTimer,
     drop_failed: str | None = None,
+    filter_metric: str = "score",
 ) -> tuple[list[Trajectory], list[str], dict[str, float]]:
     """Rollout and score `want` prompts (one group of n samples each). With `filter_on`, groups
     whose rewards all agree carry no signal and are dropped (DAPO dynamic sampling); extra
-    prompts are drawn, sized by the keep rate so far, for up to `max_extra_rounds` rounds
-    until `want` groups are kept. `drop_failed` ("group" | "trajectory" | None) leaves out
-    trajectories with a failed search, with their group when "group" (see
-    `drop_failed_searches`). Returns (trajectories with group ids 0..G-1, ids of every prompt
-    consumed, rollout/* reward/* filter/* metrics of the first round); no trajectories when
-    every one was left out for a failed search."""
+    prompts are drawn, sized by the keep rate so far (4x the batch while none is kept), for up
+    to `max_extra_rounds` rounds until `want` groups are kept. `filter_metric` says what the
+    samples must disagree on: the reward ("score") or the task metric alone ("acc").
+    `drop_failed` ("group" | "trajectory" | None) leaves out trajectories with a failed search,
+    with their group when "group" (see `drop_failed_searches`). Returns (trajectories with
+    group ids 0..G-1, ids of every prompt consumed, rollout/* reward/* filter/* metrics of the
+    first round); no trajectories when every one was left out for a failed search."""
+    check_filter_metric(filter_metric)
     kept: list[list[Trajectory]] = []
     consumed: list[str] = []
     metrics: dict[str, float] = {}
@@ -331,6 +363,7 @@ def collect_groups(
             trajs, gen_metrics = rollout(prompts)
         with t("reward"):
             results = score_trajectories(trajs, prompts, reward_cfg)
+        value = {id(tr): r.metric if filter_metric == "acc" else r.score for tr, r in zip(trajs, results)}
         groups = group_trajectories(trajs)
         if round_ == 0:
             metrics.update(gen_metrics)
@@ -340,7 +373,7 @@ def collect_groups(
             if round_ == 0:
                 metrics.update(failure_metrics)
         if filter_on:
-            rewards = torch.tensor([tr.reward for g in groups for tr in g])
+            rewards = torch.tensor([value[id(tr)] for g in groups for tr in g])
             result = algos.filter_groups(rewards, [i for i, g in enumerate(groups) for _ in g])
             if round_ == 0:
                 metrics.update({f"filter/{k}": v for k, v in result.metrics.items()})
@@ -348,8 +381,8 @@ def collect_groups(
         kept += groups[: want - len(kept)]
         if len(kept) >= want or not filter_on:
             break
-        rate = max(len(kept) / len(consumed), 1.0 / want)  # over-sample by the keep rate so far
-        prompts = loader.take(min(math.ceil((want - len(kept)) / rate), 4 * want))
+        rate = len(kept) / len(consumed)  # over-sample by the keep rate so far; none kept yet: the most
+        prompts = loader.take(4 * want if rate == 0 else min(math.ceil((want - len(kept)) / rate), 4 * want))
     if filter_on:
         metrics["filter/rounds"] = float(round_ + 1)
         metrics["filter/batch_groups"] = float(len(kept))
@@ -357,10 +390,15 @@ def collect_groups(
         return [], consumed, metrics  # the caller waits for the retriever and collects again
     if not kept:
         raise RuntimeError(
-            f"every group's rewards agreed in {round_ + 1} round(s): nothing to learn from "
+            f"every group's {'rewards' if filter_metric == 'score' else reward_cfg.kind} agreed in {round_ + 1} round(s): nothing to learn from "
             "(raise algorithm.max_filter_rounds or disable algorithm.filter_groups)"
         )
     return [tr for gid, g in enumerate(kept) for tr in _with_group(g, gid)], consumed, metrics
+
+
+def check_filter_metric(name: str) -> None:
+    if name not in ("score", "acc"):
+        raise ValueError(f"algorithm.filter_metric must be score or acc, got {name!r}")
 
 
 def drop_failed_searches(groups: list[list[Trajectory]], whole_group: bool) -> tuple[list[list[Trajectory]], dict]:

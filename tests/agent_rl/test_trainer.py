@@ -211,13 +211,9 @@ def test_time_budget_stops_with_a_checkpoint_and_a_rerun_continues_the_clock(tin
 
 
 def _budget(trained_s: float, step: int, budget: float | None):
-    from types import SimpleNamespace
+    from agent_rl.training.trainer import out_of_time
 
-    from agent_rl.training.trainer import RayTrainer
-
-    fake = SimpleNamespace(cfg=SimpleNamespace(trainer=SimpleNamespace(max_time_s=budget)), trained_s=trained_s,
-                           step=step, total_steps=10)
-    return RayTrainer._out_of_time(fake)
+    return out_of_time(trained_s, step, budget)
 
 
 def test_time_budget_judges_the_next_step_by_the_mean_step_time():
@@ -226,6 +222,32 @@ def test_time_budget_judges_the_next_step_by_the_mean_step_time():
     assert not _budget(60.0, 3, 80.0)  # 60 + 20 = 80: the next step ends on the budget
     assert _budget(60.0, 3, 79.0)  # ... one second past it
     assert _budget(100.0, 4, 100.0)  # spent: a re-run does nothing
+
+
+def test_a_finished_run_is_known_from_its_checkpoint_before_anything_starts(tmp_path):
+    """finished_run reads the latest checkpoint's trainer_state.json: spent time budget or step
+    count -> a reason (the CLI returns before Ray); budget left, no checkpoint, resume
+    disabled -> None. The CLI's early return is checked end to end (no retriever, no Ray)."""
+    import json
+
+    from agent_rl.config import TrainConfig, load_config
+    from agent_rl.training.cli import main
+    from agent_rl.training.trainer import finished_run
+
+    def cfg(*overrides):
+        return load_config(TrainConfig, None, [f"trainer.default_local_dir={tmp_path}", *overrides])
+
+    assert finished_run(cfg("trainer.max_time_s=100")) is None  # no checkpoint yet
+    ckpt = tmp_path / "checkpoints" / "global_step_4"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text(json.dumps({"step": 4, "trained_s": 80.0}))
+    assert finished_run(cfg("trainer.max_time_s=101", "trainer.total_training_steps=10")) is None  # 80 + 20 <= 101
+    assert "trained 80s of trainer.max_time_s=99" in finished_run(cfg("trainer.max_time_s=99"))
+    assert "step 4 of trainer.total_training_steps=4" in finished_run(cfg("trainer.total_training_steps=4"))
+    assert finished_run(cfg("trainer.max_time_s=99", "trainer.resume_mode=disable")) is None
+    # the CLI: no retriever listens on this port, so getting past the check would fail or hang
+    assert main([f"trainer.default_local_dir={tmp_path}", "trainer.max_time_s=99",
+                 "retriever.url=[http://127.0.0.1:9/retrieve]", "trainer.retriever_health_timeout_s=1"]) == 0
 
 
 # ----------------------------------------------------------------------------- unit: collect_groups
@@ -281,6 +303,32 @@ def test_collect_with_filtering_drops_agreeing_groups_and_over_samples():
         ("<answer>a0</answer>", 0), ("<answer>zz</answer>", 0), ("<answer>zz</answer>", 1), ("<answer>a3</answer>", 1)]
     assert metrics["filter/frac_groups_kept"] == 0.5 and metrics["filter/rounds"] == 2.0
     assert loader.pos.index == 4 and t.seconds["gen"] >= 0
+
+
+def test_collect_filters_on_the_task_metric_when_asked():
+    """With format-aware rewards, a group of wrong answers in mixed formats disagrees on the
+    reward (0.1 for a malformed answer, 0 for none) but not on EM: `score` keeps it, `acc`
+    drops it and draws more prompts."""
+    from agent_rl.config import RewardConfig
+    from agent_rl.training.trainer import StepTimer, check_filter_metric, collect_groups
+    from agent_rl.types import Trajectory
+
+    texts = {"q0": ["<answer>zz</answer>", "no answer"], "q1": ["<answer>zz</answer>", "<answer>zz</answer>"],
+             "q2": ["<answer>a2</answer>", "<answer>zz</answer>"], "q3": ["no answer", "no answer"]}
+
+    def rollout(prompts):
+        return [Trajectory([1], [2, 3], [1, 1], [-0.1, -0.2], group_id=g, response_text=x, golden_answers=p.golden_answers)
+                for g, p in enumerate(prompts) for x in texts[p.id]], {}
+
+    reward = RewardConfig(structure_format_score=0.2, final_format_score=0.1, retrieval_score=0.1)
+    by_score, consumed, _ = collect_groups(_loader(4), rollout, reward, 1, True, 3, StepTimer())
+    assert consumed == ["q0", "q1"] and [t.reward for t in by_score] == [0.1, 0.0]  # q0: rewards disagree
+    by_acc, consumed, m = collect_groups(_loader(4), rollout, reward, 1, True, 3, StepTimer(), filter_metric="acc")
+    # q0 and q1 agree on EM (all 0); nothing kept yet -> draw 4x the 1 group wanted (the loader wraps
+    # around); q2 kept (a right but malformed answer scores 1 - 0.2, Search-R1 v0.3), the rest agree
+    assert consumed == ["q0", "q1", "q2", "q3", "q0", "q1"] and [t.reward for t in by_acc] == [0.8, 0.1] and m["filter/rounds"] == 2.0
+    with pytest.raises(ValueError, match="filter_metric must be score or acc"):
+        check_filter_metric("em")
 
 
 def test_collect_raises_when_no_group_has_signal():

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMANDS = ["corpus", "qa", "overlap", "synthetic", "model", "kbcheck"]
+COMMANDS = ["corpus", "qa", "overlap", "split", "synthetic", "model", "kbcheck"]
 
 
 def run(*args: str, cwd: Path, hashseed: str = "0") -> subprocess.CompletedProcess:
@@ -76,6 +76,21 @@ def test_qa_and_overlap(tmp_path):
             cwd=tmp_path)
     assert p.returncode == 0 and "1 of 2 rows (1 dropped)" in p.stdout, p.stderr
     assert list(pd.read_parquet(tmp_path / "clean.parquet")["question"]) == ["C d?"]
+
+
+def test_split_writes_both_parts_and_reports_bad_input(tmp_path):
+    """The command over `qa.split_by_id` (its rule is tested in test_qa.py): both files, the
+    counts printed, and a clear error, no file written, without an id column."""
+    pd.DataFrame({"id": [f"r{i}" for i in range(20)], "question": ["q"] * 20}).to_parquet(tmp_path / "d.parquet")
+    p = run("split", "d.parquet", "--every", "4", "--out-rest", "a.parquet", "--out-held", "b.parquet", cwd=tmp_path)
+    a, b = pd.read_parquet(tmp_path / "a.parquet"), pd.read_parquet(tmp_path / "b.parquet")
+    assert p.returncode == 0 and f"{len(a)} rows -> a.parquet, {len(b)} held out (1 in 4 by id)" in p.stdout, p.stderr
+    assert len(a) + len(b) == 20 and len(b) > 0 and not set(a["id"]) & set(b["id"])
+    pd.DataFrame({"question": ["q"]}).to_parquet(tmp_path / "noid.parquet")
+    for bad in ("noid.parquet", "missing.parquet"):
+        p = run("split", bad, "--out-rest", "c.parquet", "--out-held", "d2.parquet", cwd=tmp_path)
+        assert p.returncode == 1 and "error: " in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert not (tmp_path / "c.parquet").exists() and not (tmp_path / "d2.parquet").exists()
 
 
 def test_synthetic_is_deterministic_across_processes_and_checks(tmp_path):
