@@ -19,7 +19,7 @@ valid format, seconds per step) say what limits learning.
 
 `--real`: the real-data recipe's artifacts (scripts/real_data.sh builds them): the wiki_35k
 retriever, the SFT model runs/sft/real, configs/train/wiki35k_grpo_cpu.yaml, RL on the
-questions of the demonstrations the recipe kept out of SFT (artifacts/real/split/rl_*), and
+questions of the recipe's demonstrations (artifacts/real/demos_*), and
 `--eval-limit` (default 500) questions each of NQ test and HotpotQA dev. Test questions that
 also occur in a training file of the config (normalised text) are dropped first and counted
 (`overlap_dropped`).
@@ -199,10 +199,10 @@ def held_out(tests: list[Path], config: Path, overrides: list[str], work: Path) 
 
 
 REAL_TRAIN_SETS = ("nq_train", "hotpot_train", "musique_train", "musique_official", "hotpot_official")
-"""scripts/real_data.sh's TRAIN_SETS: RL trains on the questions of their demonstrations that
-the recipe kept out of SFT (`split/rl_*`)."""
+"""scripts/real_data.sh's TRAIN_SETS: RL trains on the questions of their demonstrations
+(`demos_*`; the config's group filter drops those whose samples agree on EM)."""
 REAL = {  # --real: what scripts/real_data.sh leaves (OUT=artifacts/real)
-    "train_files": [f"artifacts/real/split/rl_{name}.parquet" for name in REAL_TRAIN_SETS],
+    "train_files": [f"artifacts/real/demos_{name}.parquet" for name in REAL_TRAIN_SETS],
     "sft": "runs/sft/real",
     "config": "configs/train/wiki35k_grpo_cpu.yaml",
     "index": "artifacts/wiki35k_flat",
@@ -247,8 +247,8 @@ def main(argv: list[str] | None = None) -> int:
                     "index": "artifacts/kb_index_flat", "tests": [kb / "test.parquet"], "eval_limit": 200,
                     "corpus": kb / "corpus.jsonl"}
     if args.real and not any(o.startswith("data.train_files=") for o in args.overrides):
-        # the config names artifacts/real/train.parquet; the recipe trains RL on the questions of the
-        # demonstrations it kept out of SFT
+        # the config names artifacts/real/train.parquet; the recipe trains RL on the questions of
+        # its demonstrations
         args.overrides.insert(0, f"data.train_files=[{','.join(str(ROOT / f) for f in REAL['train_files'])}]")
     args.sft = args.sft or str(ROOT / defaults["sft"])
     args.config = Path(args.config or ROOT / defaults["config"])

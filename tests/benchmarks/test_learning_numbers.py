@@ -80,15 +80,15 @@ def test_held_out_drops_and_counts_training_questions(tmp_path):
     assert list(pd.read_parquet(kept)["id"]) == ["b"]
 
 
-def test_real_mode_trains_on_the_recipes_rl_split():
+def test_real_mode_trains_on_what_the_recipe_trains_rl_on():
     """--real must train on (and hold out the test questions of) what scripts/real_data.sh
-    trains RL on: the demonstrations' questions it kept out of SFT."""
+    trains RL on: the demonstrations' questions."""
     import re
 
     script = (ROOT / "scripts" / "real_data.sh").read_text()
     sets = re.search(r'^TRAIN_SETS="([^"]+)"', script, re.M).group(1).split()
     assert tuple(sets) == learning.REAL_TRAIN_SETS
-    assert 'RL_FILES="$RL_FILES,$OUT/split/rl_$qa.parquet"' in script  # the files RL trains on
+    assert 'RL_FILES="$RL_FILES,$OUT/demos_$qa.parquet"' in script  # the files RL trains on
     assert '"data.train_files=[${RL_FILES#,}]"' in script and '"data.train_files=[${SFT_FILES#,}]"' in script
     assert re.search(r'^OUT=\$\{OUT:-artifacts/real\}', script, re.M)
-    assert list(learning.REAL["train_files"]) == [f"artifacts/real/split/rl_{s}.parquet" for s in sets]
+    assert list(learning.REAL["train_files"]) == [f"artifacts/real/demos_{s}.parquet" for s in sets]
