@@ -87,14 +87,19 @@ class CheckpointManager:
         self._prune(keep_also=final)
         return final
 
-    def load(self, path: str | Path) -> dict:
-        """Restore the driver's RNG states from `path`; return its trainer state (with "step")."""
-        path = Path(path)
-        state_file = path / STATE
+    @staticmethod
+    def read_state(path: str | Path) -> dict:
+        """The trainer state of the checkpoint at `path` (with "step"), touching nothing else."""
+        state_file = Path(path) / STATE
         if not state_file.exists():
             raise FileNotFoundError(f"not a checkpoint (no {STATE}): {path}")
-        set_rng_state(torch.load(path / "rng.pt", weights_only=False))
         return json.loads(state_file.read_text())
+
+    def load(self, path: str | Path) -> dict:
+        """Restore the driver's RNG states from `path`; return its trainer state (with "step")."""
+        state = self.read_state(path)
+        set_rng_state(torch.load(Path(path) / "rng.pt", weights_only=False))
+        return state
 
     def _prune(self, keep_also: Path) -> None:
         if not self.keep or self.keep <= 0:

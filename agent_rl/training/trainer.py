@@ -16,7 +16,6 @@ for truncated importance sampling (`actor.tis_cap`).
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
 import time
@@ -255,12 +254,7 @@ class RayTrainer:
         return self.checkpoints.save(self.step, state, to_dict(self.cfg), save_workers)
 
     def _maybe_resume(self) -> None:
-        cfg = self.cfg.trainer
-        if cfg.resume_mode == "disable":
-            return
-        if cfg.resume_mode != "auto":
-            raise ValueError(f"trainer.resume_mode must be auto or disable, got {cfg.resume_mode!r}")
-        path = Path(cfg.resume_from_path) if cfg.resume_from_path else self.checkpoints.latest()
+        path = resume_checkpoint(self.cfg.trainer, self.checkpoints)
         if path is None:
             return
         state = self.checkpoints.load(path)
@@ -296,20 +290,26 @@ def out_of_time(trained_s: float, step: int, budget: float | None) -> bool:
     return budget is not None and trained_s + mean_step > budget
 
 
+def resume_checkpoint(tr, checkpoints: CheckpointManager) -> Path | None:
+    """The checkpoint a run resumes from (`tr`: the trainer config): trainer.resume_from_path,
+    else the newest in `checkpoints`; None with trainer.resume_mode=disable or none saved."""
+    if tr.resume_mode == "disable":
+        return None
+    if tr.resume_mode != "auto":
+        raise ValueError(f"trainer.resume_mode must be auto or disable, got {tr.resume_mode!r}")
+    return Path(tr.resume_from_path) if tr.resume_from_path else checkpoints.latest()
+
+
 def finished_run(cfg: TrainConfig) -> str | None:
     """Why the run that `cfg` would resume has nothing left to do (its latest checkpoint has
     spent trainer.max_time_s or reached trainer.total_training_steps), or None. Read from the
     checkpoint's trainer_state.json alone, so a finished run is known before Ray and the
     engine start."""
     tr = cfg.trainer
-    if tr.resume_mode != "auto":
+    path = resume_checkpoint(tr, CheckpointManager(Path(tr.default_local_dir) / "checkpoints"))
+    if path is None or not (path / STATE).is_file():
         return None
-    path = Path(tr.resume_from_path) if tr.resume_from_path else CheckpointManager(
-        Path(tr.default_local_dir) / "checkpoints").latest()
-    state_file = path / STATE if path is not None else None
-    if state_file is None or not state_file.is_file():
-        return None
-    state = json.loads(state_file.read_text())
+    state = CheckpointManager.read_state(path)
     step, trained_s = int(state["step"]), float(state.get("trained_s", 0.0))
     if tr.total_training_steps and step >= tr.total_training_steps:
         return f"{path} is at step {step} of trainer.total_training_steps={tr.total_training_steps}"
@@ -390,8 +390,8 @@ def collect_groups(
         return [], consumed, metrics  # the caller waits for the retriever and collects again
     if not kept:
         raise RuntimeError(
-            f"every group's {'rewards' if filter_metric == 'score' else reward_cfg.kind} agreed in {round_ + 1} round(s): nothing to learn from "
-            "(raise algorithm.max_filter_rounds or disable algorithm.filter_groups)"
+            f"every group's {'rewards' if filter_metric == 'score' else reward_cfg.kind} agreed in {round_ + 1} "
+            "round(s): nothing to learn from (raise algorithm.max_filter_rounds or disable algorithm.filter_groups)"
         )
     return [tr for gid, g in enumerate(kept) for tr in _with_group(g, gid)], consumed, metrics
 
