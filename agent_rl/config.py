@@ -521,9 +521,11 @@ class SFTTrainerConfig:
     """Stop after this many optimizer steps (None: epochs decide)."""
     max_time_s: float | None = None
     """Training time budget in seconds: stop (and save) before a step that would end past it,
-    judged by the mean step time so far (None: no limit; model load and save come on top)."""
+    judged by the mean step time so far (None: no limit; model load and save come on top).
+    The run's budget: time trained before a resume counts."""
     save_freq: int = -1
-    """Resumable checkpoint every K steps (-1: only the final model)."""
+    """Resumable checkpoint every K steps (-1: none in between); one is always saved when the
+    run stops (last step or time budget), so a re-run continues it or finds it finished."""
     test_freq: int = -1
     """Validation loss on data.val_files every K steps (-1: only at the end, if val files are given)."""
     default_local_dir: str = "runs/sft/${trainer.experiment_name}"

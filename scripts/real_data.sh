@@ -4,8 +4,8 @@
 #   train), HotpotQA/2Wiki (R1-Searcher train), MuSiQue train and the official-schema
 #   MuSiQue / HotpotQA train rows (decompositions, supporting titles), with two-search chains,
 #   minus every question that is also in a test set -> a split by id (1 in RL_EVERY kept out of
-#   SFT) -> cold-start SFT -> GRPO from the SFT model, on every demonstration's question
-#   (groups filtered on EM), for RL_MINUTES (trainer.max_time_s: stops cleanly with a
+#   SFT) -> cold-start SFT -> GRPO from the SFT model, on every demonstration's question and
+#   1 in RL_HOTPOT_EVERY HotpotQA/2Wiki training questions (groups filtered on EM), for RL_MINUTES (trainer.max_time_s: stops cleanly with a
 #   checkpoint) -> evaluation of the
 #   base, SFT and SFT+RL models on NQ test and HotpotQA dev samples in agent / rag / direct
 #   modes -> one table.
@@ -26,6 +26,7 @@ SFT_MINUTES=${SFT_MINUTES:-50}      # one epoch of the 422 demonstrations took 4
 RL_MINUTES=${RL_MINUTES:-60}
 RL_REWARD=${RL_REWARD:-format}
 RL_EVERY=${RL_EVERY:-5}                  # 1 demonstration in RL_EVERY (by id hash) is kept out of SFT
+RL_HOTPOT_EVERY=${RL_HOTPOT_EVERY:-16}   # RL also draws 1 in 16 HotpotQA/2Wiki training questions (493)
 EVAL_MODELS=${EVAL_MODELS:-base sft rl}  # which models to evaluate (the table shows every one evaluated so far)
 PORT=${PORT:-8035}
 CFG=configs/train/wiki35k_grpo_cpu.yaml
@@ -90,17 +91,26 @@ for qa in $TRAIN_SETS; do
   SFT_FILES="$SFT_FILES,$OUT/split/sft_$qa.parquet"
   RL_FILES="$RL_FILES,$OUT/demos_$qa.parquet"
 done
+# RL also draws 1 in RL_HOTPOT_EVERY HotpotQA/2Wiki training questions, demonstration or not:
+# their comparison ("A or B?") and yes/no questions (18%) are answerable from the question
+# itself, which no grounded demonstration teaches (docs/real_data.md, third run)
+[ -f "$OUT/split/rl_hotpot_train_questions.parquet" ] || $PY -m data_prep split "$OUT/hotpot_train_clean.parquet" \
+  --every "$RL_HOTPOT_EVERY" --out-rest "$OUT/split/hotpot_train_rest.parquet" \
+  --out-held "$OUT/split/rl_hotpot_train_questions.parquet"
+RL_FILES="$RL_FILES,$OUT/split/rl_hotpot_train_questions.parquet"
 
 step "cold-start SFT ($SFT_MINUTES min budget)"
 RUN=$(basename "$OUT")
 SFT=runs/sft/$RUN
-[ -f "$SFT/model/config.json" ] || $PY -m agent_rl.coldstart.sft --config configs/sft/wiki35k_cpu.yaml \
+# resumes: a killed run continues from its last checkpoint, a finished one does nothing, and
+# a larger SFT_MINUTES continues a finished run from the checkpoint saved when it stopped
+$PY -m agent_rl.coldstart.sft --config configs/sft/wiki35k_cpu.yaml \
   "data.train_files=[${SFT_FILES#,}]" "trainer.total_training_steps=0" \
   "trainer.max_time_s=$((SFT_MINUTES * 60))" "trainer.default_local_dir=$SFT"
 
-step "GRPO from the SFT model ($RL_MINUTES min budget, reward: $RL_REWARD) on the demonstrations' questions"
-# questions the corpus can answer (a grounded demonstration exists; the others give every
-# sample of a group reward 0, hence no GRPO signal)
+step "GRPO from the SFT model ($RL_MINUTES min budget, reward: $RL_REWARD) on the demonstrations' questions and HotpotQA's"
+# groups whose samples agree on EM (most questions without a demonstration) cost a rollout,
+# not an update (algorithm.filter_groups, filter_metric: acc)
 RL=runs/rl/$RUN
 REWARD_ARGS=""
 [ "$RL_REWARD" = format ] && REWARD_ARGS="reward.structure_format_score=0.2 reward.final_format_score=0.1 reward.retrieval_score=0.1"

@@ -119,6 +119,7 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path | None = None,
     from agent_rl.training.batch import TokenBatch
     from agent_rl.training.checkpoint import CheckpointManager
     from agent_rl.training.metrics import MetricsLogger
+    from agent_rl.training.trainer import out_of_time
 
     d, tr = cfg.data, cfg.trainer
     run_dir = Path(run_dir or tr.default_local_dir)
@@ -136,29 +137,43 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path | None = None,
     print(f"[sft] {len(train)} demonstrations ({skipped} longer than {d.max_length} tokens skipped), "
           f"{len(val)} for validation; {total} steps of {bs}", flush=True)
 
-    actor = make_actor(cfg, total)
     checkpoints = CheckpointManager(run_dir / "checkpoints", tr.max_ckpt_to_keep)
-    step = 0
-    latest = checkpoints.latest() if tr.resume_mode == "auto" else None
     if tr.resume_mode not in ("auto", "disable"):
         raise ValueError(f"trainer.resume_mode must be auto or disable, got {tr.resume_mode!r}")
+    latest = checkpoints.latest() if tr.resume_mode == "auto" else None
+    step, trained_s = 0, 0.0
+    model_dir = run_dir / "model"
     if latest is not None:
-        step = int(checkpoints.load(latest)["step"])
+        state = CheckpointManager.read_state(latest)
+        step, trained_s = int(state["step"]), float(state.get("trained_s", 0.0))
+        if (step >= total or out_of_time(trained_s, step, tr.max_time_s)) and (model_dir / "config.json").is_file():
+            print(f"[sft] {latest} has finished ({step}/{total} steps, {trained_s:.0f}s of trainer.max_time_s="
+                  f"{tr.max_time_s}): nothing to do; model: {model_dir}", flush=True)
+            return model_dir
+    elif tr.resume_mode == "auto" and (model_dir / "config.json").is_file():
+        # a model saved by a run without checkpoints: training again would overwrite it
+        print(f"[sft] {model_dir} exists and {run_dir / 'checkpoints'} has no checkpoint to continue from: "
+              f"nothing to do (trainer.resume_mode=disable trains again from the start)", flush=True)
+        return model_dir
+    actor = make_actor(cfg, total)
+    if latest is not None:
+        checkpoints.load(latest)
         actor.call_all("load", str(latest / "actor"))
-        print(f"[sft] resumed from {latest} at step {step}", flush=True)
+        print(f"[sft] resumed from {latest} at step {step} ({trained_s:.0f}s trained)", flush=True)
     console = "console" in tr.logger
     logger = MetricsLogger(run_dir, [s for s in tr.logger if s != "console"], to_dict(cfg), tr.project_name,
                            tr.experiment_name, resume_step=step)
 
     def save_checkpoint(k: int) -> None:
-        checkpoints.save(k, {}, to_dict(cfg), lambda p: actor.call_all("save", str(p / "actor")))
+        checkpoints.save(k, {"trained_s": trained_s}, to_dict(cfg), lambda p: actor.call_all("save", str(p / "actor")))
 
     from tqdm import tqdm
 
     t_start, first_step = time.perf_counter(), step
     try:
         with tqdm(total=total, initial=step, desc="sft", unit="step", dynamic_ncols=True) as bar:
-            while step < total:
+            while step < total and not out_of_time(trained_s, step, tr.max_time_s):
+                t_iter = time.perf_counter()
                 epoch, i = divmod(step, steps_per_epoch)
                 order = epoch_order(len(train), epoch, d.shuffle, d.seed)
                 batch = TokenBatch.from_trajectories([train[j] for j in order[i * bs : (i + 1) * bs]])
@@ -172,14 +187,14 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path | None = None,
                     "sft/epoch": step / steps_per_epoch,
                     "timing/step": dt,
                 })
-                # stop before a step that would end past the budget (mean step time so far)
-                elapsed = time.perf_counter() - t_start
-                done_here = step - first_step
-                out_of_time = tr.max_time_s is not None and elapsed + elapsed / done_here > tr.max_time_s
-                last = step == total or out_of_time
-                if val and ((tr.test_freq > 0 and step % tr.test_freq == 0) or last):
+                # stop before a step that would end past the budget (mean step time of the
+                # run, resumed parts included: the budget is the run's, not the process's)
+                stopping = step == total or out_of_time(trained_s + time.perf_counter() - t_iter, step, tr.max_time_s)
+                if val and ((tr.test_freq > 0 and step % tr.test_freq == 0) or stopping):
                     metrics["sft/val_loss"] = validation_loss(actor, val, bs)
-                if step % tr.log_freq == 0 or last:
+                trained_s += time.perf_counter() - t_iter
+                metrics["training/elapsed_s"] = trained_s
+                if step % tr.log_freq == 0 or stopping:
                     logger.log(metrics, step)
                     if console:
                         bar.write(f"step {step} | " + " | ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items())))
@@ -187,20 +202,18 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path | None = None,
                 bar.update(1)
                 if on_step is not None:
                     on_step(step, metrics)
-                if tr.save_freq > 0 and step % tr.save_freq == 0 and not last:
+                # a checkpoint every save_freq steps and whenever the run stops: a re-run
+                # continues it (a larger budget or more steps) or finds it finished
+                if (tr.save_freq > 0 and step % tr.save_freq == 0) or stopping:
                     save_checkpoint(step)
-                if out_of_time:
-                    print(f"\n[sft] time budget trainer.max_time_s={tr.max_time_s:g}: stopping at step {step}/{total} "
-                          f"(another step would end past it)", flush=True)
-                    break
-        model_dir = run_dir / "model"
+        if step < total:
+            print(f"\n[sft] time budget trainer.max_time_s={tr.max_time_s:g}: stopping at step {step}/{total} "
+                  f"after {trained_s:.0f}s of training (another step would end past it)", flush=True)
         actor.call_all("save", str(model_dir))
-        if tr.save_freq > 0:
-            save_checkpoint(step)
     finally:
         logger.close()
         actor.shutdown()
-    print(f"[sft] {step} steps in {time.perf_counter() - t_start:.0f}s; model: {model_dir}\n"
+    print(f"[sft] {step - first_step} steps in {time.perf_counter() - t_start:.0f}s; model: {model_dir}\n"
           f"[sft] start RL from it with actor_rollout_ref.model.path={model_dir}", flush=True)
     return model_dir
 

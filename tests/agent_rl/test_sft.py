@@ -157,13 +157,43 @@ def test_resume_continues_from_the_checkpoint(demo_file, tiny_policy, tmp_path, 
     assert steps == [1, 2, 3, 4, 5]
 
 
-def test_time_budget_stops_and_saves(demo_file, tiny_policy, tmp_path):
+def _logged_steps(run_dir: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_time_budget_stops_saves_and_a_rerun_continues_or_finds_it_finished(demo_file, tiny_policy, tmp_path, capsys):
     run_dir = tmp_path / "run"
-    cfg = _sft_cfg(tiny_policy, demo_file, run_dir, "trainer.total_training_steps=1000", "trainer.max_time_s=0",
-                   "data.train_batch_size=1")
-    model_dir = sft.run_sft(cfg)
-    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [1] and (model_dir / "config.json").is_file()
+    budget = ("trainer.total_training_steps=1000", "trainer.max_time_s=0", "data.train_batch_size=1")
+    model_dir = sft.run_sft(_sft_cfg(tiny_policy, demo_file, run_dir, *budget))
+    assert _logged_steps(run_dir) == [1] and (model_dir / "config.json").is_file()
+    # the time stop saved a resumable checkpoint although save_freq is -1, with the time trained
+    state = json.loads((run_dir / "checkpoints" / "global_step_1" / "trainer_state.json").read_text())
+    assert state["step"] == 1 and state["trained_s"] > 0
+    capsys.readouterr()
+    # the same command again: the budget is spent, nothing trains (no actor is even built)
+    assert sft.run_sft(_sft_cfg(tiny_policy, demo_file, run_dir, *budget)) == model_dir
+    assert "nothing to do" in capsys.readouterr().out and _logged_steps(run_dir) == [1]
+    # a larger budget continues from the checkpoint, not from the start
+    sft.run_sft(_sft_cfg(tiny_policy, demo_file, run_dir, "trainer.total_training_steps=3", "data.train_batch_size=1"))
+    assert "resumed from" in capsys.readouterr().out and _logged_steps(run_dir) == [1, 2, 3]
+    assert (run_dir / "checkpoints" / "latest").read_text() == "global_step_3"
+
+
+def test_a_model_without_a_checkpoint_is_not_trained_over(demo_file, tiny_policy, tmp_path, capsys):
+    import shutil
+
+    run_dir = tmp_path / "run"
+    one = ("trainer.total_training_steps=1", "data.train_batch_size=1")
+    model_dir = sft.run_sft(_sft_cfg(tiny_policy, demo_file, run_dir, *one))
+    shutil.rmtree(run_dir / "checkpoints")  # as a run of older code left it: a model, no checkpoint
+    weights = {f.name: f.stat().st_mtime_ns for f in model_dir.iterdir()}
+    capsys.readouterr()
+    sft.run_sft(_sft_cfg(tiny_policy, demo_file, run_dir, "trainer.total_training_steps=2", "data.train_batch_size=1"))
+    assert "nothing to do" in capsys.readouterr().out
+    assert {f.name: f.stat().st_mtime_ns for f in model_dir.iterdir()} == weights and _logged_steps(run_dir) == [1]
+    sft.run_sft(_sft_cfg(tiny_policy, demo_file, run_dir, "trainer.total_training_steps=2", "data.train_batch_size=1",
+                         "trainer.resume_mode=disable"))
+    assert "2 steps in" in capsys.readouterr().out
 
 
 def test_demos_from_another_tokenizer_are_refused(demo_file, tiny_policy, tmp_path):
