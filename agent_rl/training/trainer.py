@@ -351,7 +351,8 @@ def collect_groups(
     `drop_failed` ("group" | "trajectory" | None) leaves out trajectories with a failed search,
     with their group when "group" (see `drop_failed_searches`). Returns (trajectories with
     group ids 0..G-1, ids of every prompt consumed, rollout/* reward/* filter/* metrics of the
-    first round); no trajectories when every one was left out for a failed search."""
+    first round, and batch/groups/<data_source>: the kept groups per source); no trajectories
+    when every one was left out for a failed search."""
     check_filter_metric(filter_metric)
     kept: list[list[Trajectory]] = []
     consumed: list[str] = []
@@ -386,6 +387,9 @@ def collect_groups(
     if filter_on:
         metrics["filter/rounds"] = float(round_ + 1)
         metrics["filter/batch_groups"] = float(len(kept))
+    for g in kept:  # what the update learns from, by data source (the filter keeps some sources more)
+        key = f"batch/groups/{g[0].data_source or 'unknown'}"
+        metrics[key] = metrics.get(key, 0.0) + 1.0
     if not kept and metrics.get("rollout/failed_search_trajectories", 0.0) > 0:
         return [], consumed, metrics  # the caller waits for the retriever and collects again
     if not kept:

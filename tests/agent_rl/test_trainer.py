@@ -261,7 +261,7 @@ def _fake_rollout(answers_by_prompt: dict[str, list[str]], n: int):
         calls.append([p.id for p in prompts])
         trajs = [
             Trajectory([1], [2, 3], [1, 1], [-0.1, -0.2], group_id=g, response_text=f"<answer>{a}</answer>",
-                       golden_answers=p.golden_answers)
+                       golden_answers=p.golden_answers, data_source=p.data_source)
             for g, p in enumerate(prompts)
             for a in answers_by_prompt[p.id][:n]
         ]
@@ -270,10 +270,11 @@ def _fake_rollout(answers_by_prompt: dict[str, list[str]], n: int):
     return rollout, calls
 
 
-def _loader(k: int):
+def _loader(k: int, sources: tuple[str, ...] = ("",)):
     from agent_rl.training.data import Prompt, PromptLoader
 
-    return PromptLoader([Prompt(f"q{i}", f"question {i}", [f"a{i}"]) for i in range(k)], batch_size=2, shuffle=False)
+    prompts = [Prompt(f"q{i}", f"question {i}", [f"a{i}"], sources[i % len(sources)]) for i in range(k)]
+    return PromptLoader(prompts, batch_size=2, shuffle=False)
 
 
 def test_collect_without_filtering_scores_and_keeps_every_group():
@@ -303,6 +304,23 @@ def test_collect_with_filtering_drops_agreeing_groups_and_over_samples():
         ("<answer>a0</answer>", 0), ("<answer>zz</answer>", 0), ("<answer>zz</answer>", 1), ("<answer>a3</answer>", 1)]
     assert metrics["filter/frac_groups_kept"] == 0.5 and metrics["filter/rounds"] == 2.0
     assert loader.pos.index == 4 and t.seconds["gen"] >= 0
+
+
+def test_collect_counts_the_kept_groups_per_data_source():
+    """batch/groups/<source>: what the update learns from, after the filter (first round: q0 nq
+    kept, q1 hotpotqa dropped; second: q2 nq dropped, q3 hotpotqa kept; q4 and q5 never drawn)."""
+    from agent_rl.config import RewardConfig
+    from agent_rl.training.trainer import StepTimer, collect_groups
+
+    answers = {"q0": ["a0", "zz"], "q1": ["zz", "zz"], "q2": ["a2", "a2"], "q3": ["zz", "a3"], "q4": ["a4", "x"],
+               "q5": ["x", "a5"]}
+    rollout, _ = _fake_rollout(answers, n=2)
+    _, _, metrics = collect_groups(_loader(6, ("nq", "hotpotqa")), rollout, RewardConfig(), 2, True, 3, StepTimer())
+    assert {k: v for k, v in metrics.items() if k.startswith("batch/groups/")} == {
+        "batch/groups/nq": 1.0, "batch/groups/hotpotqa": 1.0}
+    rollout, _ = _fake_rollout(answers, n=2)
+    _, _, metrics = collect_groups(_loader(6), rollout, RewardConfig(), 2, False, 0, StepTimer())
+    assert metrics["batch/groups/unknown"] == 2.0  # no filter: every group drawn is kept
 
 
 def test_collect_filters_on_the_task_metric_when_asked():
