@@ -536,6 +536,8 @@ class SFTTrainerConfig:
     """Log metrics every K steps (the progress bar updates every step)."""
     resume_mode: str = "auto"
     """auto (resume from the run's latest checkpoint if any) | disable."""
+    resume_from_path: str | None = None
+    """A checkpoint directory to resume from instead of the run's latest (as in RL)."""
     max_ckpt_to_keep: int | None = 1
     """Keep only the newest K checkpoints (None: all)."""
     n_gpus_per_node: int = 0

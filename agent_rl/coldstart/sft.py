@@ -119,7 +119,7 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path | None = None,
     from agent_rl.training.batch import TokenBatch
     from agent_rl.training.checkpoint import CheckpointManager
     from agent_rl.training.metrics import MetricsLogger
-    from agent_rl.training.trainer import out_of_time
+    from agent_rl.training.trainer import out_of_time, resume_checkpoint
 
     d, tr = cfg.data, cfg.trainer
     run_dir = Path(run_dir or tr.default_local_dir)
@@ -138,9 +138,7 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path | None = None,
           f"{len(val)} for validation; {total} steps of {bs}", flush=True)
 
     checkpoints = CheckpointManager(run_dir / "checkpoints", tr.max_ckpt_to_keep)
-    if tr.resume_mode not in ("auto", "disable"):
-        raise ValueError(f"trainer.resume_mode must be auto or disable, got {tr.resume_mode!r}")
-    latest = checkpoints.latest() if tr.resume_mode == "auto" else None
+    latest = resume_checkpoint(tr, checkpoints)
     step, trained_s = 0, 0.0
     model_dir = run_dir / "model"
     if latest is not None:
