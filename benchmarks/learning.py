@@ -19,8 +19,8 @@ valid format, seconds per step) say what limits learning.
 
 `--real`: the real-data recipe's artifacts (scripts/real_data.sh builds them): the wiki_35k
 retriever, the SFT model runs/sft/real, configs/train/wiki35k_grpo_cpu.yaml, RL on the
-questions of the recipe's demonstrations (artifacts/real/demos_*) and 1-in-16 samples of the
-HotpotQA/2Wiki and NQ training questions (artifacts/real/split/rl_{hotpot,nq}_train_questions.parquet), and
+questions of the recipe's demonstrations (artifacts/real/demos_*) and a 1-in-16 sample of the
+HotpotQA/2Wiki training questions (artifacts/real/split/rl_hotpot_train_questions.parquet), and
 `--eval-limit` (default 500) questions each of NQ test and HotpotQA dev. Test questions that
 also occur in a training file of the config (normalised text) are dropped first and counted
 (`overlap_dropped`).
@@ -202,9 +202,8 @@ def held_out(tests: list[Path], config: Path, overrides: list[str], work: Path) 
 REAL_TRAIN_SETS = ("nq_train", "hotpot_train", "musique_train", "musique_official", "hotpot_official")
 """scripts/real_data.sh's TRAIN_SETS: RL trains on the questions of their demonstrations
 (`demos_*`; the config's group filter drops those whose samples agree on EM)."""
-REAL_EXTRA_RL_FILES = ("artifacts/real/split/rl_hotpot_train_questions.parquet",
-                       "artifacts/real/split/rl_nq_train_questions.parquet")
-"""...and on 1 in 16 HotpotQA/2Wiki and 1 in 16 NQ training questions, demonstration or not."""
+REAL_EXTRA_RL_FILES = ("artifacts/real/split/rl_hotpot_train_questions.parquet",)
+"""...and on 1 in 16 HotpotQA/2Wiki training questions, demonstration or not."""
 REAL = {  # --real: what scripts/real_data.sh leaves (OUT=artifacts/real)
     "train_files": [f"artifacts/real/demos_{name}.parquet" for name in REAL_TRAIN_SETS] + list(REAL_EXTRA_RL_FILES),
     "sft": "runs/sft/real",

@@ -4,10 +4,10 @@
 #   train), HotpotQA/2Wiki (R1-Searcher train), MuSiQue train and the official-schema
 #   MuSiQue / HotpotQA train rows (decompositions, supporting titles), with two-search chains,
 #   minus every question that is also in a test set -> a split by id (1 in RL_EVERY kept out of
-#   SFT) -> cold-start SFT -> GRPO from the SFT model, on every demonstration's question,
-#   1 in RL_HOTPOT_EVERY HotpotQA/2Wiki and 1 in RL_NQ_EVERY NQ training questions (groups
-#   filtered on EM), for RL_MINUTES (trainer.max_time_s: stops cleanly with a checkpoint)
-#   -> evaluation of the base, SFT and SFT+RL models on NQ test and HotpotQA dev samples in agent / rag / direct
+#   SFT) -> cold-start SFT -> GRPO from the SFT model, on every demonstration's question and
+#   1 in RL_HOTPOT_EVERY HotpotQA/2Wiki training questions (groups filtered on EM), for RL_MINUTES (trainer.max_time_s: stops cleanly with a
+#   checkpoint) -> evaluation of the
+#   base, SFT and SFT+RL models on NQ test and HotpotQA dev samples in agent / rag / direct
 #   modes -> one table.
 # Every step is skipped when its output exists (RL resumes from its checkpoint with the time
 # left), so an interrupted run continues where it stopped.
@@ -27,7 +27,6 @@ RL_MINUTES=${RL_MINUTES:-60}
 RL_REWARD=${RL_REWARD:-format}
 RL_EVERY=${RL_EVERY:-5}                  # 1 demonstration in RL_EVERY (by id hash) is kept out of SFT
 RL_HOTPOT_EVERY=${RL_HOTPOT_EVERY:-16}   # RL also draws 1 in 16 HotpotQA/2Wiki training questions (493)
-RL_NQ_EVERY=${RL_NQ_EVERY:-16}           # ... and 1 in 16 NQ training questions (648)
 EVAL_MODELS=${EVAL_MODELS:-base sft rl}  # which models to evaluate (the table shows every one evaluated so far)
 PORT=${PORT:-8035}
 CFG=configs/train/wiki35k_grpo_cpu.yaml
@@ -99,13 +98,6 @@ done
   --every "$RL_HOTPOT_EVERY" --out-rest "$OUT/split/hotpot_train_rest.parquet" \
   --out-held "$OUT/split/rl_hotpot_train_questions.parquet"
 RL_FILES="$RL_FILES,$OUT/split/rl_hotpot_train_questions.parquet"
-# ...and 1 in RL_NQ_EVERY NQ training questions: the NQ demonstrations are mostly fitted by SFT
-# (all four samples right, no signal); unseen NQ questions are what the NQ test asks
-# (docs/real_data.md, fourth run)
-[ -f "$OUT/split/rl_nq_train_questions.parquet" ] || $PY -m data_prep split "$OUT/nq_train_clean.parquet" \
-  --every "$RL_NQ_EVERY" --out-rest "$OUT/split/nq_train_rest.parquet" \
-  --out-held "$OUT/split/rl_nq_train_questions.parquet"
-RL_FILES="$RL_FILES,$OUT/split/rl_nq_train_questions.parquet"
 
 step "cold-start SFT ($SFT_MINUTES min budget)"
 RUN=$(basename "$OUT")
@@ -116,7 +108,7 @@ $PY -m agent_rl.coldstart.sft --config configs/sft/wiki35k_cpu.yaml \
   "data.train_files=[${SFT_FILES#,}]" "trainer.total_training_steps=0" \
   "trainer.max_time_s=$((SFT_MINUTES * 60))" "trainer.default_local_dir=$SFT"
 
-step "GRPO from the SFT model ($RL_MINUTES min budget, reward: $RL_REWARD) on the demonstrations' questions, HotpotQA's and NQ's"
+step "GRPO from the SFT model ($RL_MINUTES min budget, reward: $RL_REWARD) on the demonstrations' questions and HotpotQA's"
 # groups whose samples agree on EM (most questions without a demonstration) cost a rollout,
 # not an update (algorithm.filter_groups, filter_metric: acc)
 RL=runs/rl/$RUN

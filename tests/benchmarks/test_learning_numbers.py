@@ -82,7 +82,7 @@ def test_held_out_drops_and_counts_training_questions(tmp_path):
 
 def test_real_mode_trains_on_what_the_recipe_trains_rl_on():
     """--real must train on (and hold out the test questions of) what scripts/real_data.sh
-    trains RL on: the demonstrations' questions and samples of HotpotQA/2Wiki's and NQ's."""
+    trains RL on: the demonstrations' questions and a sample of HotpotQA/2Wiki's."""
     import re
 
     script = (ROOT / "scripts" / "real_data.sh").read_text()
@@ -91,7 +91,6 @@ def test_real_mode_trains_on_what_the_recipe_trains_rl_on():
     assert 'RL_FILES="$RL_FILES,$OUT/demos_$qa.parquet"' in script  # the files RL trains on
     assert '"data.train_files=[${RL_FILES#,}]"' in script and '"data.train_files=[${SFT_FILES#,}]"' in script
     assert re.search(r'^OUT=\$\{OUT:-artifacts/real\}', script, re.M)
-    extra = [f"artifacts/real/split/rl_{s}_train_questions.parquet" for s in ("hotpot", "nq")]
-    for f in extra:
-        assert f'RL_FILES="$RL_FILES,$OUT/split/{Path(f).name}"' in script
-    assert list(learning.REAL["train_files"]) == [f"artifacts/real/demos_{s}.parquet" for s in sets] + extra
+    assert 'RL_FILES="$RL_FILES,$OUT/split/rl_hotpot_train_questions.parquet"' in script
+    assert list(learning.REAL["train_files"]) == [f"artifacts/real/demos_{s}.parquet" for s in sets] + [
+        "artifacts/real/split/rl_hotpot_train_questions.parquet"]
