@@ -19,6 +19,7 @@ import functools
 import logging
 import math
 import time
+from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
@@ -387,9 +388,9 @@ def collect_groups(
     if filter_on:
         metrics["filter/rounds"] = float(round_ + 1)
         metrics["filter/batch_groups"] = float(len(kept))
-    for g in kept:  # what the update learns from, by data source (the filter keeps some sources more)
-        key = f"batch/groups/{g[0].data_source or 'unknown'}"
-        metrics[key] = metrics.get(key, 0.0) + 1.0
+    # what the update learns from, by data source (the filter keeps some sources more)
+    sources = Counter(g[0].data_source or "unknown" for g in kept)
+    metrics.update({f"batch/groups/{src}": float(n) for src, n in sources.items()})
     if not kept and metrics.get("rollout/failed_search_trajectories", 0.0) > 0:
         return [], consumed, metrics  # the caller waits for the retriever and collects again
     if not kept:
