@@ -1,7 +1,7 @@
 """Cold-start demonstrations: grounded trajectories in exactly the rollout's format.
 
 `agent-rl-prep demos --qa FILE --retriever-url URL --out demos.parquet [--max-searches K]
-[--limit N] [--seed S] [--config configs/train/X.yaml key=value ...]`
+[--limit N [--rest]] [--seed S] [--config configs/train/X.yaml key=value ...]`
 
 A demonstration is a rollout of a scripted policy: the real `RolloutManager` runs with an
 engine that "samples" the demonstration's model turns (`<think> .. </think>` + `<search> q
@@ -304,12 +304,15 @@ def report_lines(res: BuildResult, seconds: float) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- CLI
-def _select(rows: list[dict], limit: int | None, seed: int) -> list[dict]:
-    """A seeded random sample of `limit` rows, in file order (all rows without a limit)."""
+def _select(rows: list[dict], limit: int | None, seed: int, rest: bool = False) -> list[dict]:
+    """A seeded random sample of `limit` rows, in file order (all rows without a limit).
+
+    `rest`: the rows outside that sample instead, i.e. the questions a build with the same
+    `limit` and `seed` did not try (none without a limit)."""
     if limit is None or limit >= len(rows):
-        return rows
-    keep = sorted(random.Random(seed).sample(range(len(rows)), limit))
-    return [rows[i] for i in keep]
+        return [] if rest else rows
+    keep = set(random.Random(seed).sample(range(len(rows)), limit))
+    return [r for i, r in enumerate(rows) if (i in keep) != rest]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -326,6 +329,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-searches", type=int, default=None, metavar="K",
                     help="most searches per demonstration (default: the config's max_turns)")
     ap.add_argument("--limit", type=int, default=None, metavar="N", help="use a seeded random sample of N QA rows")
+    ap.add_argument("--rest", action="store_true",
+                    help="use the QA rows outside the --limit sample instead: the questions a build with the same "
+                         "--limit and --seed did not try (e.g. RL-only questions the corpus can answer)")
     ap.add_argument("--seed", type=int, default=0, help="seed for --limit and the reasoning wording (default 0)")
     ap.add_argument("--config", default=None, metavar="YAML",
                     help="the RL run's config (configs/train/*.yaml): template, lengths, topk, max_turns, model")
@@ -347,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     offline_env()
     cfg = load_config(TrainConfig, args.config, args.overrides)
     max_searches = cfg.max_turns if args.max_searches is None else args.max_searches
+    if args.rest and args.limit is None:
+        print("error: --rest needs --limit (the sample whose complement to use)", file=sys.stderr)
+        return 2
     if max_searches < 1:
         print(f"error: --max-searches must be >= 1, got {max_searches}", file=sys.stderr)
         return 2
@@ -366,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     qa_report = Report()  # a malformed QA row is reported and skipped; the build goes on
     try:
         tokenizer = AutoTokenizer.from_pretrained(model)
-        rows = _select(read_qa(args.qa, qa_report).to_dict("records"), args.limit, args.seed)
+        rows = _select(read_qa(args.qa, qa_report).to_dict("records"), args.limit, args.seed, args.rest)
     except (OSError, DataPrepError) as e:  # missing files, unreadable QA files: one line, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2

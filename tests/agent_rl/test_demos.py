@@ -364,6 +364,20 @@ def test_cli_reports_bad_input_in_one_line(tiny_kb, model_dir, tmp_path, capsys)
     assert f"error: retriever at {down}" in capsys.readouterr().err and not out.exists()
     assert D.main(["--qa", str(tiny_kb / "test.parquet"), "--retriever-url", down, "--max-searches", "5", *base]) == 2
     assert "exceeds max_turns" in capsys.readouterr().err
+    assert D.main(["--qa", str(tiny_kb / "test.parquet"), "--retriever-url", down, "--rest", *base]) == 2
+    assert "--rest needs --limit" in capsys.readouterr().err
+
+
+def test_rest_is_the_complement_of_the_limit_sample_in_file_order():
+    rows = [{"id": str(i)} for i in range(50)]
+    sample, rest = D._select(rows, 20, seed=7), D._select(rows, 20, seed=7, rest=True)
+    assert len(sample) == 20 and len(rest) == 30
+    assert not {r["id"] for r in sample} & {r["id"] for r in rest}
+    assert rest == [r for r in rows if r not in sample]
+    assert [int(r["id"]) for r in sample] == sorted(int(r["id"]) for r in sample)
+    assert D._select(rows, 20, seed=8) != sample  # the seed picks the sample
+    assert D._select(rows, None, 0) == rows and D._select(rows, None, 0, rest=True) == []
+    assert D._select(rows, 50, 0, rest=True) == []
 
 
 def test_read_demos_rejects_a_broken_row_naming_it(tmp_path):
