@@ -77,6 +77,7 @@ class RayTrainer:
         self.total_steps = cfg.trainer.total_training_steps or cfg.trainer.total_epochs * self.loader.steps_per_epoch
         self.step = 0
         self.trained_s = 0.0  # wall seconds of training steps, summed over resumed attempts
+        self.longest_step_s = 0.0  # of this attempt: how long the next step may take (time budget)
         self.adv_fn = algos.get_adv_estimator(cfg.algorithm.adv_estimator)
         check_filter_metric(cfg.algorithm.filter_metric)  # before the engine starts
         self.kl_ctrl = algos.make_kl_controller(cfg.algorithm.kl_ctrl)
@@ -149,6 +150,7 @@ class RayTrainer:
             metrics.update(t.metrics())
             metrics["perf/tokens_per_s"] = batch.num_tokens / t.seconds["step"]
             metrics["training/epoch"] = float(self.loader.pos.epoch)
+            self.longest_step_s = max(self.longest_step_s, time.monotonic() - t_iter)
             self.trained_s += time.monotonic() - t_iter
             metrics["training/elapsed_s"] = self.trained_s
             # 5. log before the checkpoint: a run killed after checkpoint K has logged K
@@ -160,10 +162,10 @@ class RayTrainer:
         if self.step < self.total_steps:  # stopped by the clock
             print(f"[train] time budget trainer.max_time_s={cfg.trainer.max_time_s:g}: stopping at step "
                   f"{self.step}/{self.total_steps} after {self.trained_s:.0f}s of training (another step takes "
-                  f"~{self.trained_s / max(1, self.step):.0f}s)", flush=True)
+                  f"~{self.trained_s / max(1, self.step):.0f}s, the longest {self.longest_step_s:.0f}s)", flush=True)
 
     def _out_of_time(self) -> bool:
-        return out_of_time(self.trained_s, self.step, self.cfg.trainer.max_time_s)
+        return out_of_time(self.trained_s, self.step, self.cfg.trainer.max_time_s, self.longest_step_s)
 
     # ------------------------------------------------------------------ step pieces
     def _needs_old_log_probs(self, num_sequences: int) -> bool:
@@ -284,11 +286,13 @@ class RayTrainer:
 
 
 # ----------------------------------------------------------------------------- helpers
-def out_of_time(trained_s: float, step: int, budget: float | None) -> bool:
-    """trainer.max_time_s: True when the next step, at the run's mean step time, would end
-    past the budget (or the budget is spent: a re-run of a finished run does nothing)."""
+def out_of_time(trained_s: float, step: int, budget: float | None, longest_step_s: float = 0.0) -> bool:
+    """trainer.max_time_s: True when the next step, at the run's mean step time or at
+    `longest_step_s` if longer, would end past the budget (or the budget is spent: a re-run of a
+    finished run does nothing). GRPO's steps vary with the group filter's rounds (60-175 s on
+    real data), so the mean alone let a run end 22 s past a 60-minute budget."""
     mean_step = trained_s / step if step else 0.0
-    return budget is not None and trained_s + mean_step > budget
+    return budget is not None and trained_s + max(mean_step, longest_step_s) > budget
 
 
 def resume_checkpoint(tr, checkpoints: CheckpointManager) -> Path | None:

@@ -210,18 +210,23 @@ def test_time_budget_stops_with_a_checkpoint_and_a_rerun_continues_the_clock(tin
     assert rows[1]["training/elapsed_s"] > rows[0]["training/elapsed_s"] + rows[1]["timing/step"] * 0.99
 
 
-def _budget(trained_s: float, step: int, budget: float | None):
+def _budget(trained_s: float, step: int, budget: float | None, longest: float = 0.0):
     from agent_rl.training.trainer import out_of_time
 
-    return out_of_time(trained_s, step, budget)
+    return out_of_time(trained_s, step, budget, longest)
 
 
-def test_time_budget_judges_the_next_step_by_the_mean_step_time():
+def test_time_budget_judges_the_next_step_by_the_mean_or_the_longest_step_time():
     assert not _budget(0.0, 0, 1.0)  # nothing measured: the first step always runs
     assert not _budget(1e9, 5, None)  # no budget
     assert not _budget(60.0, 3, 80.0)  # 60 + 20 = 80: the next step ends on the budget
     assert _budget(60.0, 3, 79.0)  # ... one second past it
     assert _budget(100.0, 4, 100.0)  # spent: a re-run does nothing
+    # the fifth real-data run: step 30 ended at 3477 s (mean 116 s, longest 173 s) and step 31
+    # took 145 s: with the mean it ran to 3622 s of a 3600 s budget; with the longest it stops
+    assert not _budget(3477.0, 30, 3600.0)
+    assert _budget(3477.0, 30, 3600.0, longest=173.0)
+    assert not _budget(60.0, 3, 80.0, longest=15.0)  # a longest step below the mean: the mean
 
 
 def test_a_finished_run_is_known_from_its_checkpoint_before_anything_starts(tmp_path):
