@@ -317,9 +317,10 @@ class TrainerConfig:
     """Stop after this many steps (None: epochs decide)."""
     max_time_s: float | None = None
     """Training time budget of the run in seconds, summed over resumed attempts: stop before a
-    step that would end past it (judged by the mean step time so far) and save a checkpoint.
-    A re-run whose budget is spent does nothing. None: no limit. Worker start-up, model load
-    and saving come on top."""
+    step that would end past it (judged by the mean step time so far, or by the longest step of
+    this attempt if longer: GRPO steps vary with the filter's rounds) and save a checkpoint. A
+    re-run whose budget is spent does nothing. None: no limit. Worker start-up, model load and
+    saving come on top."""
     save_freq: int = -1
     """Checkpoint every K steps (-1: only at the end)."""
     test_freq: int = -1
