@@ -150,8 +150,9 @@ class RayTrainer:
             metrics.update(t.metrics())
             metrics["perf/tokens_per_s"] = batch.num_tokens / t.seconds["step"]
             metrics["training/epoch"] = float(self.loader.pos.epoch)
-            self.longest_step_s = max(self.longest_step_s, time.monotonic() - t_iter)
-            self.trained_s += time.monotonic() - t_iter
+            step_s = time.monotonic() - t_iter
+            self.longest_step_s = max(self.longest_step_s, step_s)
+            self.trained_s += step_s
             metrics["training/elapsed_s"] = self.trained_s
             # 5. log before the checkpoint: a run killed after checkpoint K has logged K
             self.metrics.log(metrics, self.step, extra={"prompt_ids": prompt_ids})
