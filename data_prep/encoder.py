@@ -8,7 +8,8 @@ Speed on CPU: the default is ONNX Runtime (`backend="onnx"`) with `precision="au
 int8 weights where the CPU has int8 dot products (VNNI), measured fastest on such a host with
 recall@3 within one point of plain fp32; fp32 elsewhere (on an AVX2 host int8 gained nothing:
 10.2 vs 9.8 passages/s). `precision="fp32"` (or `backend="torch"`) gives the plain model. Inputs are sorted
-by length before batching so a batch pads to similar lengths (results are put back in order).
+by token count before batching so a batch pads to similar lengths (results are put back in order;
+`benchmarks/encode.py` measures it against sorting by characters).
 """
 
 from __future__ import annotations
@@ -121,42 +122,54 @@ def cpu_threads() -> int:
         return os.cpu_count() or 1
 
 
-def make_tokenizer(path: Path, max_length: int):
-    """texts -> {input_ids, attention_mask[, token_type_ids]} int64 arrays, padded to the longest.
+class BatchTokenizer:
+    """`tok(texts)`: {input_ids, attention_mask[, token_type_ids]} int64 arrays, padded to the
+    longest; `tok.lengths(texts)`: each text's token count after truncation, unpadded.
 
     Uses the `tokenizers` library on tokenizer.json when present: the server then needs neither
     transformers nor torch (seconds of start-up and ~200 MB); transformers' AutoTokenizer otherwise."""
-    cfg = _read_json(path / "config.json")
-    with_types = "type_vocab_size" in cfg  # BERT-style models take token_type_ids
-    if (path / "tokenizer.json").is_file():
-        from tokenizers import Tokenizer
 
-        tok = Tokenizer.from_file(str(path / "tokenizer.json"))
-        pad = _read_json(path / "tokenizer_config.json").get("pad_token") or "[PAD]"
-        pad = pad.get("content", "[PAD]") if isinstance(pad, dict) else pad
-        pad_id = tok.token_to_id(pad)
-        tok.enable_truncation(max_length=max_length)
-        tok.enable_padding(pad_id=0 if pad_id is None else pad_id, pad_token=pad)
+    def __init__(self, path: Path, max_length: int):
+        self.max_length = max_length
+        self.with_types = "type_vocab_size" in _read_json(path / "config.json")  # BERT-style models take token_type_ids
+        self._fast = (path / "tokenizer.json").is_file()
+        if self._fast:
+            from tokenizers import Tokenizer
 
-        def run(texts: list[str]) -> dict[str, np.ndarray]:
-            encs = tok.encode_batch(texts)
-            out = {"input_ids": np.array([e.ids for e in encs], dtype=np.int64).reshape(len(texts), -1),
-                   "attention_mask": np.array([e.attention_mask for e in encs], dtype=np.int64).reshape(len(texts), -1)}
-            if with_types:
-                out["token_type_ids"] = np.array([e.type_ids for e in encs], dtype=np.int64).reshape(len(texts), -1)
-            return out
+            tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+            tok.enable_truncation(max_length=max_length)
+            tok.no_padding()
+            self._unpadded = tok
+            tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+            pad = _read_json(path / "tokenizer_config.json").get("pad_token") or "[PAD]"
+            pad = pad.get("content", "[PAD]") if isinstance(pad, dict) else pad
+            pad_id = tok.token_to_id(pad)
+            tok.enable_truncation(max_length=max_length)
+            tok.enable_padding(pad_id=0 if pad_id is None else pad_id, pad_token=pad)
+            self._tok = tok
+        else:
+            from transformers import AutoTokenizer
 
-        return run
-    from transformers import AutoTokenizer
+            self._tok = AutoTokenizer.from_pretrained(str(path))
 
-    hf = AutoTokenizer.from_pretrained(str(path))
+    def __call__(self, texts: list[str]) -> dict[str, np.ndarray]:
+        if not self._fast:
+            enc = self._tok(texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="np")
+            return {k: np.asarray(v, dtype=np.int64) for k, v in enc.items()
+                    if k in ("input_ids", "attention_mask") or (k == "token_type_ids" and self.with_types)}
+        encs = self._tok.encode_batch(texts)
+        n = len(texts)
+        out = {"input_ids": np.array([e.ids for e in encs], dtype=np.int64).reshape(n, -1),
+               "attention_mask": np.array([e.attention_mask for e in encs], dtype=np.int64).reshape(n, -1)}
+        if self.with_types:
+            out["token_type_ids"] = np.array([e.type_ids for e in encs], dtype=np.int64).reshape(n, -1)
+        return out
 
-    def run_hf(texts: list[str]) -> dict[str, np.ndarray]:
-        enc = hf(texts, padding=True, truncation=True, max_length=max_length, return_tensors="np")
-        return {k: np.asarray(v, dtype=np.int64) for k, v in enc.items()
-                if k in ("input_ids", "attention_mask") or (k == "token_type_ids" and with_types)}
-
-    return run_hf
+    def lengths(self, texts: Sequence[str]) -> np.ndarray:
+        if not self._fast:
+            ids = self._tok(list(texts), truncation=True, max_length=self.max_length)["input_ids"]
+            return np.array([len(i) for i in ids], dtype=np.int64)
+        return np.array([len(e.ids) for e in self._unpadded.encode_batch(list(texts))], dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -274,7 +287,7 @@ class Encoder:
         self.max_length, self.backend, self.precision = ident["max_length"], ident["backend"], ident["precision"]
         self.num_threads = num_threads or cpu_threads()
 
-        self.tokenize = make_tokenizer(self.path, self.max_length)
+        self.tokenize = BatchTokenizer(self.path, self.max_length)
         if self.backend == "torch":
             self._init_torch()
         else:
@@ -381,8 +394,14 @@ class Encoder:
     # ------------------------------------------------------------------ encoding
     def _encode(self, texts: Sequence[str], batch_size: int, progress: bool, desc: str) -> np.ndarray:
         n = len(texts)
-        # longest first, so similar lengths share a batch (less padding) and memory peaks early
-        order = sorted(range(n), key=lambda i: -len(texts[i]))
+        # longest first, by token count, so similar lengths share a batch and memory peaks early.
+        # Sorting by characters padded wiki_35k's batches of 256 to 1.55x their tokens (numbers,
+        # names and non-ASCII text tokenize unevenly); by tokens, to 1.01x. One batch: no sort.
+        if n > batch_size:
+            lengths = self.tokenize.lengths(texts)
+            order = sorted(range(n), key=lambda i: -lengths[i])
+        else:
+            order = list(range(n))
         out: np.ndarray | None = None
         bar = None
         if progress:
