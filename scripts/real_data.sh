@@ -74,18 +74,25 @@ for _ in $(seq 300); do curl -sf "$URL/health" >/dev/null && break; sleep 1; don
 curl -sf "$URL/health" >/dev/null || { echo "retriever did not come up: $OUT/retriever.log" >&2; exit 1; }
 
 step "grounded demonstrations"
+DEMO_SETS=""
 for qa in $TRAIN_SETS; do
+  rc=0
   [ -f "$OUT/demos_$qa.parquet" ] || $PY -m data_prep demos --qa "$OUT/${qa}_clean.parquet" --retriever-url "$URL" \
     --out "$OUT/demos_$qa.parquet" --config "$CFG" --model artifacts/model ${DEMOS_N:+--limit "$DEMOS_N"} \
-    --dropped "$OUT/demos_$qa.dropped.jsonl"
+    --dropped "$OUT/demos_$qa.dropped.jsonl" || rc=$?
+  # exit status 3: the corpus grounds none of this set's questions; go on without the set
+  if [ "$rc" = 3 ]; then echo "[real] $qa: no grounded demonstration, left out of SFT and RL" >&2; continue; fi
+  [ "$rc" = 0 ] || exit "$rc"
+  DEMO_SETS="$DEMO_SETS $qa"
 done
+[ -n "$DEMO_SETS" ] || { echo "no training set gave a grounded demonstration: nothing to train on" >&2; exit 1; }
 
 step "demonstrations split by id: 1 in $RL_EVERY kept out of SFT"
 # RL draws from every demonstration's question (the corpus can answer it); the config drops
 # groups whose samples agree on EM (algorithm.filter_groups, filter_metric: acc), so a question
 # SFT has fitted costs a rollout, not an update
 SFT_FILES="" RL_FILES=""
-for qa in $TRAIN_SETS; do
+for qa in $DEMO_SETS; do
   [ -f "$OUT/split/rl_$qa.parquet" ] || $PY -m data_prep split "$OUT/demos_$qa.parquet" --every "$RL_EVERY" \
     --out-rest "$OUT/split/sft_$qa.parquet" --out-held "$OUT/split/rl_$qa.parquet"
   SFT_FILES="$SFT_FILES,$OUT/split/sft_$qa.parquet"

@@ -315,12 +315,19 @@ def _select(rows: list[dict], limit: int | None, seed: int, rest: bool = False) 
     return [r for i, r in enumerate(rows) if (i in keep) != rest]
 
 
+NONE_KEPT = 3
+"""Exit status when no candidate was grounded: not a failure of the run, so a recipe over
+several QA sets (scripts/real_data.sh) can leave that set out and go on."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="agent-rl-prep demos",
         description="Build grounded cold-start demonstration trajectories with the rollout's own template, "
                     "tags, observation formatting and tokenization, and real retriever observations.",
-        epilog="Example: agent-rl-prep demos --qa artifacts/kb/train.parquet --retriever-url http://127.0.0.1:8000 "
+        epilog=f"Exit status: 0 written; 1 retriever unavailable; 2 bad arguments or input files; {NONE_KEPT} no "
+               "question could be grounded in this corpus (nothing written; a recipe may go on without this set). "
+               "Example: agent-rl-prep demos --qa artifacts/kb/train.parquet --retriever-url http://127.0.0.1:8000 "
                "--out artifacts/demos/kb_train.parquet --config configs/train/demo_grpo_cpu.yaml",
     )
     ap.add_argument("--qa", required=True, metavar="FILE", help="QA file (any format data_prep.qa.read_qa reads)")
@@ -409,8 +416,8 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.dropped).parent.mkdir(parents=True, exist_ok=True)
         Path(args.dropped).write_text("".join(json.dumps({"id": i, "reason": r}) + "\n" for i, r in res.dropped_ids))
     if not res.rows:
-        print("error: no grounded demonstration was kept (see the reasons above)", file=sys.stderr)
-        return 1
+        print("error: no grounded demonstration was kept (see the reasons above); nothing written", file=sys.stderr)
+        return NONE_KEPT
     write_demos(res.rows, args.out, settings)
     print(f"[demos] wrote {len(res.rows)} demonstrations to {args.out}", flush=True)
     return 0

@@ -368,6 +368,20 @@ def test_cli_reports_bad_input_in_one_line(tiny_kb, model_dir, tmp_path, capsys)
     assert "--rest needs --limit" in capsys.readouterr().err
 
 
+def test_cli_exits_3_and_writes_nothing_when_no_question_is_grounded(tiny_kb, retriever_url, model_dir, tmp_path, capsys):
+    """A QA set this corpus cannot answer is not a failed run: its own exit status, so
+    scripts/real_data.sh leaves the set out and goes on with the others."""
+    import pandas as pd
+
+    qa, out = tmp_path / "ungroundable.parquet", tmp_path / "d.parquet"
+    pd.DataFrame({"id": ["u1", "u2"], "question": ["who painted the moon?", "where is nowhere?"],
+                  "golden_answers": [["zqxwv plorth"], ["vvqzzk"]], "data_source": "x", "split": "train"}).to_parquet(qa)
+    rc = D.main(["--qa", str(qa), "--retriever-url", retriever_url, "--out", str(out), "--model", str(model_dir),
+                 "max_turns=2"])
+    assert rc == D.NONE_KEPT == 3 and not out.exists()
+    assert "no grounded demonstration was kept" in capsys.readouterr().err
+
+
 def test_rest_is_the_complement_of_the_limit_sample_in_file_order():
     rows = [{"id": str(i)} for i in range(50)]
     sample, rest = D._select(rows, 20, seed=7), D._select(rows, 20, seed=7, rest=True)
