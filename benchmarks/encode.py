@@ -34,23 +34,9 @@ SHARD = 16384  # data_prep.indexing's default shard: the pool each index batch i
 WIKI = ROOT.parent / "shared" / "data" / "corpus" / "wiki_35k.jsonl"
 
 
-def read_passages(path: Path, n: int) -> list[str]:
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if len(out) >= n:
-                break
-            out.append(json.loads(line)["contents"])
-    return out
-
-
-def char_batches(texts: list[str]) -> list[list[int]]:
-    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-    return [order[s:s + BATCH] for s in range(0, len(order), BATCH)]
-
-
-def token_batches(lengths: np.ndarray) -> list[list[int]]:
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+def batches(keys) -> list[list[int]]:
+    """Indices sorted longest-first by `keys`, cut into batches of BATCH (what the index does)."""
+    order = sorted(range(len(keys)), key=lambda i: -keys[i])
     return [order[s:s + BATCH] for s in range(0, len(order), BATCH)]
 
 
@@ -70,6 +56,7 @@ def main(argv=None) -> int:
 
     from data_prep.encoder import Encoder
     from data_prep.hardware import hardware_info, hardware_line
+    from data_prep.store import PassageStore
 
     if args.corpus:
         corpus = Path(args.corpus)
@@ -85,14 +72,15 @@ def main(argv=None) -> int:
         corpus = tmp / "kb" / "corpus.jsonl"
     enc = Encoder("minilm", backend=args.backend, precision=args.precision)
     print(hardware_line(encoder=f"{enc.backend}/{enc.precision}"), flush=True)
-    texts = read_passages(corpus, args.passages)
-    shard = read_passages(corpus, SHARD)
+    with PassageStore(corpus) as store:  # the strings the index build encodes, read once
+        head = list(store.iter_contents(0, min(len(store), max(args.passages, SHARD))))
+    texts, shard = head[:args.passages], head[:SHARD]
     lengths, shard_lengths = enc.tokenize.lengths(texts), enc.tokenize.lengths(shard)
     enc.encode_passages(texts[:BATCH // 4], progress=False)  # warm-up (ONNX session, allocator)
 
     t = time.perf_counter()
     by_chars = np.empty((len(texts), enc.dim), dtype=np.float32)
-    for b in char_batches(texts):
+    for b in batches([len(x) for x in texts]):
         by_chars[b] = enc.encode_passages([texts[i] for i in b], batch_size=BATCH, progress=False)
     chars_s = time.perf_counter() - t
     t = time.perf_counter()
@@ -104,10 +92,10 @@ def main(argv=None) -> int:
         "mean_tokens": float(lengths.mean()),
         "psg_per_s_by_chars": len(texts) / chars_s, "psg_per_s_by_tokens": len(texts) / tokens_s,
         "speedup": chars_s / tokens_s,
-        "padding_by_chars": padding(char_batches(texts), lengths),
-        "padding_by_tokens": padding(token_batches(lengths), lengths),
-        "shard_padding_by_chars": padding(char_batches(shard), shard_lengths),
-        "shard_padding_by_tokens": padding(token_batches(shard_lengths), shard_lengths),
+        "padding_by_chars": padding(batches([len(x) for x in texts]), lengths),
+        "padding_by_tokens": padding(batches(lengths), lengths),
+        "shard_padding_by_chars": padding(batches([len(x) for x in shard]), shard_lengths),
+        "shard_padding_by_tokens": padding(batches(shard_lengths), shard_lengths),
         "max_abs_diff": float(np.abs(by_chars - by_tokens).max()),
     }
     print(f"\n{len(texts)} passages of {corpus.name} (mean {res['mean_tokens']:.0f} tokens), batches of {BATCH}")
