@@ -4,12 +4,22 @@ One `Encoder` serves index building (passages) and the retriever (queries), so b
 the same model, pooling and prefixes; `identity()` is what index metadata records and what the
 server compares before it serves an index.
 
-Speed on CPU: the default is ONNX Runtime (`backend="onnx"`) with `precision="auto"`: dynamic
-int8 weights where the CPU has int8 dot products (VNNI), measured fastest on such a host with
-recall@3 within one point of plain fp32; fp32 elsewhere (on an AVX2 host int8 gained nothing:
-10.2 vs 9.8 passages/s). `precision="fp32"` (or `backend="torch"`) gives the plain model. Inputs are sorted
-by token count before batching so a batch pads to similar lengths (results are put back in order;
-`benchmarks/encode.py` measures it against sorting by characters).
+A text's vector never depends on the texts it is batched with (the retriever's batcher groups
+concurrent queries; an index shard groups passages): at every precision, alone vs in any batch
+differs by fp32 rounding only (<= 1e-5; measured ~1e-7). How each precision keeps that:
+- fp32 (ONNX or torch): padding is masked exactly; matmul blockings differ by ~1e-7.
+- int8 (ONNX): every activation row (token) has its own scale (`data_prep.onnx_int8`). ONNX
+  Runtime's `quantize_dynamic`, used before, shared one scale over the whole batch tensor, so a
+  query moved with its batch mates (3e-2, cosine 0.976).
+- bf16 / fp16 (torch): only texts of equal token count share a forward pass. 16-bit attention
+  over padded batches moved vectors by up to 2e-3 (300 NQ questions, bf16 on an AVX-512 EPYC),
+  equal-length batches by 0.
+
+Speed on CPU: the default is ONNX Runtime (`backend="onnx"`) with `precision="auto"`: int8
+where the CPU has int8 dot products (VNNI), fp32 elsewhere (on an AVX2 host int8 gained nothing:
+10.2 vs 9.8 passages/s); the README's precision table (`benchmarks/encoder_precision.py`) has
+the figures. `precision="fp32"` (or `backend="torch"`) gives the plain model. Inputs are sorted
+by token count before batching so a batch pads to similar lengths (results are put back in order).
 """
 
 from __future__ import annotations
@@ -18,13 +28,15 @@ import hashlib
 import json
 import logging
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
 
-from data_prep.hardware import resolve_encoder_precision
+from data_prep import hardware
+from data_prep.hardware import forced_encoder_precision, resolve_encoder_precision
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +57,11 @@ AVX2 host (64 KB questions, ONNX): 136-149 q/s in one pass of 64, 202-217 q/s in
 C=64 from being slower than C=16 (issue #15)."""
 GPU_QUERY_BATCH = 128
 """Queries per forward pass on a GPU, where padding costs little and each pass launches kernels."""
+ONNX_FORMAT = 2
+"""Part of the ONNX cache key; bumped when the export or the quantization changes (2: eager
+attention in the export, per-row int8), so a cache written by an older version is never read."""
+EQUAL_LENGTH_PRECISIONS = ("bf16", "fp16")
+"""Precisions whose forward passes hold only texts of equal token count (module docstring)."""
 
 
 def resolve_model_path(spec: str | os.PathLike | None) -> Path:
@@ -239,9 +256,10 @@ def describe_encoder(model: str | os.PathLike | None = DEFAULT_ENCODER, *, pooli
     if pooling not in POOLINGS:
         raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
     qp, pp = default_prefixes(name, path)
-    device = device or _default_device()
+    device = device or default_encoder_device()
     if backend is None:
-        backend = DEFAULT_BACKEND if device == "cpu" else "torch"
+        forced = forced_encoder_precision() if precision in (None, "auto") else None
+        backend = DEFAULT_BACKEND if device == "cpu" and forced not in ("bf16", "fp16") else "torch"
     if precision is None or precision == "auto":
         # int8 only where the CPU has int8 dot products (VNNI); fp16 on CUDA; fp32 otherwise
         precision = resolve_encoder_precision("auto", backend, device)[0]
@@ -271,14 +289,14 @@ class Encoder:
     model: "minilm"/None (embedded default) or a local HF / sentence-transformers directory.
     backend: "torch" (any device; cuda when available) or "onnx" (ONNX Runtime, CPU).
     precision: "fp32", "bf16" (torch, weights cast once), "fp16" (torch on CUDA; the GPU default) or
-    "int8" (onnx: int8 weights, dynamic activations).
+    "int8" (onnx: per-column int8 weights, per-row int8 activations).
     """
 
     def __init__(self, model: str | os.PathLike | None = DEFAULT_ENCODER, *, pooling: str | None = None,
                  query_prefix: str | None = None, passage_prefix: str | None = None,
                  max_length: int | None = None, backend: str | None = None, precision: str | None = None,
                  device: str | None = None, num_threads: int | None = None):
-        self.device = device or _default_device()
+        self.device = device or default_encoder_device()
         ident = describe_encoder(model, pooling=pooling, query_prefix=query_prefix, passage_prefix=passage_prefix,
                                  max_length=max_length, backend=backend, precision=precision, device=self.device)
         self.path = Path(ident["path"])
@@ -300,16 +318,18 @@ class Encoder:
                 log.warning("ONNX Runtime encoder unavailable (%s); using torch fp32", e)
                 self.backend, self.precision = "torch", "fp32"
                 self._init_torch()
-        probe = self.encode_queries(["dimension probe"]).shape[1]
+        probe = np.asarray(self._run(self.tokenize([self.query_prefix + "dimension probe"]))).shape[1]
         if probe != self.dim:
             raise ValueError(f"encoder {self.path}: output dimension {probe} != hidden size {self.dim} in config.json")
 
     # ------------------------------------------------------------------ backends
-    def _load_torch_module(self):
+    def _load_torch_module(self, attn: str | None = None):
+        """attn: transformers' attn_implementation (None: its default, sdpa)."""
         import torch
         from transformers import AutoModel
 
-        model = AutoModel.from_pretrained(str(self.path), dtype=torch.float32)
+        kw = {"attn_implementation": attn} if attn else {}
+        model = AutoModel.from_pretrained(str(self.path), dtype=torch.float32, **kw)
         return _Pooled.build(model.eval(), self.pooling)
 
     def _init_torch(self) -> None:
@@ -333,13 +353,15 @@ class Encoder:
             return self._module(**feed).float().cpu().numpy()
 
     def _onnx_path(self) -> Path:
-        """Export once (and quantise once) into the cache; keyed by model weights and pooling."""
-        h = hashlib.sha256()
+        """Export once (and quantise once) into the cache; keyed by model weights, pooling and
+        ONNX_FORMAT. int8 weights keep 7 bits on CPUs without VNNI (data_prep.onnx_int8)."""
+        h = hashlib.sha256(f"format{ONNX_FORMAT}".encode())
         for f in sorted(self.path.glob("*.json")) + sorted(self.path.glob("*.safetensors")):
             st = f.stat()
             h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
         out = cache_dir() / "onnx" / f"{self.name.replace('/', '_')}-{self.pooling}-{h.hexdigest()[:12]}"
-        fp32, int8 = out / "model.onnx", out / "model.int8.onnx"
+        bits = 8 if hardware.has_vnni() else 7
+        fp32, int8 = out / "model.onnx", out / f"model.int8-rows-w{bits}.onnx"
         target = int8 if self.precision == "int8" else fp32
         if target.is_file():
             return target
@@ -347,22 +369,29 @@ class Encoder:
         if not fp32.is_file():
             self._export_onnx(fp32)
         if self.precision == "int8":
-            from onnxruntime.quantization import QuantType, quantize_dynamic
+            from data_prep.onnx_int8 import quantize_per_row
 
             tmp = int8.with_suffix(f".tmp{os.getpid()}.onnx")
-            # per-channel int8 weights of every MatMul; activations quantised on the fly (VNNI kernels)
-            quantize_dynamic(str(fp32), str(tmp), weight_type=QuantType.QInt8, per_channel=True)
+            quantize_per_row(fp32, tmp, weight_bits=bits)
             os.replace(tmp, int8)
         return target
 
     def _export_onnx(self, dest: Path) -> None:
         import torch
 
-        module = self._load_torch_module()
+        # eager attention: the sdpa export adds Where/IsNaN guards over every (batch, head, seq,
+        # seq) score tensor, 17% of an int8 forward pass on wiki_35k passages
+        module = self._load_torch_module(attn="eager")
         sample = {k: torch.from_numpy(v) for k, v in self.tokenize(["export sample", "a second, longer one"]).items()}
         names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in sample]
         tmp = dest.with_suffix(f".tmp{os.getpid()}.onnx")
-        with torch.inference_mode():
+        with torch.inference_mode(), warnings.catch_warnings():
+            # the tracer's notes on shape-dependent Python in transformers' masking code (the
+            # exported graph keeps dynamic batch and sequence axes; tests compare it with torch)
+            # and the legacy exporter's deprecation notice: not the user's concern
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.filterwarnings("ignore", message=".*aten::index.*", category=UserWarning)
             torch.onnx.export(module, tuple(sample[n] for n in names), str(tmp), input_names=names,
                               output_names=["embeddings"], opset_version=17, dynamo=False,
                               dynamic_axes={**{n: {0: "batch", 1: "seq"} for n in names},
@@ -392,39 +421,45 @@ class Encoder:
         return self._session.run(None, feed)[0]
 
     # ------------------------------------------------------------------ encoding
+    def _batches(self, texts: Sequence[str], batch_size: int) -> list[list[int]]:
+        """Indices of `texts` in forward-pass batches: longest first, by token count, so similar
+        lengths share a batch and memory peaks early (sorting by characters padded wiki_35k's
+        batches of 256 to 1.55x their tokens; by tokens, to 1.01x). 16-bit precisions also cut
+        where the token count changes (EQUAL_LENGTH_PRECISIONS)."""
+        n = len(texts)
+        equal = self.precision in EQUAL_LENGTH_PRECISIONS
+        if n <= batch_size and not equal:
+            return [list(range(n))] if n else []
+        lengths = self.tokenize.lengths(texts)
+        order = sorted(range(n), key=lambda i: -lengths[i])
+        out: list[list[int]] = []
+        for i in order:
+            if not out or len(out[-1]) >= batch_size or (equal and lengths[out[-1][0]] != lengths[i]):
+                out.append([])
+            out[-1].append(i)
+        return out
+
     def _encode(self, texts: Sequence[str], batch_size: int, progress: bool, desc: str) -> np.ndarray:
         n = len(texts)
-        # longest first, by token count, so similar lengths share a batch and memory peaks early.
-        # Sorting by characters padded wiki_35k's batches of 256 to 1.55x their tokens (numbers,
-        # names and non-ASCII text tokenize unevenly); by tokens, to 1.01x. One batch: no sort.
-        if n > batch_size:
-            lengths = self.tokenize.lengths(texts)
-            order = sorted(range(n), key=lambda i: -lengths[i])
-        else:
-            order = list(range(n))
-        out: np.ndarray | None = None
+        out = np.empty((n, self.dim), dtype=np.float32)
         bar = None
         if progress:
             from tqdm import tqdm
 
             bar = tqdm(total=n, desc=desc, unit="psg", mininterval=2.0)
-        for start in range(0, n, batch_size):
-            idx = order[start:start + batch_size]
+        for idx in self._batches(texts, batch_size):
             batch = self.tokenize([texts[i] for i in idx])
             # forward passes of at most MAX_TOKENS_PER_FORWARD tokens: attention memory grows with
             # rows * seq^2 (batch 256 x 256 tokens would need ~0.8 GB per layer), CPU speed does not
             seq = batch["input_ids"].shape[1]
             rows = max(1, MAX_TOKENS_PER_FORWARD // max(seq, 1))
-            emb = np.concatenate([np.asarray(self._run({k: v[r:r + rows] for k, v in batch.items()}), np.float32)
-                                  for r in range(0, len(idx), rows)])
-            if out is None:
-                out = np.empty((n, emb.shape[1]), dtype=np.float32)
-            out[idx] = emb
+            out[idx] = np.concatenate([np.asarray(self._run({k: v[r:r + rows] for k, v in batch.items()}), np.float32)
+                                       for r in range(0, len(idx), rows)])
             if bar is not None:
                 bar.update(len(idx))
         if bar is not None:
             bar.close()
-        return out if out is not None else np.empty((0, getattr(self, "dim", 0)), dtype=np.float32)
+        return out
 
     def encode_queries(self, queries: Sequence[str], batch_size: int | None = None) -> np.ndarray:
         """batch_size: queries per forward pass; default QUERY_BATCH on a CPU (less padding)
@@ -446,7 +481,8 @@ class Encoder:
         ).to_dict()
 
 
-def _default_device() -> str:
+def default_encoder_device() -> str:
+    """"cuda" where torch sees a GPU, else "cpu", without importing torch on hosts with no NVIDIA device."""
     # no NVIDIA device node: CPU, without paying torch's import (~1 s, ~200 MB) in the server
     if not any(Path("/dev").glob("nvidia[0-9]*")):
         return "cpu"

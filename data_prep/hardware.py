@@ -24,6 +24,10 @@ from dataclasses import dataclass
 
 OVERRIDE_ENV = "AGENT_RL_NATIVE_BF16"
 """1/0 forces the answer of native_bf16() (0: emulate a host without native bf16)."""
+ENCODER_PRECISION_ENV = "AGENT_RL_ENCODER_PRECISION"
+"""fp32 / int8 / bf16 forces what the encoder's `auto` precision picks (bf16 also picks the torch
+backend), e.g. to run the suite under the choice another host kind makes (CONTRIBUTING.md)."""
+ENCODER_PRECISIONS = ("fp32", "int8", "bf16", "fp16")
 
 _X86_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 _VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
@@ -181,14 +185,29 @@ def resolve_dtype(setting: object, device: str = "cpu") -> tuple[str, str]:
     return ("bfloat16" if ok else "float32"), f"auto: {why}"
 
 
+def forced_encoder_precision() -> str | None:
+    """The precision ENCODER_PRECISION_ENV forces on `auto`, or None."""
+    v = os.environ.get(ENCODER_PRECISION_ENV, "").strip().lower()
+    if v in ("", "auto"):
+        return None
+    if v not in ENCODER_PRECISIONS:
+        raise ValueError(f"{ENCODER_PRECISION_ENV}={v!r}: expected one of {', '.join(ENCODER_PRECISIONS)}")
+    return v
+
+
 def resolve_encoder_precision(setting: object, backend: str, device: str = "cpu") -> tuple[str, str]:
     """Encoder precision: 'auto' -> fp16 on CUDA (torch), int8 ONNX where the CPU has VNNI,
-    fp32 otherwise (int8 lost ~1 point of recall and gained nothing on an AVX2 host: 10.2 vs
-    9.8 passages/s). fp16 rather than bf16 on GPUs: the same speed there, and 3 more mantissa
-    bits keep the vectors closer to fp32 (docs/gpu.md)."""
+    fp32 otherwise. On a 2-core AVX-512 VNNI EPYC (README, `benchmarks/encoder_precision.py`)
+    per-row int8 was the fastest precision (passages/s and queries/s through the server) and
+    kept recall@3 within one point of fp32; on an AVX2 host int8 gained nothing (10.2 vs 9.8
+    passages/s). fp16 rather than bf16 on GPUs: the same speed there, and 3 more mantissa bits
+    keep the vectors closer to fp32 (docs/gpu.md). ENCODER_PRECISION_ENV overrides `auto`."""
     s = _setting(setting)
     if s != "auto":
         return s, f"{s} (set explicitly)"
+    forced = forced_encoder_precision()
+    if forced:
+        return forced, f"{ENCODER_PRECISION_ENV}={forced}"
     if backend == "torch" and device.startswith("cuda"):
         return "fp16", "auto: fp16 (CUDA)"
     if backend == "onnx" and device == "cpu" and has_vnni():
@@ -229,8 +248,8 @@ def hardware_info(**chosen: str) -> dict:
         "native_bf16": ok,
         "native_bf16_why": why,
         "vnni": has_vnni(info),
-        "emulation": {k: os.environ[k] for k in (OVERRIDE_ENV, "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
-                      if k in os.environ},
+        "emulation": {k: os.environ[k] for k in (OVERRIDE_ENV, "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
+                                                  ENCODER_PRECISION_ENV) if k in os.environ},
         "dtypes": dict(chosen),
     }
 

@@ -70,6 +70,7 @@ def test_fast_variants_stay_close_to_fp32(backend, precision, fp32):
 def test_default_is_the_fast_cpu_variant(monkeypatch):
     from data_prep import hardware
 
+    monkeypatch.delenv(hardware.ENCODER_PRECISION_ENV, raising=False)  # the rule itself, not a forced run
     # int8 only where the CPU has int8 dot products (VNNI); fp32 ONNX elsewhere
     e = Encoder()
     assert (e.backend, e.precision) == ("onnx", "int8" if hardware.has_vnni() else "fp32")
@@ -148,3 +149,46 @@ def test_batches_are_sorted_by_tokens_not_characters():
     enc._run = run
     alone = np.concatenate([enc.encode_passages([t], progress=False) for t in texts])
     assert np.allclose(vecs, alone, atol=1e-5)
+
+
+# Batch independence (issue 27): a text's vector must not move with its batch mates or padding.
+# fp32: different matmul blockings give ~1e-7, bound 1e-5. int8 and bf16 measure ~4e-8 and 0 here
+# (AVX-512 and AVX2 kernels alike); bound 1e-3 leaves room for a rare rounding flip of one
+# activation on other kernels, and fails what was there before: int8 with one activation scale per
+# batch tensor (3e-2), bf16 over padded batches (1.6e-3 on these texts).
+BATCH_BOUNDS = {"fp32": 1e-5, "int8": 1e-3, "bf16": 1e-3}
+MIXED_QUERIES = ["who wrote middlemarch", "x", "What is the capital city of the Australian state of Victoria?",
+                 "when did the 1906 san francisco earthquake happen and how many people died in it",
+                 "Which band released the album OK Computer in 1997 and what was its lead single?",
+                 "how tall is mount everest", "ZZZZ 99999 ~~~~ [[[", "Élan vital — Henri Bergson's term"]
+
+
+def _mates(texts: list[str]) -> list[str]:
+    """Batch mates that change both the padded length and the activation ranges."""
+    return (["supercalifragilistic " * 40, "0 0 0 0"] + [t.upper() + " " + t for t in texts]
+            + ["the the the", "1,234,567.89 % $ €"])
+
+
+@pytest.mark.parametrize("backend,precision", [("onnx", "fp32"), ("onnx", "int8"), ("torch", "fp32"),
+                                               ("torch", "bf16")])
+def test_vectors_do_not_depend_on_batch_mates(backend, precision):
+    e = Encoder("minilm", backend=backend, precision=precision)
+    bound = BATCH_BOUNDS[precision]
+    for texts, encode in ((MIXED_QUERIES, e.encode_queries),
+                          (SENTENCES, lambda t, **kw: e.encode_passages(t, progress=False, **kw))):
+        alone = np.concatenate([encode([t]) for t in texts])
+        batched = encode(texts, batch_size=len(texts))
+        reordered = encode(texts[::-1], batch_size=3)[::-1]
+        with_mates = encode(_mates(texts) + texts, batch_size=64)[-len(texts):]
+        for name, got in (("batched", batched), ("reordered", reordered), ("with mates", with_mates)):
+            diff = float(np.abs(got - alone).max())
+            assert diff <= bound, f"{backend}/{precision} {name}: max |diff| {diff:.2e} > {bound:.0e}"
+
+
+def test_16_bit_passes_hold_equal_lengths_only():
+    """bf16/fp16 forward passes never pad: a pass holds texts of one token count (longest first,
+    at most batch_size); fp32/int8 passes are length-sorted batches of batch_size. Token counts
+    with [CLS] and [SEP]: "a b c d" 6, "a b c" 5, "a b" 4, "a" 3."""
+    texts = ["a b c", "a b", "a b c", "a", "a b c d", "a b", "a b c"]
+    assert Encoder("minilm", backend="torch", precision="bf16")._batches(texts, 2) == [[4], [0, 2], [6], [1, 5], [3]]
+    assert Encoder("minilm", backend="torch", precision="fp32")._batches(texts, 3) == [[4, 0, 2], [6, 1, 5], [3]]

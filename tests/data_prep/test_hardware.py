@@ -86,6 +86,7 @@ def test_onednn_avx512_cap_is_not_an_emulation(monkeypatch):
 
 
 def test_encoder_precision_int8_only_with_vnni(monkeypatch):
+    monkeypatch.delenv(hw.ENCODER_PRECISION_ENV, raising=False)  # the rule itself, not a forced run
     monkeypatch.setattr(hw, "cpu_info", lambda: SAPPHIRE)
     assert hw.resolve_encoder_precision("auto", "onnx")[0] == "int8"
     assert hw.resolve_encoder_precision("auto", "torch")[0] == "fp32"
@@ -95,11 +96,29 @@ def test_encoder_precision_int8_only_with_vnni(monkeypatch):
 
 
 def test_encoder_precision_on_cuda_is_fp16_whatever_the_cpu(monkeypatch):
+    monkeypatch.delenv(hw.ENCODER_PRECISION_ENV, raising=False)
     for info in (SAPPHIRE, EPYC_ZEN2):
         monkeypatch.setattr(hw, "cpu_info", lambda info=info: info)
         assert hw.resolve_encoder_precision("auto", "torch", "cuda")[0] == "fp16"
         assert hw.resolve_encoder_precision("auto", "torch", "cuda:1")[0] == "fp16"
         assert hw.resolve_encoder_precision("fp32", "torch", "cuda")[0] == "fp32"
+
+
+def test_encoder_precision_can_be_forced_for_auto_only(monkeypatch):
+    """AGENT_RL_ENCODER_PRECISION runs the suite under another host kind's choice; explicit
+    settings still win, and a value that is not a precision is refused with the allowed ones."""
+    monkeypatch.setattr(hw, "cpu_info", lambda: SAPPHIRE)
+    monkeypatch.setenv(hw.ENCODER_PRECISION_ENV, "fp32")
+    assert hw.resolve_encoder_precision("auto", "onnx") == ("fp32", "AGENT_RL_ENCODER_PRECISION=fp32")
+    assert hw.resolve_encoder_precision("int8", "onnx")[0] == "int8"
+    monkeypatch.setenv(hw.ENCODER_PRECISION_ENV, "bf16")
+    from data_prep.encoder import describe_encoder
+
+    assert (describe_encoder()["backend"], describe_encoder()["precision"]) == ("torch", "bf16")
+    assert describe_encoder(precision="fp32")["backend"] == "onnx"
+    monkeypatch.setenv(hw.ENCODER_PRECISION_ENV, "int4")
+    with pytest.raises(ValueError, match="AGENT_RL_ENCODER_PRECISION='int4': expected one of fp32, int8"):
+        hw.resolve_encoder_precision("auto", "onnx")
 
 
 def test_hardware_line_names_cpu_isa_and_choices(monkeypatch):
