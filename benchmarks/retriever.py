@@ -7,7 +7,10 @@ Starts the server as a separate process (cache off, so every query is encoded an
 drives it with C concurrent clients sending 1-query requests (C = 1, 16, 64, 256) and with
 128-query requests, and prints one table: QPS, latency p50/p95/p99, mean batch size the server
 formed, and ratio_to_limit = server QPS / the server's own encoder + the same index called
-in-process with the same batch size on quiet cores (1.0 = HTTP and batching cost nothing).
+in-process with the same batch size and the same parallelism (the server's search workers, each
+with its encoder threads, as /stats reports them) on quiet cores (1.0 = HTTP and batching cost
+nothing). --stand-in-encoder serves a cheap stand-in encoder (hashed bag of words, in both the
+server and the limit), so the ratio shows the HTTP path's cost where the real encoder is slow.
 encoder_speedup is reported apart: the server's encoder vs plain fp32 (torch), in-process,
 batch 64, with the recall@3 change it causes (answer string in the top 3, same index).
 --neighbour runs busy-loop processes on every core while the load runs (the retriever beside
@@ -208,6 +211,28 @@ async def drive(url: str, queries: list[str], concurrency: int, per_request: int
     return {"qps": done_q / wall, "requests": len(lat), "errors": errors, **pct}
 
 
+def stand_in_encoder(d: Path) -> Path:
+    """A cheap encoder in a local model dir: one BERT layer of width 32 with random weights (seed 0)
+    and MiniLM's tokenizer. Its vectors are meaningless; it makes encoding cost little, so a
+    benchmark served with it measures the HTTP path and the batcher, not the model."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from data_prep.encoder import resolve_model_path
+
+    if (d / "config.json").is_file():
+        return d
+    src = resolve_model_path("minilm")
+    torch.manual_seed(0)
+    BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                         max_position_embeddings=512)).save_pretrained(d)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json",
+                 "sentence_bert_config.json"):
+        if (src / name).is_file():
+            shutil.copy(src / name, d / name)
+    return d
+
+
 def stats(url: str) -> dict:
     import httpx
 
@@ -237,18 +262,31 @@ def holds(rows: list[dict]) -> dict:
 
 
 # ----------------------------------------------------------------------------- in-process limit
-def inprocess_qps(encoder, index, queries: list[str], batch: int, min_seconds: float) -> float:
-    """Queries/s of encode + FAISS search called directly, `batch` queries per call."""
+def inprocess_qps(encoder, index, queries: list[str], batch: int, min_seconds: float, workers: int = 1) -> float:
+    """Queries/s of encode + FAISS search called directly, `batch` queries per call, from
+    `workers` threads at once (the server's search workers)."""
+    import threading
+
     batch = max(1, batch)
-    n, t0, i = 0, time.perf_counter(), 0
-    while True:
-        qs = [queries[(i + j) % len(queries)] for j in range(batch)]
-        index.search(encoder.encode_queries(qs), 3)  # the encoder's own sub-batching, as in the server
-        n += batch
-        i += batch
-        el = time.perf_counter() - t0
-        if el >= min_seconds and n >= 2 * batch:
-            return n / el
+    done = [0] * workers
+    t0 = time.perf_counter()
+
+    def work(w: int) -> None:
+        i = w * 7919
+        while True:
+            qs = [queries[(i + j) % len(queries)] for j in range(batch)]
+            index.search(encoder.encode_queries(qs), 3)  # the encoder's own sub-batching, as in the server
+            done[w] += batch
+            i += batch
+            if time.perf_counter() - t0 >= min_seconds and done[w] >= 2 * batch:
+                return
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(done) / (time.perf_counter() - t0)
 
 
 def rss_mb(pid: int) -> float:
@@ -279,10 +317,15 @@ def main(argv=None) -> int:
                     help="load generator: raw (light keep-alive sockets) or httpx (a full async client)")
     ap.add_argument("--encoder-backend", choices=("torch", "onnx"), help="the server's encoder (default: its default)")
     ap.add_argument("--encoder-precision", choices=("auto", "fp32", "bf16", "int8"))
+    ap.add_argument("--stand-in-encoder", action="store_true",
+                    help="a cheap stand-in encoder (1 layer of width 32, random weights, MiniLM's tokenizer) in "
+                         "the index, the server and the limit: the ratio then shows the HTTP path's own cost")
+    ap.add_argument("--server-args", default="", help="extra server flags, e.g. '--search-workers 1 --max-wait-ms 2'")
     args = ap.parse_args(argv)
 
     from data_prep.encoder import Encoder
     from data_prep.indexing import build_index, load_faiss, load_searcher, read_meta
+    from retriever_server.batcher import MIN_CHUNK
     from retriever_server.launch import start_server, stop_server, wait_healthy
 
     duration = args.duration or (1.5 if args.quick else 10.0)
@@ -299,54 +342,54 @@ def main(argv=None) -> int:
         corpus, qa = quick_corpus(tmp)
     else:
         corpus, qa = WIKI, read_qa(Path(args.qa or NQ), args.num_queries)
+    spec = stand_in_encoder(tmp / "stand-in") if args.stand_in_encoder else None
     index = Path(args.index) if args.index else (
-        tmp / "flat" if args.quick or args.kb else ROOT / "artifacts" / "wiki35k_flat")
+        tmp / "flat" if args.quick or args.kb or spec else ROOT / "artifacts" / "wiki35k_flat")
     if not (index / "meta.json").is_file():
         print(f"building a flat index of {corpus} into {index} ...", flush=True)
-        build_index(corpus, index, kind="flat", progress=not args.quick)
+        build_index(corpus, index, kind="flat", encoder=spec, progress=not args.quick)
     meta = read_meta(index)
     queries = [r["question"] for r in qa]
     print(f"corpus {corpus} ({meta['num_passages']} passages), index {meta['kind']}, {len(queries)} queries",
           flush=True)
 
-    # --- in-process reference: the server's own encoder + the same index (the limit), and plain
-    # fp32 (torch) for the encoder's speed-up; the two are separate questions (issue #15)
+    # --- the encoder's speed-up and recall: the server's encoder vs plain fp32 (torch), in-process,
+    # one call at a time (a question apart from the HTTP path's cost, issue #15)
     enc_args = {"backend": args.encoder_backend, "precision": args.encoder_precision}
-    fast = Encoder(**enc_args)
-    plain = Encoder(backend="torch", precision="fp32")
+    fast = Encoder(spec, **enc_args)
     faiss_index = load_faiss(index)
     min_s = 0.5 if args.quick else 3.0
-    limit_cache: dict[int, float] = {}
-
-    def limit(b: int) -> float:
-        if b not in limit_cache:
-            limit_cache[b] = inprocess_qps(fast, faiss_index, queries, b, min_s)
-        return limit_cache[b]
-
-    fast64, plain64 = limit(64), inprocess_qps(plain, faiss_index, queries, 64, min_s)
-    encoder_speedup = fast64 / plain64
-    # same runtime, fp32: separates the int8 gain from the runtime gain (and from torch's OpenMP
-    # threads, which collapse when the cores are oversubscribed by other processes)
-    ort_fp32 = Encoder(backend="onnx", precision="fp32")
-    ort64 = inprocess_qps(ort_fp32, faiss_index, queries, 64, min_s)
-    del ort_fp32
-    nrec = 100 if args.quick else min(len(qa), 1000)
-    s_fast = load_searcher(index, corpus, encoder=fast)
-    s_plain = load_searcher(index, corpus, encoder=plain)
-    rec_fast, rec_plain = recall_at_3(s_fast, qa[:nrec]), recall_at_3(s_plain, qa[:nrec])
-    s_fast.store.close()
-    s_plain.store.close()
-    del s_fast, s_plain
+    fast64 = inprocess_qps(fast, faiss_index, queries, 64, min_s)
+    speed: dict = {}
+    if spec is None:
+        plain = Encoder(backend="torch", precision="fp32")
+        speed["torch_fp32_qps_b64"] = inprocess_qps(plain, faiss_index, queries, 64, min_s)
+        # same runtime, fp32: separates the int8 gain from the runtime gain (and from torch's OpenMP
+        # threads, which collapse when the cores are oversubscribed by other processes)
+        ort_fp32 = Encoder(backend="onnx", precision="fp32")
+        speed["onnx_fp32_qps_b64"] = inprocess_qps(ort_fp32, faiss_index, queries, 64, min_s)
+        del ort_fp32
+        nrec = 100 if args.quick else min(len(qa), 1000)
+        s_fast = load_searcher(index, corpus, encoder=fast)
+        s_plain = load_searcher(index, corpus, encoder=plain)
+        speed.update({"encoder_speedup": fast64 / speed["torch_fp32_qps_b64"], "recall_questions": nrec,
+                      "recall@3": recall_at_3(s_fast, qa[:nrec]), "recall@3_fp32": recall_at_3(s_plain, qa[:nrec])})
+        speed["recall@3_change"] = speed["recall@3"] - speed["recall@3_fp32"]
+        s_fast.store.close()
+        s_plain.store.close()
+        del s_fast, s_plain, plain
 
     # --- the server, a separate process, cache off
     t0 = time.perf_counter()
     server_args = ["--cache-size", "0", "--log-level", "warning"]
-    server_args += [a for k, v in enc_args.items() if v for a in (f"--encoder-{k}", v)]
+    server_args += [a for k, v in enc_args.items() if v for a in (f"--encoder-{k}", v)] + args.server_args.split()
     proc, url = start_server(index, corpus, extra_args=server_args)
     rows = []
     try:
         wait_healthy(url, timeout=600, proc=proc)
         startup_s = time.perf_counter() - t0
+        served = stats(url)["backend"]
+        workers, threads = served["search_workers"], served["encoder_threads"]
         rss0 = rss_mb(proc.pid)
         asyncio.run(drive(url, queries, 4, 1, 0.5))  # warm-up
         scenarios = [(c, 1) for c in levels] + [(1, 128)]
@@ -356,9 +399,17 @@ def main(argv=None) -> int:
         rss1 = rss_mb(proc.pid)
     finally:
         stop_server(proc)
-    for r in rows:  # the limit is measured on quiet cores, after the neighbour has stopped
-        r["limit_qps"] = limit(max(1, int(round(r["mean_batch"]))) if r["mean_batch"] == r["mean_batch"]
-                               else r["queries_per_request"])
+    # the limit: the server's encoder and index in-process with the server's parallelism (its search
+    # workers, each with its encoder threads), measured on quiet cores after the neighbour has stopped
+    limit_enc = Encoder(spec, **enc_args, num_threads=threads)
+    limit_cache: dict[tuple[int, int], float] = {}
+    for r in rows:
+        b = max(1, int(round(r["mean_batch"]))) if r["mean_batch"] == r["mean_batch"] else r["queries_per_request"]
+        # as many workers as the load can keep busy: C requests in flight, a large one cut in chunks
+        w = min(workers, r["concurrency"] * max(1, r["queries_per_request"] // MIN_CHUNK))
+        if (b, w) not in limit_cache:
+            limit_cache[b, w] = inprocess_qps(limit_enc, faiss_index, queries, b, min_s, workers=w)
+        r["limit_qps"] = limit_cache[b, w]
         r["ratio_to_limit"] = r["qps"] / r["limit_qps"]
 
     # --- one table
@@ -366,8 +417,9 @@ def main(argv=None) -> int:
     print()
     print(hw)
     print(f"retriever benchmark: {meta['num_passages']} passages, {meta['kind']} index, encoder "
-          f"{fast.name} {fast.backend}-{fast.precision}; limit = the same encoder + index in-process, same "
-          f"batch size, quiet cores; server cache off; client {args.client}; neighbour "
+          f"{fast.name}{' (stand-in)' if spec else ''} {fast.backend}-{fast.precision}; server: {workers} search "
+          f"worker(s) x {threads} encoder thread(s); limit = the same encoder + index in-process, same batch "
+          f"size and parallelism, quiet cores; server cache off; client {args.client}; neighbour "
           f"{args.neighbour or 'none'}{' busy processes' if args.neighbour else ''}")
     hdr = f"{'C':>5} {'q/req':>5} {'QPS':>8} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'batch':>6} " \
           f"{'limit QPS':>9} {'ratio':>6} {'errors':>6}"
@@ -381,21 +433,20 @@ def main(argv=None) -> int:
     if held:
         print(f"C=64 vs C=16: QPS x{held['c64_over_c16']:.2f} (goal >= 0.9), C=64 p99/p50 "
               f"{held['p99_over_p50_c64']:.2f} (goal <= 2)")
-    print(f"encoder_speedup vs torch-fp32 (batch 64, in-process): {encoder_speedup:.2f}x "
-          f"({fast64:.0f} vs {plain64:.0f} q/s; "
-          f"onnx-fp32 {ort64:.0f} q/s); "
-          f"recall@3 on {nrec} questions: {100 * rec_fast:.1f} vs fp32 {100 * rec_plain:.1f} "
-          f"({100 * (rec_fast - rec_plain):+.1f} points)")
+    if speed:
+        print(f"encoder_speedup vs torch-fp32 (batch 64, in-process): {speed['encoder_speedup']:.2f}x "
+              f"({fast64:.0f} vs {speed['torch_fp32_qps_b64']:.0f} q/s; onnx-fp32 {speed['onnx_fp32_qps_b64']:.0f} "
+              f"q/s); recall@3 on {speed['recall_questions']} questions: {100 * speed['recall@3']:.1f} vs fp32 "
+              f"{100 * speed['recall@3_fp32']:.1f} ({100 * speed['recall@3_change']:+.1f} points)")
     print(f"server start-up {startup_s:.1f}s, RSS {rss0:.0f} MB idle / {rss1:.0f} MB after load")
 
     key = next((r for r in rows if r["concurrency"] == 64 and r["queries_per_request"] == 1), rows[0])
     out = {
         "qps": key["qps"], "p99_ms": key["p99_ms"], "limit_qps": key["limit_qps"],
         "ratio_to_limit": key["ratio_to_limit"], "concurrency": key["concurrency"],
-        "encoder_speedup": encoder_speedup, "encoder": f"{fast.backend}-{fast.precision}",
-        "encoder_qps_b64": fast64, "torch_fp32_qps_b64": plain64, "onnx_fp32_qps_b64": ort64,
-        "recall@3": rec_fast, "recall@3_fp32": rec_plain, "recall@3_change": rec_fast - rec_plain,
-        "recall_questions": nrec, "num_passages": meta["num_passages"], "corpus": str(corpus),
+        "encoder": f"{fast.backend}-{fast.precision}", "stand_in_encoder": bool(spec),
+        "search_workers": workers, "encoder_threads": threads, "encoder_qps_b64": fast64, **speed,
+        "num_passages": meta["num_passages"], "corpus": str(corpus),
         "startup_s": startup_s, "server_rss_mb": rss0, "server_rss_mb_after": rss1, "quick": args.quick,
         "client": args.client, "neighbour": args.neighbour, **held,
         "rows": rows, "hardware": hardware_info(encoder=f"{fast.backend}-{fast.precision}"), "hardware_line": hw,

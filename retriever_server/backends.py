@@ -8,12 +8,15 @@ saying which part differs.
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from data_prep.encoder import cpu_threads, default_encoder_device
 from data_prep.indexing import (DENSE_KINDS, BM25Searcher, DenseSearcher, IndexMismatch, Searcher,
                                 load_searcher, read_meta)
 from data_prep.store import PassageStore
@@ -21,6 +24,10 @@ from retriever_server.batcher import Hits
 from retriever_server.settings import Settings
 
 log = logging.getLogger(__name__)
+DOC_JSON_CACHE = 65536
+"""Passages kept serialized (row -> JSON bytes): a busy server answers the same popular passages
+again and again, and parsing the corpus line and writing it back out was most of the per-request
+work besides encoding (issue 27)."""
 
 
 def rows_to_hits(rows: np.ndarray, scores: np.ndarray) -> list[Hits]:
@@ -50,6 +57,8 @@ class Backend:
     bm25: BM25Searcher | None = None
     depth: int = 100
     rrf_k: int = 60
+    workers: int = 1
+    """Search calls the batcher may run at once (Settings.search_workers)."""
 
     @property
     def num_passages(self) -> int:
@@ -67,19 +76,38 @@ class Backend:
         searcher: Searcher = self.dense if self.kind == "dense" else self.bm25
         return rows_to_hits(*searcher.search_rows(queries, topk))
 
+    def __post_init__(self) -> None:
+        self.doc_json = functools.lru_cache(maxsize=DOC_JSON_CACHE)(self._doc_json)
+
+    def doc(self, row: int) -> dict:
+        doc = self.store.get(row)
+        doc["id"] = str(doc.get("id", row))  # the wire type wants a string id
+        return doc
+
+    def _doc_json(self, row: int) -> bytes:
+        """`doc(row)` as compact JSON (UTF-8, like FastAPI's responses)."""
+        return json.dumps(self.doc(row), ensure_ascii=False, separators=(",", ":")).encode()
+
     def docs(self, hits: Hits) -> list[tuple[dict, float]]:
-        out = []
-        for row, score in hits:
-            doc = self.store.get(row)
-            doc["id"] = str(doc.get("id", row))  # the wire type wants a string id
-            out.append((doc, score))
-        return out
+        return [(self.doc(row), score) for row, score in hits]
+
+    def result_json(self, hits: list[Hits], with_scores: bool) -> bytes:
+        """The /retrieve response body `{"result": [[{"document": ..., "score": ...}, ...], ...]}`,
+        joined from cached passage JSON (scores as JSON writes floats: repr)."""
+        if with_scores:
+            lists = (b",".join(b'{"document":%b,"score":%b}' % (self.doc_json(r), repr(float(s)).encode())
+                               for r, s in h) for h in hits)
+        else:
+            lists = (b",".join(b'{"document":%b}' % self.doc_json(r) for r, _ in h) for h in hits)
+        return b'{"result":[' + b",".join(b"[" + x + b"]" for x in lists) + b"]}"
 
     def describe(self) -> dict:
         d = {"kind": self.kind, "num_passages": self.num_passages, "corpus": str(self.store.corpus)}
         if self.dense is not None:
             d["dense_index"] = self.dense.kind
             d["encoder"] = self.dense.encoder.identity()
+            d["encoder_threads"] = self.dense.encoder.num_threads
+        d["search_workers"] = self.workers
         return d
 
 
@@ -119,10 +147,12 @@ def load_backend(settings: Settings) -> Backend:
         if a != b:
             raise IndexMismatch(f"hybrid: {dense_dirs[0]} and {bm25_dirs[0]} were built from different corpora")
     dense = bm25 = None
+    workers = settings.search_workers or default_search_workers(kind)
     if need_dense:
+        threads = settings.num_threads or max(1, cpu_threads() // workers)
         kwargs = {k: v for k, v in {"pooling": settings.pooling, "backend": settings.encoder_backend,
                                      "precision": settings.encoder_precision,
-                                     "num_threads": settings.num_threads}.items() if v is not None}
+                                     "num_threads": threads}.items() if v is not None}
         dense = load_searcher(dense_dirs[0], settings.corpus, encoder=settings.encoder,
                               verify=settings.verify_corpus_hash, nprobe=settings.nprobe, mmap=settings.mmap_index,
                               ef_search=max(settings.ef_search, settings.max_topk), **kwargs)
@@ -137,4 +167,10 @@ def load_backend(settings: Settings) -> Backend:
         bm25.store = store
     log.info("loaded %s backend over %d passages from %s", kind, len(store), Path(settings.corpus))
     return Backend(kind=kind, store=store, dense=dense, bm25=bm25, depth=settings.hybrid_depth,
-                   rrf_k=settings.rrf_k)
+                   rrf_k=settings.rrf_k, workers=workers)
+
+
+def default_search_workers(kind: str) -> int:
+    """Settings.search_workers' default: 2 for a dense backend whose encoder runs on a CPU of 2+
+    cores, else 1."""
+    return 2 if kind == "dense" and default_encoder_device() == "cpu" and cpu_threads() >= 2 else 1

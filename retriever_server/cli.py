@@ -22,7 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--encoder-backend", choices=("torch", "onnx"))
     p.add_argument("--encoder-precision", choices=("auto", "fp32", "bf16", "fp16", "int8"))
     p.add_argument("--pooling", choices=("mean", "cls"))
-    p.add_argument("--num-threads", type=int)
+    p.add_argument("--num-threads", type=int, help="encoder threads per search worker (default: cores / workers)")
+    p.add_argument("--search-workers", type=int,
+                   help="batches encoded and searched at once (default: 2 for a dense index on a 2+ core CPU, else 1)")
     p.add_argument("--no-mmap-index", dest="mmap_index", action="store_const", const=False,
                    help="copy the FAISS index into memory (default: map it from the file, shared between processes)")
     p.add_argument("--no-verify-corpus-hash", dest="verify_corpus_hash", action="store_const", const=False,

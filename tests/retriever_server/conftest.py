@@ -105,22 +105,20 @@ def bm25_index(tiny_corpus, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def flat_searcher(flat_index, tiny_corpus):
-    """In-process reference with the server's query encoder. Both use fp32 queries: the int8
-    default quantises activations per batch, so a query's vector shifts slightly (cos >= ~0.98)
-    with its batch mates, and exact equality with in-process search needs a batch-invariant encoder."""
-    from data_prep.encoder import Encoder
+    """In-process reference with the server's default query encoder (whatever `auto` picks on
+    this host): a query's vector does not depend on its batch mates, so the server's batched
+    answers must equal these."""
     from data_prep.indexing import load_searcher
 
-    return load_searcher(flat_index, tiny_corpus, encoder=Encoder("minilm", backend="onnx", precision="fp32"))
+    return load_searcher(flat_index, tiny_corpus)
 
 
 @pytest.fixture(scope="session")
 def retriever_server(flat_index, tiny_corpus):
-    """A real server process on the tiny flat index (fp32 queries): yields (base_url, process)."""
+    """A real server process on the tiny flat index, default encoder: yields (base_url, process)."""
     from retriever_server.launch import start_server, stop_server, wait_healthy
 
-    proc, url = start_server(flat_index, tiny_corpus, extra_args=[
-        "--max-wait-ms", "5", "--log-level", "warning", "--encoder-backend", "onnx", "--encoder-precision", "fp32"])
+    proc, url = start_server(flat_index, tiny_corpus, extra_args=["--max-wait-ms", "5", "--log-level", "warning"])
     try:
         wait_healthy(url, timeout=180, proc=proc)
         yield url, proc

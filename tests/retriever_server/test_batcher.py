@@ -74,3 +74,74 @@ def test_lru_cache_is_bounded_and_recency_ordered():
     off = LRUCache(0)
     off.put(("a", 3), [])
     assert off.get(("a", 3)) is None and len(off) == 0
+
+
+def test_two_workers_search_two_batches_at_once():
+    """workers=2: a second batch starts while the first is still searching (the server's CPU
+    default, so the cores are not idle between batches); each request still gets its own hits."""
+    active, peak, lock = [0], [0], threading.Lock()
+
+    def search(queries, topk):
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        time.sleep(0.05)
+        with lock:
+            active[0] -= 1
+        return [[(len(q), 1.0)] * topk for q in queries]
+
+    async def run(workers):
+        b = MicroBatcher(search, max_batch_size=4, workers=workers)
+        b.start()
+        out = await asyncio.gather(*(b.submit([f"q{'x' * i}"], 1) for i in range(12)))
+        await b.stop()
+        return out
+
+    for workers, want_peak in ((1, 1), (2, 2)):
+        peak[0] = 0
+        out = asyncio.run(run(workers))
+        assert out == [[[(1 + i, 1.0)]] for i in range(12)]
+        assert peak[0] == want_peak, (workers, peak[0])
+
+
+def test_a_backend_returning_too_few_lists_fails_the_batch_not_the_server():
+    """A search function that returns fewer hit lists than queries used to end the batcher's
+    task with an IndexError, after which every request waited for ever."""
+    def search(queries, topk):
+        return [[(0, 1.0)]] if len(queries) > 1 else [[(1, 1.0)] * topk for _ in queries]
+
+    async def run():
+        b = MicroBatcher(search, max_batch_size=8)
+        b.start()
+        with pytest.raises(RuntimeError, match="1 hit lists for 2 queries"):
+            await asyncio.wait_for(b.submit(["a", "b"], 1), 5)
+        after = await asyncio.wait_for(b.submit(["c"], 1), 5)  # the server keeps serving
+        await b.stop()
+        return after
+
+    assert asyncio.run(run()) == [[(1, 1.0)]]
+
+
+def test_one_large_request_is_cut_between_free_workers():
+    """A single request of 40 queries with two idle workers: two chunks searched at once (Search-R1
+    sends a turn's queries in one request), the answers in request order."""
+    calls, lock = [], threading.Lock()
+
+    def search(queries, topk):
+        with lock:
+            calls.append(list(queries))
+        time.sleep(0.05)
+        return [[(int(q[1:]), 1.0)] * topk for q in queries]
+
+    async def run():
+        b = MicroBatcher(search, max_batch_size=64, workers=2)
+        b.start()
+        t = time.perf_counter()
+        out = await b.submit([f"q{i}" for i in range(40)], 2)
+        small = await b.submit([f"q{i}" for i in range(9)], 1)  # fewer than 2 * MIN_CHUNK: one chunk
+        await b.stop()
+        return out, small, time.perf_counter() - t
+
+    out, small, _ = asyncio.run(run())
+    assert out == [[(i, 1.0)] * 2 for i in range(40)] and small == [[(i, 1.0)] for i in range(9)]
+    assert sorted(map(len, calls)) == [9, 20, 20] and calls[0][0] in ("q0", "q20")
