@@ -53,10 +53,10 @@ def prepare_model(out: str | Path, force: bool = False, check: bool = True) -> P
     tmp.mkdir(parents=True)
     src, name = str(gguf.parent), gguf.name
     tok = AutoTokenizer.from_pretrained(src, gguf_file=name)
-    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=name, torch_dtype=torch.float32)
+    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=name, dtype=torch.float32)
     config = AutoConfig.from_pretrained(src, gguf_file=name)
-    config.torch_dtype = "float32"
-    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    config.dtype = "float32"
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(gguf_model.state_dict(), strict=False)
     # Tied embeddings: lm_head.weight may be absent from the GGUF state dict and is re-tied.
     missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
@@ -84,7 +84,7 @@ def check_generation(path: str | Path, prompt: str = "What is the capital of Fra
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     msgs = [{"role": "user", "content": prompt}]
     ids = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt")
     if not isinstance(ids, torch.Tensor):
