@@ -74,15 +74,34 @@ SFT_TOKENS_PER_STEP = 8 * 500
 """One SFT step: 8 demonstrations of ~500 tokens (prompt + response; ~4.0k tokens measured)."""
 SFT_OVERHEAD_S = 40
 """SFT process start, model load and the final save."""
-EVAL_TOKENS_PER_QUESTION = 250
-"""Decode-equivalent tokens per question over the three modes: the base model generated 190
-(151 agent, 19 rag, 19 direct) and prefilled 440 prompt tokens (prefill ~2.4x faster)."""
-RL_TOKENS_PER_STEP = 8 * 250
-"""One GRPO step's sampled tokens: 2 prompts x 4 samples."""
-RL_UPDATE_TOKENS_PER_STEP = 8 * 450 * 5 // 3
-"""Old and reference log-prob passes (a forward each: ~1/3 of forward+backward) + the update."""
+DEMOS_S = 30
+"""Building the demonstrations: retrieval and tokenization, no generation (15 s for 1,500)."""
+EVAL_TOKENS_PER_QUESTION = {"base": 250, "sft": 130, "rl": 100}
+"""Decode-equivalent tokens per question (at the calibrated batch-16 speed) over the modes each
+evaluation runs: the base model in agent / rag / direct generated 190 (151 agent, 19 rag, 19
+direct) and prefilled 440 prompt tokens (prefill ~2.4x faster); an SFT model's agent mode took
+~100 s for 200 questions at 190 tok/s calibrated (AVX-512 EPYC, bf16); SFT+RL is evaluated in
+agent mode only."""
+EVAL_OVERHEAD_S = 20
+"""An evaluation's process start and retriever check (the engine load comes on top)."""
+RL_TOKENS_PER_STEP = 16 * 170
+"""Decode-equivalent tokens of one GRPO step's generation: 4 prompts x 4 samples, two turns
+(14 s at 190 tok/s calibrated, measured)."""
+RL_UPDATE_TOKENS_PER_STEP = 16 * 400
+"""Tokens through forward + backward in one GRPO step: 16 sequences of ~450, less those with
+all-zero advantages, which skip the update (no reference pass: the demo runs without KL)."""
 RL_OVERHEAD_S = 45
 """Ray start, workers and model loads, weight sync, checkpoint; the engine load comes on top."""
+EVAL_LIMIT = 200
+"""Held-out questions on which SFT and SFT+RL are compared (paired, the same questions)."""
+BASE_EVAL_LIMIT = 30
+"""The base model is context (it does not follow the format: EM ~0), on fewer questions."""
+RL_SHARE = 0.4
+"""GRPO's share of the training minutes (the rest is SFT)."""
+MIN_SFT_STEPS, MIN_RL_STEPS = 12, 6
+"""The least of each that shows something: SFT that follows the format, GRPO with a trend."""
+BUDGET_MINUTES = (19.0, 33.0)
+"""The default budget: the first where the host is fast enough, up to the second where it is not."""
 
 
 @dataclass
@@ -90,52 +109,103 @@ class Plan:
     """What the demo will run, sized to the host's calibrated speed and the budget."""
 
     demos: int
-    sft_steps: int
     sft_minutes: float
+    rl_minutes: float
     eval_limit: int
-    rl_steps: int
+    base_eval_limit: int
     estimate_s: dict[str, float]
+    budget_minutes: float = 0.0
+    sft_steps: int = 0
+    """Expected SFT steps (the clock decides: trainer.max_time_s)."""
+    rl_steps: int = 0
+    """Expected GRPO steps (the clock decides: trainer.max_time_s)."""
     calibration: dict = field(default_factory=dict)
     """The calibrated speeds the plan came from (`python -m agent_rl.calibrate`)."""
 
     def describe(self) -> str:
         est = ", ".join(f"{k} {v / 60:.1f}" for k, v in self.estimate_s.items())
-        return (f"{self.demos} demonstrations, SFT {self.sft_steps} steps ({self.sft_minutes:.1f} min), "
-                f"evaluation on {self.eval_limit} questions, {self.rl_steps} GRPO steps; "
-                f"estimated minutes: {est}, total {sum(self.estimate_s.values()) / 60:.1f}")
+        return (f"{self.demos} demonstrations, SFT {self.sft_minutes:.1f} min (~{self.sft_steps} steps), GRPO "
+                f"{self.rl_minutes:.1f} min (~{self.rl_steps} steps), SFT and SFT+RL evaluated on {self.eval_limit} "
+                f"held-out questions (base on {self.base_eval_limit}); estimated minutes: {est}, total "
+                f"{sum(self.estimate_s.values()) / 60:.1f}")
 
 
-def plan_stages(remaining_s: float, update_tok_s: float, gen_tok_s: float, engine_load_s: float,
-                max_demos: int = 1500, max_eval: int = 100, max_rl_steps: int = 4, min_eval: int = 30) -> Plan:
-    """Split the time left into SFT, three evaluations and GRPO, in that order of priority.
+@dataclass(frozen=True)
+class Speeds:
+    """Calibrated speeds: update and generation tokens/s, engine load seconds."""
 
-    Evaluation of base and SFT gets up to 35% of the time (30..`max_eval` questions: the
-    base-vs-SFT comparison is the demo's point), GRPO and its evaluation the steps that fit in
-    30% (none if fewer than 2 fit: its evaluation would cost more than it shows), SFT the rest.
-    """
-    eval_one = lambda n: engine_load_s + 20 + n * EVAL_TOKENS_PER_QUESTION / gen_tok_s  # noqa: E731
-    n_eval = max_eval
-    while n_eval > min_eval and 2 * eval_one(n_eval) > 0.35 * remaining_s:
-        n_eval -= 10
-    # a GRPO step decodes 8 sequences, not 32: per-token cost about twice the calibrated one
-    rl_step = 2 * RL_TOKENS_PER_STEP / gen_tok_s + RL_UPDATE_TOKENS_PER_STEP / update_tok_s
-    rl_fixed = RL_OVERHEAD_S + engine_load_s + eval_one(n_eval)
-    rl_steps = max_rl_steps
-    while rl_steps > 0 and rl_fixed + rl_steps * rl_step > 0.3 * remaining_s:
-        rl_steps -= 1
-    if rl_steps < 2:
-        rl_steps = 0
-    est = {"evaluation": 2 * eval_one(n_eval)}
-    if rl_steps:
-        est["grpo"] = RL_OVERHEAD_S + engine_load_s + rl_steps * rl_step + eval_one(n_eval)
-    sft_train_s = max(60.0, remaining_s - sum(est.values()) - SFT_OVERHEAD_S)
-    sft_step = SFT_TOKENS_PER_STEP / update_tok_s
-    sft_steps = max(1, int(sft_train_s / sft_step))
-    est = {"sft": SFT_OVERHEAD_S + sft_train_s, **est}
+    update_tok_s: float
+    gen_tok_s: float
+    engine_load_s: float
+
+    def eval_s(self, n: int, which: str) -> float:
+        return self.engine_load_s + EVAL_OVERHEAD_S + n * EVAL_TOKENS_PER_QUESTION[which] / self.gen_tok_s
+
+    @property
+    def sft_step_s(self) -> float:
+        return SFT_TOKENS_PER_STEP / self.update_tok_s
+
+    @property
+    def rl_step_s(self) -> float:
+        return RL_TOKENS_PER_STEP / self.gen_tok_s + RL_UPDATE_TOKENS_PER_STEP / self.update_tok_s
+
+
+def needed_s(sp: Speeds, eval_limit: int = EVAL_LIMIT, base_eval_limit: int = BASE_EVAL_LIMIT) -> float:
+    """The least time the stages after calibration need on this host: the evaluations,
+    MIN_SFT_STEPS of SFT and MIN_RL_STEPS of GRPO with their overheads."""
+    evals = sp.eval_s(base_eval_limit, "base") + sp.eval_s(eval_limit, "sft") + sp.eval_s(eval_limit, "rl")
+    return (DEMOS_S + SFT_OVERHEAD_S + RL_OVERHEAD_S + sp.engine_load_s + evals
+            + MIN_SFT_STEPS * sp.sft_step_s + MIN_RL_STEPS * sp.rl_step_s)
+
+
+def default_budget_minutes(sp: Speeds, spent_s: float) -> float:
+    """BUDGET_MINUTES[0] where the minimal plan fits, else as much as it needs up to BUDGET_MINUTES[1]."""
+    lo, hi = BUDGET_MINUTES
+    return min(hi, max(lo, (spent_s + needed_s(sp)) / 60 + 0.5))
+
+
+def plan_stages(remaining_s: float, sp: Speeds, eval_limit: int = EVAL_LIMIT, min_eval_limit: int | None = 100,
+                base_eval_limit: int = BASE_EVAL_LIMIT, rl_share: float = RL_SHARE, max_demos: int = 1500) -> Plan:
+    """Split the time left (after calibration) into demonstrations, SFT, the evaluations and
+    GRPO: the evaluations and overheads first, then the training minutes, `rl_share` of them to
+    GRPO. SFT keeps at least one minute. Where fewer than MIN_RL_STEPS / 2 GRPO steps fit (its
+    curve would show nothing), the comparison uses fewer questions, down to `min_eval_limit`
+    (None: keep `eval_limit`), and if that is not enough GRPO is left out and SFT gets its
+    minutes."""
+    for n in range(eval_limit, (min_eval_limit or eval_limit) - 1, -20):
+        plan = _plan(remaining_s, sp, n, base_eval_limit, rl_share, max_demos)
+        if plan.rl_minutes > 0:
+            return plan
+    return _plan(remaining_s, sp, eval_limit, base_eval_limit, rl_share, max_demos)
+
+
+def _plan(remaining_s: float, sp: Speeds, eval_limit: int, base_eval_limit: int, rl_share: float,
+          max_demos: int) -> Plan:
+    est = {"demonstrations": float(DEMOS_S), "sft": float(SFT_OVERHEAD_S),
+           "evaluate base": sp.eval_s(base_eval_limit, "base"), "evaluate SFT": sp.eval_s(eval_limit, "sft")}
+    rl_fixed = {"grpo": RL_OVERHEAD_S + sp.engine_load_s, "evaluate SFT+RL": sp.eval_s(eval_limit, "rl")}
+    train_s = remaining_s - sum(est.values()) - sum(rl_fixed.values())
+    rl_s = rl_share * train_s
+    if rl_s < MIN_RL_STEPS / 2 * sp.rl_step_s:
+        rl_s, rl_fixed = 0.0, {}
+        train_s = remaining_s - sum(est.values())
+    sft_s = max(60.0, train_s - rl_s)
+    est["sft"] += sft_s
+    est.update(rl_fixed)
+    if rl_s:
+        est["grpo"] += rl_s
+    sft_steps = max(1, int(sft_s / sp.sft_step_s))
     # each demonstration seen about once; more cost little to build (no generation) but show nothing
-    demos = min(max_demos, max(200, 2 * 8 * sft_steps))
-    return Plan(demos=demos, sft_steps=sft_steps, sft_minutes=sft_train_s / 60, eval_limit=n_eval,
-                rl_steps=rl_steps, estimate_s=est)
+    demos = min(max_demos, max(200, 8 * sft_steps + 64))
+    return Plan(demos=demos, sft_minutes=sft_s / 60, rl_minutes=rl_s / 60, eval_limit=eval_limit,
+                base_eval_limit=base_eval_limit, estimate_s=est, sft_steps=sft_steps,
+                rl_steps=int(rl_s / sp.rl_step_s))
+
+
+def rl_seconds_left(remaining_s: float, sp: Speeds, eval_limit: int) -> float:
+    """Re-planned after SFT and its evaluations: GRPO gets what is left but its own start-up and
+    the evaluation of its model."""
+    return max(0.0, remaining_s - RL_OVERHEAD_S - sp.engine_load_s - sp.eval_s(eval_limit, "rl"))
 
 
 MEMORY: PeakMemory | None = None
@@ -161,13 +231,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", default="artifacts", help="where artifacts go (default: artifacts/)")
     ap.add_argument("--port", type=int, default=0, help="retriever port (0: a free port)")
-    ap.add_argument("--budget-minutes", type=float, default=15.0,
-                    help="wall-time budget of the whole demo: after a short calibration the stages below are "
-                         "sized to end inside it on this host (default 15)")
+    ap.add_argument("--budget-minutes", type=float, default=None,
+                    help="wall-time budget of the whole demo: after a short calibration the stages below are sized "
+                         f"to end inside it on this host (default: {BUDGET_MINUTES[0]:g}, or up to "
+                         f"{BUDGET_MINUTES[1]:g} where the host needs that long for {MIN_SFT_STEPS} SFT and "
+                         f"{MIN_RL_STEPS} GRPO steps)")
     ap.add_argument("--demos", type=int, default=None, help="training questions to build demonstrations from (default: planned)")
     ap.add_argument("--sft-minutes", type=float, default=None, help="SFT time budget (default: planned)")
-    ap.add_argument("--rl-steps", type=int, default=None, help="GRPO steps after SFT; 0 skips GRPO (default: planned)")
-    ap.add_argument("--eval-limit", type=int, default=None, help="held-out questions per evaluation (default: planned)")
+    ap.add_argument("--rl-minutes", type=float, default=None,
+                    help="GRPO time budget after SFT; 0 skips GRPO (default: what is left before the last evaluation)")
+    ap.add_argument("--rl-steps", type=int, default=None, help="at most this many GRPO steps (default: the clock decides)")
+    ap.add_argument("--eval-limit", type=int, default=None,
+                    help=f"held-out questions on which SFT and SFT+RL are compared (default {EVAL_LIMIT})")
     ap.add_argument("--retrieval-only", action="store_true", help="stop after showing retrieval")
     args = ap.parse_args(argv)
 
@@ -205,8 +280,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[demo] retriever ready at {base_url}", flush=True)
             show_retrieval(base_url, kb / "test.parquet")
             if not args.retrieval_only:
-                plan = make_plan(args, work, budget_s=args.budget_minutes * 60 - (time.time() - t_start))
-                report = train_and_evaluate(plan, work, base_url)
+                report = train_and_evaluate(args, work, base_url, t_start)
                 print(f"\n[demo] report: {report}")
         except KeyboardInterrupt:
             print("\n[demo] interrupted", flush=True)
@@ -219,90 +293,130 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def make_plan(args: argparse.Namespace, work: Path, budget_s: float) -> Plan:
-    """Calibrate (update and generation tok/s, a few seconds plus an engine load), then size
-    the stages to the time left; explicit --demos/--sft-minutes/--rl-steps/--eval-limit win."""
+def calibrate(work: Path) -> tuple[Speeds, dict]:
+    """Update and generation tok/s of this host in the run's dtypes (a few seconds plus an engine load)."""
     import json
 
     cal_path = work / "demo_runs" / "calibration.json"
-    t0 = time.time()
     run([PY, "-m", "agent_rl.calibrate", "--model", str(work / "model"), "--config", TRAIN_CFG,
          "--batch", "16", "--gen-tokens", "16", "--out", str(cal_path)], "calibrate this host (update and generation speed)")
     cal = json.loads(cal_path.read_text())
-    plan = plan_stages(budget_s - (time.time() - t0), cal["update_tok_s"], cal["gen_tok_s"], cal["engine_load_s"])
-    plan.calibration = cal
-    if args.demos is not None:
-        plan.demos = args.demos
-    if args.sft_minutes is not None:
-        plan.sft_minutes = args.sft_minutes
-    if args.rl_steps is not None:
-        plan.rl_steps = args.rl_steps
-    if args.eval_limit is not None:
-        plan.eval_limit = args.eval_limit
-    print(f"\n[demo] plan for {budget_s / 60:.1f} minutes left on this host: {plan.describe()}", flush=True)
-    return plan
+    return Speeds(cal["update_tok_s"], cal["gen_tok_s"], cal["engine_load_s"]), cal
 
 
-def train_and_evaluate(plan: Plan, work: Path, base_url: str) -> Path:
-    """Demonstrations -> SFT -> eval -> GRPO -> eval -> report; returns the report's path."""
+def train_and_evaluate(args: argparse.Namespace, work: Path, base_url: str, t_start: float) -> Path:
+    """Calibrate -> plan -> demonstrations -> SFT -> evaluate base and SFT -> GRPO for the time
+    left -> evaluate SFT+RL -> report; re-planned after each stage with the time left. Explicit
+    --demos / --sft-minutes / --rl-minutes / --rl-steps / --eval-limit win. Returns the report."""
     kb, runs = work / "kb", work / "demo_runs"
     demos, sft_dir, rl_dir = work / "demos" / "kb_train.parquet", runs / "sft", runs / "grpo"
+    sp, cal = calibrate(work)
+    budget_s = 60 * (args.budget_minutes or default_budget_minutes(sp, time.time() - t_start))
+    left = lambda: budget_s - (time.time() - t_start)  # noqa: E731
+    eval_limit = args.eval_limit or EVAL_LIMIT
+
+    def replan(stage: str) -> Plan:
+        plan = plan_stages(left(), sp, eval_limit=eval_limit, min_eval_limit=None if args.eval_limit else 100)
+        plan.calibration, plan.budget_minutes = cal, budget_s / 60
+        if args.demos is not None:
+            plan.demos = args.demos
+        if args.sft_minutes is not None:
+            plan.sft_minutes = args.sft_minutes
+        if args.rl_minutes is not None:
+            plan.rl_minutes = args.rl_minutes
+        print(f"\n[demo] plan {stage}, {left() / 60:.1f} of {budget_s / 60:.1f} minutes left on this host: "
+              f"{plan.describe()}", flush=True)
+        return plan
+
+    plan = first_plan = replan("after calibration")
+    eval_limit = plan.eval_limit  # fixed from here: SFT and SFT+RL are compared on the same questions
     if not demos.exists():
         run([PY, "-m", "data_prep", "demos", "--qa", str(kb / "train.parquet"), "--retriever-url", base_url,
              "--out", str(demos), "--config", TRAIN_CFG, "--limit", str(plan.demos)],
             "build grounded demonstrations (real retriever observations)")
+        plan = replan("after the demonstrations")
     if not (sft_dir / "model" / "config.json").exists():
         run([PY, "-m", "agent_rl.coldstart.sft", "--config", "configs/sft/demo_cpu.yaml", f"data.train_files=[{demos}]",
              f"trainer.max_time_s={int(plan.sft_minutes * 60)}", f"trainer.default_local_dir={sft_dir}"],
-            "cold-start SFT")
-    evals = {}
-    for label, model in [("base", work / "model"), ("SFT", sft_dir)]:
-        evals[label] = evaluate(label, model, base_url, kb, runs, plan.eval_limit)
-    if plan.rl_steps > 0:
+            f"cold-start SFT ({plan.sft_minutes:.1f} min)")
+    evals = {"base": evaluate("base", work / "model", base_url, kb, runs, plan.base_eval_limit, MODES),
+             "SFT": evaluate("SFT", sft_dir, base_url, kb, runs, eval_limit, MODES)}
+    rl_s = 60 * args.rl_minutes if args.rl_minutes is not None else (
+        rl_seconds_left(left(), sp, eval_limit) if plan.rl_minutes > 0 else 0.0)
+    if rl_s >= 60:
+        print(f"\n[demo] {left() / 60:.1f} minutes left: GRPO gets {rl_s / 60:.1f}", flush=True)
+        steps = [f"trainer.total_training_steps={args.rl_steps}"] if args.rl_steps else [
+            "trainer.total_training_steps=100000"]
         run([PY, "-m", "agent_rl.training.cli", "--config", TRAIN_CFG, f"actor_rollout_ref.model.path={sft_dir / 'model'}",
-             f"retriever.url=[{base_url}/retrieve]", f"trainer.total_training_steps={plan.rl_steps}",
-             f"trainer.save_freq={plan.rl_steps}", f"trainer.default_local_dir={rl_dir}", "trainer.resume_mode=disable"],
-            f"GRPO for {plan.rl_steps} steps from the SFT model")
-        evals["SFT+RL"] = evaluate("SFT+RL", rl_dir, base_url, kb, runs, plan.eval_limit)
+             f"retriever.url=[{base_url}/retrieve]", *steps, f"trainer.max_time_s={int(rl_s)}", "trainer.save_freq=-1",
+             f"trainer.default_local_dir={rl_dir}", "trainer.resume_mode=disable"],
+            f"GRPO from the SFT model ({rl_s / 60:.1f} min)")
+        evals["SFT+RL"] = evaluate("SFT+RL", rl_dir, base_url, kb, runs, eval_limit, ("agent",))
     else:
-        print("\n[demo] GRPO skipped: fewer than 2 steps fit the budget on this host (--rl-steps N to force)", flush=True)
-    return write_report(runs, evals, rl_dir if plan.rl_steps > 0 else None, plan)
+        print(f"\n[demo] GRPO skipped: {rl_s / 60:.1f} minutes left for it on this host "
+              "(--rl-minutes N or a larger --budget-minutes to run it)", flush=True)
+    return write_report(runs, evals, rl_dir if "SFT+RL" in evals else None, first_plan, kb / "test.parquet")
 
 
-def evaluate(label: str, model: Path, base_url: str, kb: Path, runs: Path, limit: int) -> Path:
-    """Greedy evaluation with the RL run's settings (template, lengths, topk) in the three modes."""
+MODES = ("agent", "rag", "direct")
+
+
+def evaluate(label: str, model: Path, base_url: str, kb: Path, runs: Path, limit: int, modes: tuple[str, ...]) -> Path:
+    """Greedy evaluation with the RL run's settings (template, lengths, topk); the same seeded
+    sample of held-out questions for every model, so differences can be paired."""
     out = runs / f"eval_{label.lower().replace('+', '_')}"
     run([PY, "-m", "agent_rl.evaluation.evaluate", "--model", str(model), "--config", TRAIN_CFG, "--retriever-url", base_url,
-         "--data", str(kb / "test.parquet"), "--mode", "agent", "rag", "direct", "--limit", str(limit),
-         "--out", str(out), "--no-progress"], f"evaluate {label} (agent / rag / direct, {limit} questions)")
+         "--data", str(kb / "test.parquet"), "--mode", *modes, "--limit", str(limit),
+         "--out", str(out), "--no-progress"], f"evaluate {label} ({' / '.join(modes)}, {limit} questions)")
     return out
 
 
-def write_report(runs: Path, evals: dict[str, Path], rl_dir: Path | None, plan: Plan | None = None) -> Path:
-    """Markdown with the hardware line, the plan, stage times, the model x mode table and the
-    GRPO reward curve as PNG (when GRPO ran)."""
+def question_kinds(test_parquet: Path) -> dict[str, str]:
+    """Question id -> kind (single / bridge / comparison) of the generated knowledge base."""
+    import pandas as pd
+
+    df = pd.read_parquet(test_parquet, columns=["id", "kind"])
+    return dict(zip(df["id"].astype(str), df["kind"].astype(str)))
+
+
+def write_report(runs: Path, evals: dict[str, Path], rl_dir: Path | None, plan: Plan | None = None,
+                 test_parquet: Path | None = None) -> Path:
+    """Markdown led by SFT vs SFT+RL (agent EM on the same held-out questions, the paired 95%
+    interval of the difference, by question kind, searches per question, the GRPO curves as
+    PNG), then every model x mode as context, the hardware line, the plan and stage times."""
     import json
 
     from agent_rl.evaluation.plot import plot_run
-    from agent_rl.evaluation.report import comparison, comparison_markdown
+    from agent_rl.evaluation.report import (comparison, comparison_markdown, paired_comparison,
+                                            paired_comparison_markdown)
     from data_prep.hardware import hardware_line
 
+    text = "# Demo report\n\n"
+    summary: dict = {}
+    if rl_dir is not None and "SFT" in evals and "SFT+RL" in evals:
+        kinds = question_kinds(test_parquet) if test_parquet is not None else None
+        cmp = paired_comparison(evals["SFT"], evals["SFT+RL"], group_of=kinds)
+        summary["sft_vs_rl"] = cmp
+        text += (f"## What GRPO adds to cold-start SFT\n\nAgent mode (the model searches), greedy, on the same "
+                 f"{cmp['n']} held-out questions:\n\n" + paired_comparison_markdown(cmp) + "\n")
+        png = plot_run(rl_dir, runs / "grpo_curves.png",
+                       keys=["reward/mean", "reward/em", "reward/valid_format", "rollout/searches_mean"])
+        text += f"![GRPO training curves: reward, EM, valid format, searches per trajectory]({png.name})\n\n"
     table = comparison(list(evals.items()))
-    text = f"# Demo report\n\n`{hardware_line()}`\n\n"
+    text += comparison_markdown(table, title="Every model and mode (context)") + "\n"
+    text += f"`{hardware_line()}`\n\n"
     if plan is not None:
         cal = plan.calibration
         text += (f"Calibration: update {cal.get('update_tok_s', 0):.0f} tok/s ({cal.get('update_dtype')}), "
                  f"generation {cal.get('gen_tok_s', 0):.0f} tok/s ({cal.get('engine_dtype')}).\n\n"
-                 f"Plan: {plan.describe()}.\n\n")
-        (runs / "plan.json").write_text(json.dumps({"plan": asdict(plan), "stage_s": STAGE_S}, indent=2))
-    text += "Stage times: " + ", ".join(f"{k}: {v / 60:.1f} min" for k, v in STAGE_S.items()) + "\n\n"
-    text += comparison_markdown(table)
-    if rl_dir is not None:
-        png = plot_run(rl_dir, runs / "grpo_curves.png")
-        text += f"\n![GRPO curves]({png.name})\n"
+                 f"Plan ({plan.budget_minutes:.1f}-minute budget): {plan.describe()}.\n\n")
+        summary["plan"] = asdict(plan)
+    text += "Stage times: " + ", ".join(f"{k}: {v / 60:.1f} min" for k, v in STAGE_S.items()) + "\n"
+    summary["stage_s"] = STAGE_S
+    (runs / "plan.json").write_text(json.dumps(summary, indent=2))
     md = runs / "report.md"
     md.write_text(text)
-    print("\n" + comparison_markdown(table))
+    print("\n" + text)
     return md
 
 

@@ -25,6 +25,15 @@ HotpotQA/2Wiki training questions (artifacts/real/split/rl_hotpot_train_question
 also occur in a training file of the config (normalised text) are dropped first and counted
 (`overlap_dropped`).
 
+Time to gain: during RL the trainer evaluates the running policy every `--val-every` steps
+(and before the first) on a fixed held-out subset (the first `--val-n` test questions, greedy,
+agent mode: `val/em`); `time_to_gain_min` is the RL training time (validation excluded) until
+`val/em` first reaches the step-0 (SFT) value + `--gain` (default 5 points), or null when it
+never did. `--compare-ref REF` runs the same RL (same SFT model, overrides, budget and
+validation) with the code and config of git REF (e.g. ea14a9d, in a worktree under the
+workdir) first, then this checkout's, and prints both arms' time to gain, steps and seconds per
+step side by side; each arm's final model is evaluated on the same questions.
+
 `--minutes` is the budget of the RL training loop (`trainer.max_time_s`: the trainer stops
 before a step that would end past it and saves; worker start-up and the evaluations come on
 top; the JSON has `minutes` trained and `wall_minutes` in all). Everything goes to --workdir
@@ -76,14 +85,10 @@ def evaluate(model: Path, modes: list[str], url: str, args: argparse.Namespace, 
     return json.loads((out / "summary.json").read_text())
 
 
-def train(sft: Path, url: str, args: argparse.Namespace, run_dir: Path) -> tuple[int, float]:
-    """RL from `sft` until `trainer.max_time_s` is spent; returns (steps, training seconds).
-    The trainer runs in this process (Ray actors for the workers)."""
-    from agent_rl.config import TrainConfig, load_config
-    from agent_rl.training.ray_workers import init_ray
-    from agent_rl.training.trainer import RayTrainer
-
-    overrides = [
+def rl_overrides(sft: Path, url: str, args: argparse.Namespace, run_dir: Path) -> list[str]:
+    """The overrides of an RL arm: the SFT model, the retriever, the clock as the only limit,
+    and the running held-out evaluation that `time_to_gain` reads."""
+    return [
         f"actor_rollout_ref.model.path={sft}",
         f"retriever.url=[{url}]",
         f"trainer.default_local_dir={run_dir}",
@@ -93,9 +98,56 @@ def train(sft: Path, url: str, args: argparse.Namespace, run_dir: Path) -> tuple
         "trainer.total_training_steps=1000000",
         f"trainer.max_time_s={60 * args.minutes}",
         "trainer.save_freq=-1",
+        f"data.val_files=[{args.test[0]}]",
+        f"data.val_data_num={args.val_n}",
+        f"trainer.test_freq={args.val_every}",
+        "trainer.val_before_train=true",
         *args.overrides,
     ]
-    cfg = load_config(TrainConfig, args.config, overrides)
+
+
+def time_to_gain(run_dir: Path, gain: float) -> dict:
+    """From the run's metrics.jsonl: the step-0 val/em (the SFT model), and the training minutes
+    and step at which val/em first reached it + `gain` (None when it never did)."""
+    from agent_rl.training.metrics import read_jsonl
+
+    rows = sorted((r for r in read_jsonl(run_dir) if isinstance(r.get("val/em"), (int, float))),
+                  key=lambda r: r["step"])
+    if not rows or rows[0]["step"] != 0:
+        raise ValueError(f"{run_dir}: no step-0 val/em (trainer.val_before_train)")
+    base = rows[0]["val/em"]
+    hit = next((r for r in rows[1:] if r["val/em"] >= base + gain - 1e-9), None)
+    return {"val_em_start": base, "val_em_best": max(r["val/em"] for r in rows), "val_em_last": rows[-1]["val/em"],
+            "val_points": [(r["step"], r.get("training/elapsed_s", 0.0) / 60, r["val/em"]) for r in rows],
+            "time_to_gain_min": None if hit is None else hit.get("training/elapsed_s", 0.0) / 60,
+            "steps_to_gain": None if hit is None else hit["step"]}
+
+
+def train_at_ref(ref: str, sft: Path, url: str, args: argparse.Namespace, run_dir: Path) -> tuple[int, float]:
+    """The same RL arm with the code and config of git `ref` (a worktree under the workdir),
+    through its own `agent-rl-train`; returns (steps, training seconds) from its metrics."""
+    from agent_rl.training.metrics import read_jsonl
+
+    src = run_dir.parent / f"src-{ref}"
+    if not (src / "agent_rl").is_dir():
+        subprocess.run(["git", "worktree", "add", "--detach", "--force", str(src), ref], cwd=ROOT, check=True)
+    config = src / Path(args.config).resolve().relative_to(ROOT)
+    cmd = [PY, "-m", "agent_rl.training.cli", "--config", str(config), *rl_overrides(sft, url, args, run_dir)]
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    print(f"\n[learning] RL with the code of {ref}\n$ {' '.join(cmd)}", flush=True)
+    subprocess.run(cmd, cwd=src, env=env, check=True)
+    rows = [r for r in read_jsonl(run_dir) if r.get("step", 0) > 0 and "training/elapsed_s" in r]
+    return (rows[-1]["step"], rows[-1]["training/elapsed_s"]) if rows else (0, 0.0)
+
+
+def train(sft: Path, url: str, args: argparse.Namespace, run_dir: Path) -> tuple[int, float]:
+    """RL from `sft` until `trainer.max_time_s` is spent; returns (steps, training seconds).
+    The trainer runs in this process (Ray actors for the workers)."""
+    from agent_rl.config import TrainConfig, load_config
+    from agent_rl.training.ray_workers import init_ray
+    from agent_rl.training.trainer import RayTrainer
+
+    cfg = load_config(TrainConfig, args.config, rl_overrides(sft, url, args, run_dir))
     if cfg.actor_rollout_ref.actor.optim.lr_warmup_steps < 0:
         cfg.actor_rollout_ref.actor.optim.lr_warmup_steps = 0
     import ray
@@ -132,11 +184,6 @@ def diagnostics(run_dir: Path, window: int = 5) -> dict:
     return out
 
 
-def _agent_records(d: Path) -> list[dict]:
-    rows = [json.loads(x) for x in (d / "predictions.jsonl").read_text().splitlines() if x.strip()]
-    return [r for r in rows if r["mode"] == "agent"]
-
-
 def numbers(sft: dict, rl: dict, sft_records: list[dict], rl_records: list[dict], source: str) -> dict:
     """The benchmark's keys for one data source (`report.ALL`: every source) from the SFT
     evaluation (three modes), the RL evaluation (agent) and their per-question records."""
@@ -167,7 +214,7 @@ def assemble(work: Path, steps: int, seconds: float) -> dict:
     from agent_rl.evaluation import report
 
     sft, rl = report.read_summary(work / "eval_sft")["modes"], report.read_summary(work / "eval_rl")["modes"]
-    sft_records, rl_records = _agent_records(work / "eval_sft"), _agent_records(work / "eval_rl")
+    sft_records, rl_records = report.read_records(work / "eval_sft", "agent"), report.read_records(work / "eval_rl", "agent")
     result = numbers(sft, rl, sft_records, rl_records, report.ALL)
     result.update(minutes=seconds / 60, steps=steps)
     result["sets"] = {src: numbers(sft, rl, sft_records, rl_records, src) for src in sft["agent"] if src != report.ALL}
@@ -197,6 +244,24 @@ def held_out(tests: list[Path], config: Path, overrides: list[str], work: Path) 
     out = [work / "held_out" / f"{t.stem}.parquet" for t in tests]
     dropped = {t.stem: drop_questions(t, seen, o)[1] for t, o in zip(tests, out)}  # atomic_path makes the folder
     return out, dropped
+
+
+def time_to_gain_markdown(arms: dict, args: argparse.Namespace, em_sft: float) -> str:
+    """One row per arm: minutes and steps of RL until the running held-out EM first passed SFT +
+    gain, seconds per step, and the final model's agent EM."""
+    from data_prep.hardware import hardware_line
+
+    lines = [hardware_line(), "",
+             f"| code | RL minutes to SFT + {100 * args.gain:.0f} points (steps) | steps in {args.minutes:g} min | "
+             f"s / step | running EM (first {args.val_n}): start -> best -> last | agent EM after RL "
+             f"(SFT {100 * em_sft:.1f}) |",
+             "|---|---|---|---|---|---|"]
+    for name, a in arms.items():
+        ttg = "not reached" if a["time_to_gain_min"] is None else f"{a['time_to_gain_min']:.1f} ({a['steps_to_gain']})"
+        per_step = a["seconds"] / a["steps"] if a["steps"] else float("nan")
+        lines.append(f"| {name} | {ttg} | {a['steps']} | {per_step:.1f} | {100 * a['val_em_start']:.1f} -> "
+                     f"{100 * a['val_em_best']:.1f} -> {100 * a['val_em_last']:.1f} | {100 * a['em_rl']:.1f} |")
+    return "\n".join(lines) + "\n"
 
 
 REAL_TRAIN_SETS = ("nq_train", "hotpot_train", "musique_train", "musique_official", "hotpot_official")
@@ -231,6 +296,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-limit", type=int, default=None, help="held-out questions per test file (seeded sample; default 200)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the evaluation sample")
     ap.add_argument("--workdir", default=None, help="default runs/learning/<time>")
+    ap.add_argument("--val-every", type=int, default=4, help="steps between running held-out evaluations (default 4)")
+    ap.add_argument("--val-n", type=int, default=100, help="held-out questions of the running evaluation (default 100)")
+    ap.add_argument("--gain", type=float, default=0.05, help="the EM gain over SFT that time_to_gain waits for (0.05)")
+    ap.add_argument("--compare-ref", default=None, metavar="REF",
+                    help="also run RL with the code and config of git REF (e.g. ea14a9d), first, and compare")
     ap.add_argument("overrides", nargs="*", help="training config overrides, key=value")
     args = ap.parse_args(argv)
     from data_prep.hardware import offline_env
@@ -279,22 +349,30 @@ def main(argv: list[str] | None = None) -> int:
         with serve_index(index, corpus, log_path=work / "retriever.log") as url:
             # RL first, on a quiet host (its step count depends on the cores it gets); the
             # evaluations after it give the same numbers however slowly they run
-            finished = work / "rl_finished.json"
-            if finished.is_file():  # a re-run: the RL model of the finished training is evaluated
-                done = json.loads(finished.read_text())
-                steps, seconds = done["steps"], done["seconds"]
-                t_start -= done.get("wall_s", 0.0)  # wall_minutes counts the RL run's wall time too
-            else:
-                if (work / "rl").exists():  # an earlier, interrupted attempt: RL restarts from the SFT model
+            arms = ([(args.compare_ref, work / f"rl_{args.compare_ref}")] if args.compare_ref else []) + [(None, work / "rl")]
+            done_arms = {}
+            for ref, rl_dir in arms:  # the reference first: both arms on the same (quiet) host
+                finished = rl_dir.parent / f"{rl_dir.name}_finished.json"
+                if finished.is_file():  # a re-run: the RL model of the finished training is evaluated
+                    done_arms[rl_dir.name] = json.loads(finished.read_text())
+                    t_start -= done_arms[rl_dir.name].get("wall_s", 0.0)  # wall_minutes counts the RL runs too
+                    continue
+                if rl_dir.exists():  # an earlier, interrupted attempt: RL restarts from the SFT model
                     stamp = time.strftime("%Y%m%d-%H%M%S")
-                    for old in ("rl", "eval_rl"):
+                    for old in (rl_dir.name, f"eval_{rl_dir.name}"):
                         if (work / old).exists():
                             (work / old).rename(work / f"{old}.{stamp}.old")
-                steps, seconds = train(sft, url, args, work / "rl")
-                finished.write_text(json.dumps({"steps": steps, "seconds": seconds, "wall_s": time.time() - t_start}))
+                t_arm = time.time()
+                steps, seconds = (train_at_ref(ref, sft, url, args, rl_dir) if ref else train(sft, url, args, rl_dir))
+                done_arms[rl_dir.name] = {"steps": steps, "seconds": seconds, "wall_s": time.time() - t_arm}
+                finished.write_text(json.dumps(done_arms[rl_dir.name]))
+            steps, seconds = done_arms["rl"]["steps"], done_arms["rl"]["seconds"]
             rl_model = resolve_model_dir(work / "rl")
             evaluate(sft, list(MODES), url, args, work / "eval_sft")
             evaluate(rl_model, ["agent"], url, args, work / "eval_rl")
+            if args.compare_ref:
+                ref_dir = work / f"rl_{args.compare_ref}"
+                evaluate(resolve_model_dir(ref_dir), ["agent"], url, args, work / f"eval_{ref_dir.name}")
     except KeyboardInterrupt:
         print("\n[learning] interrupted", file=sys.stderr)
         return 130
@@ -302,6 +380,13 @@ def main(argv: list[str] | None = None) -> int:
     result = assemble(work, steps, seconds)
     from data_prep.hardware import hardware_info
 
+    result["time_to_gain"] = {"now": {**time_to_gain(work / "rl", args.gain), **done_arms["rl"]}}
+    if args.compare_ref:
+        ref_name = f"rl_{args.compare_ref}"
+        ref_rl = report.read_summary(work / f"eval_{ref_name}")["modes"]["agent"][report.ALL]
+        result["time_to_gain"][args.compare_ref] = {**time_to_gain(work / ref_name, args.gain), **done_arms[ref_name],
+                                                     "em_rl": ref_rl["em"]}
+    result["time_to_gain"]["now"]["em_rl"] = result["em_rl"]
     result.update(hardware=hardware_info(), budget_minutes=args.minutes, wall_minutes=(time.time() - t_start) / 60,
                   config=str(args.config), overrides=args.overrides, sft_model=str(sft), rl_model=str(rl_model),
                   overlap_dropped=dropped)
@@ -315,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{src}: em_rl - em_sft = {r['em_rl'] - r['em_sft']:+.3f} (paired 95% CI [{lo:+.3f}, {hi:+.3f}], "
               f"n={r['n_eval']}); em_rag {r['em_rag']:.3f}; strict format {r['format_rate_sft']:.2f} -> "
               f"{r['format_rate_rl']:.2f}; searches {r['searches_sft']:.2f} -> {r['searches_rl']:.2f}")
+    print(time_to_gain_markdown(result["time_to_gain"], args, result["em_sft"]))
     print(json.dumps(result, indent=1))
     (work / "learning.json").write_text(json.dumps(result, indent=1) + "\n")
     if args.json:

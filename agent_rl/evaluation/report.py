@@ -212,6 +212,57 @@ def comparison_markdown(table: Mapping, title: str | None = "EM by model and mod
     return "\n".join(lines) + "\n"
 
 
+def read_records(eval_dir: str | Path, mode: str) -> list[dict]:
+    """The per-question records of one mode in an evaluation directory (predictions.jsonl)."""
+    path = Path(eval_dir) / "predictions.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r["mode"] == mode]
+
+
+def paired_comparison(a_dir: str | Path, b_dir: str | Path, mode: str = "agent",
+                      group_of: Mapping[str, str] | None = None) -> dict:
+    """Model b against model a on the questions both answered in `mode`: each model's `stats`
+    overall and per group (`group_of`: question id -> group, e.g. the KB's question kind), and
+    the paired EM difference b - a with its 95% interval, overall and per group.
+
+    Returns {"n", "groups": [...], "a": {group: stats}, "b": {...}, "diff": {group: paired}};
+    the overall group is ALL."""
+    a = {(r["data_source"], r["id"]): r for r in read_records(a_dir, mode)}
+    b = {(r["data_source"], r["id"]): r for r in read_records(b_dir, mode)}
+    common = sorted(set(a) & set(b))
+    keyed = {ALL: common}
+    if group_of:
+        for k in common:
+            g = group_of.get(str(k[1]))
+            if g is not None:
+                keyed.setdefault(str(g), []).append(k)
+    out: dict = {"n": len(common), "groups": list(keyed), "a": {}, "b": {}, "diff": {}}
+    for g, keys in keyed.items():
+        out["a"][g] = stats([a[k] for k in keys])
+        out["b"][g] = stats([b[k] for k in keys])
+        out["diff"][g] = paired_difference([float(b[k]["em"]) for k in keys], [float(a[k]["em"]) for k in keys])
+    return out
+
+
+def paired_comparison_markdown(cmp: Mapping, labels: tuple[str, str] = ("SFT", "SFT+RL")) -> str:
+    """A row per model and one for the paired difference; a column per group (n in the header)."""
+    groups = cmp["groups"]
+    head = ["all" if g == ALL else g for g in groups]
+    lines = ["| | " + " | ".join(f"{h} (n={cmp['a'][g]['n']})" for h, g in zip(head, groups))
+             + " | searches / question | strict format |",
+             "|---|" + "---|" * (len(groups) + 2)]
+    for label, side in zip(labels, ("a", "b")):
+        st = cmp[side]
+        lines.append(f"| {label} agent EM % | " + " | ".join(em_cell(st[g]) for g in groups)
+                     + f" | {st[ALL]['searches_mean']:.2f} | {_pct(1 - st[ALL]['invalid_format_rate'])} |")
+    diffs = []
+    for g in groups:
+        d = cmp["diff"][g]
+        diffs.append(f"**{100 * d['diff']:+.1f}** [{100 * d['ci_low']:+.1f}, {100 * d['ci_high']:+.1f}]")
+    lines.append(f"| {labels[1]} − {labels[0]}, paired 95% CI | " + " | ".join(diffs) + " | | |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m agent_rl.evaluation.report LABEL=EVAL_DIR ... [--json PATH]`: print the model x mode table."""
     import argparse

@@ -306,6 +306,34 @@ def test_update_without_old_logprobs(tiny_model):
         w.update_policy(dataclass_replace(batch, advantages=None))
 
 
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_zero_advantage_sequences_are_skipped_without_changing_the_update(tiny_model, mode):
+    """Without KL and entropy terms, a sequence whose advantages are all 0 adds nothing to the
+    policy gradient: the update skips its forward and backward and the gradient is the one of
+    the whole mini-batch (the normalisers still count its tokens). Reference: `_backward` with
+    every sequence active."""
+    cfg = make_cfg(tiny_model, use_kl_loss=False, entropy_coeff=0.0, loss_agg_mode=mode, tis_cap=2.0)
+    w = ActorWorker(cfg, total_steps=2)
+    batch = rl_batch(w, make_trajs(8))
+    zero = torch.tensor([0, 1, 0, 1, 1, 0, 0, 1], dtype=torch.bool)  # 4 of 8 with all-zero advantages
+    batch = batch.with_fields(advantages=batch.advantages.masked_fill(zero[:, None], 0.0))
+    loss_fn = functools.partial(w._ppo_loss, reuse_old=False)
+    full = grads(w, batch, loss_fn)
+    w.optim.optimizer.zero_grad(set_to_none=True)
+    w._backward(batch, loss_fn, active=~zero)
+    skipped = torch.cat([p.grad.flatten() for p in w.optim.params])
+    w.optim.optimizer.zero_grad(set_to_none=True)
+    assert full.norm() > 0 and close(skipped, full, 1e-5)
+    # through update_policy: the step skips them and says so; all-zero advantages still step
+    metrics = w.update_policy(batch)
+    assert metrics["actor/skipped_sequences"] == 4.0
+    before = [p.detach().clone() for p in w.optim.params]
+    metrics = w.update_policy(batch.with_fields(advantages=torch.zeros_like(batch.advantages)))
+    assert metrics["actor/skipped_sequences"] == 8.0 and metrics["actor/grad_norm"] == 0.0
+    # AdamW's momentum from the first step still moves the weights, as with zero gradients
+    assert any(not torch.equal(b, p) for b, p in zip(before, w.optim.params))
+
+
 def dataclass_replace(batch, **kw):
     import dataclasses
 

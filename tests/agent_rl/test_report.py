@@ -131,3 +131,34 @@ def test_report_cli(tmp_path, capsys):
     assert report.main(["nolabel"]) == 2
     assert report.main([f"B={tmp_path / 'missing'}"]) == 2
     assert "no summary.json" in capsys.readouterr().err
+
+
+def test_paired_comparison_by_group_hand_computed(tmp_path):
+    """SFT vs SFT+RL on the same 4 questions, by kind. Differences b - a: [0, 1, 0, 0] overall:
+    mean 0.25, sd 0.5, half-width 1.96 * 0.5 / 2 = 0.49; bridge [0, 1]: mean 0.5, sd 0.7071,
+    half 1.96 * 0.7071 / sqrt(2) = 0.98 (capped at 1); single [0, 0]: 0 +- 0. A question only
+    one model answered does not count."""
+    from agent_rl.evaluation.report import ALL, paired_comparison, paired_comparison_markdown
+
+    def write(d, ems, extra=()):
+        d.mkdir()
+        rows = [{"mode": "agent", "data_source": "kb", "id": f"q{i}", "em": e, "subem": e, "f1": e, "searches": 1 + e,
+                 "turns": 2, "valid_format": True, "retrieval_hit": 1.0, "prediction": "x"} for i, e in enumerate(ems)]
+        rows += [dict(rows[0], mode="rag")] + list(extra)
+        (d / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    write(tmp_path / "sft", [1, 0, 0, 1])
+    write(tmp_path / "rl", [1, 1, 0, 1], extra=[{"mode": "agent", "data_source": "kb", "id": "q9", "em": 1.0,
+                                                 "subem": 1, "f1": 1, "searches": 1, "turns": 1, "valid_format": True,
+                                                 "retrieval_hit": 1.0}])
+    kinds = {"q0": "bridge", "q1": "bridge", "q2": "single", "q3": "single"}
+    cmp = paired_comparison(tmp_path / "sft", tmp_path / "rl", group_of=kinds)
+    assert cmp["n"] == 4 and cmp["groups"] == [ALL, "bridge", "single"]
+    assert cmp["a"][ALL]["em"] == 0.5 and cmp["b"][ALL]["em"] == 0.75
+    d = cmp["diff"]
+    assert d[ALL]["diff"] == pytest.approx(0.25) and d[ALL]["ci_low"] == pytest.approx(0.25 - 0.49, abs=1e-3)
+    assert d[ALL]["ci_high"] == pytest.approx(0.25 + 0.49, abs=1e-3)
+    assert d["bridge"]["diff"] == 0.5 and d["bridge"]["ci_low"] == pytest.approx(-0.48, abs=1e-3)
+    assert d["bridge"]["ci_high"] == 1.0 and d["single"] == {"diff": 0.0, "ci_low": 0.0, "ci_high": 0.0, "n": 2}
+    md = paired_comparison_markdown(cmp)
+    assert "| SFT+RL − SFT, paired 95% CI | **+25.0** [-24.0, +74.0]" in md and "bridge (n=2)" in md

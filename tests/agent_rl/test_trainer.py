@@ -56,6 +56,8 @@ def overrides(kb: Path, url: str, run_dir: Path, est: str) -> list[str]:
         # usually 0; the entropy bonus guarantees a gradient, so "weights change" cannot
         # pass by luck or fail by bad luck.
         "actor_rollout_ref.actor.entropy_coeff=0.01",
+        # the KL-in-loss path (the demo's config leaves it off)
+        *(["actor_rollout_ref.actor.use_kl_loss=true"] if est == "grpo" else []),
         f"retriever.url=[{url.rstrip('/')}/retrieve]",
         "trainer.total_training_steps=2",
         "trainer.save_freq=1",

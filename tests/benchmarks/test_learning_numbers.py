@@ -94,3 +94,20 @@ def test_real_mode_trains_on_what_the_recipe_trains_rl_on():
     assert 'RL_FILES="$RL_FILES,$OUT/split/rl_hotpot_train_questions.parquet"' in script
     assert list(learning.REAL["train_files"]) == [f"artifacts/real/demos_{s}.parquet" for s in sets] + [
         "artifacts/real/split/rl_hotpot_train_questions.parquet"]
+
+
+def test_time_to_gain_reads_the_running_evaluation(tmp_path):
+    """val/em at step 0 is the SFT model (0.60); the first later evaluation at >= 0.65 is step 8,
+    after 240 s of training: 4.0 minutes. A run that never gains reports None."""
+    rows = [{"step": 0, "val/em": 0.60}, {"step": 4, "val/em": 0.62, "training/elapsed_s": 120.0},
+            {"step": 6, "reward/mean": 0.5, "training/elapsed_s": 180.0},
+            {"step": 8, "val/em": 0.65, "training/elapsed_s": 240.0}, {"step": 12, "val/em": 0.70,
+                                                                          "training/elapsed_s": 360.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    t = learning.time_to_gain(tmp_path, 0.05)
+    assert (t["time_to_gain_min"], t["steps_to_gain"]) == (4.0, 8)
+    assert (t["val_em_start"], t["val_em_best"], t["val_em_last"]) == (0.60, 0.70, 0.70)
+    assert learning.time_to_gain(tmp_path, 0.20)["time_to_gain_min"] is None
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(rows[1]) + "\n")
+    with pytest.raises(ValueError, match="no step-0 val/em"):
+        learning.time_to_gain(tmp_path, 0.05)

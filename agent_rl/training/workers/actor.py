@@ -172,11 +172,20 @@ class ActorWorker:
         if batch.old_logprobs is None and not reuse_old:
             batch = batch.with_fields(old_logprobs=self.compute_log_probs(batch))
         loss_fn = functools.partial(self._ppo_loss, reuse_old=reuse_old)
+        # A sequence whose advantages are all 0 adds exactly nothing to a PPO-style policy
+        # gradient (every term is advantage-weighted), so without a KL or entropy term it needs
+        # no forward or backward: the mini-batch's normalisers still count its tokens, so the
+        # gradient is the same. GRPO groups whose samples all got the same reward are such
+        # sequences (on the demo's KB, a third to a half of them once SFT answers well).
+        skip_zero_adv = a.entropy_coeff == 0 and not a.use_kl_loss
         rows = []
         for epoch in range(a.ppo_epochs):
             seed = self.num_updates * a.ppo_epochs + epoch
             for mini in split_mini_batches(batch, mini_size, a.shuffle, seed, num_mini_batches=n_mini):
-                rows.append(self._train_mini_batch(mini, loss_fn, "actor"))
+                active = None
+                if skip_zero_adv:
+                    active = (mini.advantages * mini.mask(a.state_masking)).abs().sum(dim=1) > 0
+                rows.append(self._train_mini_batch(mini, loss_fn, "actor", active))
         return self._end_update(rows, "actor")
 
     def _ppo_loss(self, mb: TokenBatch, norm: Normalizers, reuse_old: bool) -> tuple[torch.Tensor, dict[str, float]]:
@@ -218,20 +227,31 @@ class ActorWorker:
         """
         return self._end_update([self._train_mini_batch(batch, loss_fn, prefix)], prefix)
 
-    def _train_mini_batch(self, mini: TokenBatch, loss_fn: LossFn, prefix: str) -> dict[str, float]:
-        results = self._backward(mini, loss_fn)
+    def _train_mini_batch(self, mini: TokenBatch, loss_fn: LossFn, prefix: str,
+                          active: torch.Tensor | None = None) -> dict[str, float]:
+        results = self._backward(mini, loss_fn, active)
         grad_norm = self.optim.step()
         out = {f"{prefix}/{k}": v for k, v in combine_metrics(results).items()}
         out[f"{prefix}/grad_norm"] = grad_norm
+        if active is not None:
+            out[f"{prefix}/skipped_sequences"] = float(len(mini) - int(active.sum()))
         return out
 
-    def _backward(self, mini: TokenBatch, loss_fn: LossFn) -> list[tuple[float, dict[str, float]]]:
+    def _backward(self, mini: TokenBatch, loss_fn: LossFn,
+                  active: torch.Tensor | None = None) -> list[tuple[float, dict[str, float]]]:
         """Accumulate this rank's share of the mini-batch gradient over its micro-batches;
-        returns (token share, metrics) per micro-batch."""
+        returns (token share, metrics) per micro-batch. `active` (bool per sequence): run only
+        those (the others contribute no gradient); the loss normalisers count the whole mini-batch."""
         a = self.cfg.actor
         self.model.train()
         norm = normalizers(mini.mask(a.state_masking))
-        parts = micro_batches(mini, a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu, a.ppo_micro_batch_size_per_gpu)
+        run = mini
+        if active is not None and not bool(active.all()):
+            run = mini.select(active.nonzero().flatten())
+        # nothing left: the optimizer step sees zero gradients (under FSDP, equalise still runs
+        # this rank's share of the collective forwards with zero-weight copies)
+        parts = micro_batches(run, a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu,
+                              a.ppo_micro_batch_size_per_gpu) if len(run) else []
         results = []
         for mb, real in equalise(parts, mini, self.fsdp):
             loss, metrics = loss_fn(mb, norm)
