@@ -1,8 +1,10 @@
 """The README's main job: the whole pipeline on the embedded default, offline, on a CPU.
 
 prepare model + knowledge base -> build index -> start retriever -> show retrieval
--> grounded demonstrations -> cold-start SFT -> evaluate base and SFT (agent / rag / direct)
--> GRPO from the SFT model -> evaluate SFT+RL -> report (markdown table + PNG curves).
+-> calibrate and plan -> grounded demonstrations -> cold-start SFT -> evaluate base and SFT
+(agent / rag / direct) -> GRPO from the SFT model for the time left -> evaluate SFT+RL (agent)
+-> report: SFT vs SFT+RL on the same held-out questions (paired interval, by question kind),
+the GRPO curves as PNG, every model and mode as context.
 
 Every stage is a real command a user could type (printed before it runs), is skipped when
 its artifact already exists, and the services the demo starts are stopped on exit, Ctrl-C
@@ -26,6 +28,7 @@ PY = sys.executable
 # One config for demonstrations, evaluation and GRPO: the SFT model learns the observations
 # (topk, lengths, template) it will see in evaluation and RL.
 TRAIN_CFG = "configs/train/demo_grpo_cpu.yaml"
+MODES = ("agent", "rag", "direct")
 
 
 class PeakMemory:
@@ -315,8 +318,9 @@ def train_and_evaluate(args: argparse.Namespace, work: Path, base_url: str, t_st
     left = lambda: budget_s - (time.time() - t_start)  # noqa: E731
     eval_limit = args.eval_limit or EVAL_LIMIT
 
-    def replan(stage: str) -> Plan:
-        plan = plan_stages(left(), sp, eval_limit=eval_limit, min_eval_limit=None if args.eval_limit else 100)
+    def replan(stage: str, fixed_eval_limit: bool) -> Plan:
+        plan = plan_stages(left(), sp, eval_limit=eval_limit,
+                           min_eval_limit=None if fixed_eval_limit or args.eval_limit else 100)
         plan.calibration, plan.budget_minutes = cal, budget_s / 60
         if args.demos is not None:
             plan.demos = args.demos
@@ -328,13 +332,13 @@ def train_and_evaluate(args: argparse.Namespace, work: Path, base_url: str, t_st
               f"{plan.describe()}", flush=True)
         return plan
 
-    plan = first_plan = replan("after calibration")
+    plan = replan("after calibration", fixed_eval_limit=False)
     eval_limit = plan.eval_limit  # fixed from here: SFT and SFT+RL are compared on the same questions
     if not demos.exists():
         run([PY, "-m", "data_prep", "demos", "--qa", str(kb / "train.parquet"), "--retriever-url", base_url,
              "--out", str(demos), "--config", TRAIN_CFG, "--limit", str(plan.demos)],
             "build grounded demonstrations (real retriever observations)")
-        plan = replan("after the demonstrations")
+        plan = replan("after the demonstrations", fixed_eval_limit=True)
     if not (sft_dir / "model" / "config.json").exists():
         run([PY, "-m", "agent_rl.coldstart.sft", "--config", "configs/sft/demo_cpu.yaml", f"data.train_files=[{demos}]",
              f"trainer.max_time_s={int(plan.sft_minutes * 60)}", f"trainer.default_local_dir={sft_dir}"],
@@ -343,6 +347,7 @@ def train_and_evaluate(args: argparse.Namespace, work: Path, base_url: str, t_st
              "SFT": evaluate("SFT", sft_dir, base_url, kb, runs, eval_limit, MODES)}
     rl_s = 60 * args.rl_minutes if args.rl_minutes is not None else (
         rl_seconds_left(left(), sp, eval_limit) if plan.rl_minutes > 0 else 0.0)
+    plan.rl_minutes, plan.rl_steps = rl_s / 60, int(rl_s / sp.rl_step_s)
     if rl_s >= 60:
         print(f"\n[demo] {left() / 60:.1f} minutes left: GRPO gets {rl_s / 60:.1f}", flush=True)
         steps = [f"trainer.total_training_steps={args.rl_steps}"] if args.rl_steps else [
@@ -355,10 +360,7 @@ def train_and_evaluate(args: argparse.Namespace, work: Path, base_url: str, t_st
     else:
         print(f"\n[demo] GRPO skipped: {rl_s / 60:.1f} minutes left for it on this host "
               "(--rl-minutes N or a larger --budget-minutes to run it)", flush=True)
-    return write_report(runs, evals, rl_dir if "SFT+RL" in evals else None, first_plan, kb / "test.parquet")
-
-
-MODES = ("agent", "rag", "direct")
+    return write_report(runs, evals, rl_dir if "SFT+RL" in evals else None, plan, kb / "test.parquet")
 
 
 def evaluate(label: str, model: Path, base_url: str, kb: Path, runs: Path, limit: int, modes: tuple[str, ...]) -> Path:
@@ -409,7 +411,8 @@ def write_report(runs: Path, evals: dict[str, Path], rl_dir: Path | None, plan: 
         cal = plan.calibration
         text += (f"Calibration: update {cal.get('update_tok_s', 0):.0f} tok/s ({cal.get('update_dtype')}), "
                  f"generation {cal.get('gen_tok_s', 0):.0f} tok/s ({cal.get('engine_dtype')}).\n\n"
-                 f"Plan ({plan.budget_minutes:.1f}-minute budget): {plan.describe()}.\n\n")
+                 f"Plan ({plan.budget_minutes:.1f}-minute budget; GRPO as re-planned after SFT): "
+                 f"{plan.describe()}.\n\n")
         summary["plan"] = asdict(plan)
     text += "Stage times: " + ", ".join(f"{k}: {v / 60:.1f} min" for k, v in STAGE_S.items()) + "\n"
     summary["stage_s"] = STAGE_S

@@ -107,20 +107,23 @@ def rl_overrides(sft: Path, url: str, args: argparse.Namespace, run_dir: Path) -
 
 
 def time_to_gain(run_dir: Path, gain: float) -> dict:
-    """From the run's metrics.jsonl: the step-0 val/em (the SFT model), and the training minutes
-    and step at which val/em first reached it + `gain` (None when it never did)."""
+    """From the run's metrics.jsonl: the step-0 val/em (the SFT model), and the RL minutes and
+    step at which val/em first reached it + `gain` (None when it never did). RL minutes are the
+    trainer's `training/elapsed_s` without its validations (`timing/validate`)."""
     from agent_rl.training.metrics import read_jsonl
 
-    rows = sorted((r for r in read_jsonl(run_dir) if isinstance(r.get("val/em"), (int, float))),
-                  key=lambda r: r["step"])
-    if not rows or rows[0]["step"] != 0:
+    rows, validating, points = sorted(read_jsonl(run_dir), key=lambda r: r["step"]), 0.0, []
+    for r in rows:
+        validating += r.get("timing/validate", 0.0)
+        if isinstance(r.get("val/em"), (int, float)):
+            points.append((r["step"], (r.get("training/elapsed_s", 0.0) - validating) / 60, r["val/em"]))
+    if not points or points[0][0] != 0:
         raise ValueError(f"{run_dir}: no step-0 val/em (trainer.val_before_train)")
-    base = rows[0]["val/em"]
-    hit = next((r for r in rows[1:] if r["val/em"] >= base + gain - 1e-9), None)
-    return {"val_em_start": base, "val_em_best": max(r["val/em"] for r in rows), "val_em_last": rows[-1]["val/em"],
-            "val_points": [(r["step"], r.get("training/elapsed_s", 0.0) / 60, r["val/em"]) for r in rows],
-            "time_to_gain_min": None if hit is None else hit.get("training/elapsed_s", 0.0) / 60,
-            "steps_to_gain": None if hit is None else hit["step"]}
+    base = points[0][2]
+    hit = next((p for p in points[1:] if p[2] >= base + gain - 1e-9), None)
+    return {"val_em_start": base, "val_em_best": max(p[2] for p in points), "val_em_last": points[-1][2],
+            "val_points": points, "time_to_gain_min": None if hit is None else hit[1],
+            "steps_to_gain": None if hit is None else hit[0]}
 
 
 def train_at_ref(ref: str, sft: Path, url: str, args: argparse.Namespace, run_dir: Path) -> tuple[int, float]:
@@ -131,11 +134,13 @@ def train_at_ref(ref: str, sft: Path, url: str, args: argparse.Namespace, run_di
     src = run_dir.parent / f"src-{ref}"
     if not (src / "agent_rl").is_dir():
         subprocess.run(["git", "worktree", "add", "--detach", "--force", str(src), ref], cwd=ROOT, check=True)
+    if not (src / "artifacts").exists():  # the config's relative data paths, as in this checkout
+        (src / "artifacts").symlink_to(ROOT / "artifacts", target_is_directory=True)
     config = src / Path(args.config).resolve().relative_to(ROOT)
     cmd = [PY, "-m", "agent_rl.training.cli", "--config", str(config), *rl_overrides(sft, url, args, run_dir)]
     env = {**os.environ, "PYTHONPATH": str(src)}
     print(f"\n[learning] RL with the code of {ref}\n$ {' '.join(cmd)}", flush=True)
-    subprocess.run(cmd, cwd=src, env=env, check=True)
+    subprocess.run(cmd, cwd=src, env=env, check=True)  # `python -m` imports from the working directory
     rows = [r for r in read_jsonl(run_dir) if r.get("step", 0) > 0 and "training/elapsed_s" in r]
     return (rows[-1]["step"], rows[-1]["training/elapsed_s"]) if rows else (0, 0.0)
 
@@ -252,13 +257,13 @@ def time_to_gain_markdown(arms: dict, args: argparse.Namespace, em_sft: float) -
     from data_prep.hardware import hardware_line
 
     lines = [hardware_line(), "",
-             f"| code | RL minutes to SFT + {100 * args.gain:.0f} points (steps) | steps in {args.minutes:g} min | "
-             f"s / step | running EM (first {args.val_n}): start -> best -> last | agent EM after RL "
-             f"(SFT {100 * em_sft:.1f}) |",
+             f"| code | RL minutes to SFT + {100 * args.gain:.0f} points (steps) | steps in {args.minutes:g} min "
+             f"(validations included) | s / step | running EM (first {args.val_n}): start -> best -> last | "
+             f"agent EM after RL (SFT {100 * em_sft:.1f}) |",
              "|---|---|---|---|---|---|"]
     for name, a in arms.items():
         ttg = "not reached" if a["time_to_gain_min"] is None else f"{a['time_to_gain_min']:.1f} ({a['steps_to_gain']})"
-        per_step = a["seconds"] / a["steps"] if a["steps"] else float("nan")
+        per_step = a["rl_seconds"] / a["steps"] if a["steps"] else float("nan")
         lines.append(f"| {name} | {ttg} | {a['steps']} | {per_step:.1f} | {100 * a['val_em_start']:.1f} -> "
                      f"{100 * a['val_em_best']:.1f} -> {100 * a['val_em_last']:.1f} | {100 * a['em_rl']:.1f} |")
     return "\n".join(lines) + "\n"
@@ -328,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     index, corpus = Path(args.index or ROOT / defaults["index"]), Path(args.corpus or defaults["corpus"])
     tests = [Path(t) if Path(t).is_absolute() else ROOT / t for t in (args.test or defaults["tests"])]
     args.eval_limit = args.eval_limit or defaults["eval_limit"]
-    work = Path(args.workdir or ROOT / "runs" / "learning" / time.strftime("%Y%m%d-%H%M%S"))
+    work = Path(args.workdir or ROOT / "runs" / "learning" / time.strftime("%Y%m%d-%H%M%S")).resolve()
     try:
         sft = resolve_model_dir(args.sft)
     except EvalInputError as e:
@@ -381,11 +386,14 @@ def main(argv: list[str] | None = None) -> int:
     from data_prep.hardware import hardware_info
 
     result["time_to_gain"] = {"now": {**time_to_gain(work / "rl", args.gain), **done_arms["rl"]}}
+    for arm in result["time_to_gain"].values():  # the trainer's clock includes its validations
+        arm["rl_seconds"] = 60 * arm["val_points"][-1][1]
     if args.compare_ref:
         ref_name = f"rl_{args.compare_ref}"
         ref_rl = report.read_summary(work / f"eval_{ref_name}")["modes"]["agent"][report.ALL]
-        result["time_to_gain"][args.compare_ref] = {**time_to_gain(work / ref_name, args.gain), **done_arms[ref_name],
-                                                     "em_rl": ref_rl["em"]}
+        ref_arm = {**time_to_gain(work / ref_name, args.gain), **done_arms[ref_name], "em_rl": ref_rl["em"]}
+        ref_arm["rl_seconds"] = 60 * ref_arm["val_points"][-1][1]
+        result["time_to_gain"][args.compare_ref] = ref_arm
     result["time_to_gain"]["now"]["em_rl"] = result["em_rl"]
     result.update(hardware=hardware_info(), budget_minutes=args.minutes, wall_minutes=(time.time() - t_start) / 60,
                   config=str(args.config), overrides=args.overrides, sft_model=str(sft), rl_model=str(rl_model),
