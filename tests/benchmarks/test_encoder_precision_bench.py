@@ -23,7 +23,7 @@ def test_precision_table_runs(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "| onnx int8" in proc.stdout and "| onnx fp32" in proc.stdout
     res = json.loads(out.read_text())
-    assert res["hardware_line"].startswith("[hardware] ") and res["auto"] in ("fp32", "int8")
+    assert res["hardware_line"].startswith("[hardware] ") and res["auto"] in ("fp32", "int8", "bf16")
     rows = {r["precision"]: r for r in res["rows"]}
     assert set(rows) == {"fp32", "int8"} and rows["fp32"]["recall@3_change"] == 0.0
     for r in rows.values():
