@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from retriever_server.batcher import Hits, LRUCache, MicroBatcher
+from retriever_server.batcher import Hits, LRUCache, MicroBatcher, QueueFull
 from retriever_server.schemas import ErrorResponse, HealthResponse, RetrieveRequest, RetrieveResponse
 from retriever_server.settings import Settings
 
@@ -32,12 +32,26 @@ log = logging.getLogger("retriever_server")
 ALLOWED_FIELDS = tuple(RetrieveRequest.model_fields)
 
 
-class ApiError(Exception):
-    """A client error: status code + a message that says what was wrong."""
+RETRY_AFTER_S = 1
+"""Retry-After of a 503 for a full server (the client's backoff is of that order)."""
+OFF_LOOP_PASSAGES = 2000
+"""Responses of more passages are built on a worker thread: 512 queries x topk 100 (51,200
+passages) built on the event loop held every other client and /health for its whole build."""
 
-    def __init__(self, status: int, detail: str, kind: str):
+
+class ApiError(Exception):
+    """A client error: status code + a message that says what was wrong (+ response headers)."""
+
+    def __init__(self, status: int, detail: str, kind: str, headers: dict[str, str] | None = None):
         super().__init__(detail)
-        self.status, self.detail, self.kind = status, detail, kind
+        self.status, self.detail, self.kind, self.headers = status, detail, kind, headers or {}
+
+
+async def until_disconnect(receive: Callable) -> None:
+    """Returns when the client has gone (after the body was read, uvicorn's `receive` waits
+    until the connection closes or the response is sent)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 class Stats:
@@ -203,8 +217,8 @@ def parse_retrieve(headers: dict[str, str], body: bytes, s: Settings) -> tuple[l
 
 # ----------------------------------------------------------------------------- the app
 class RetrieveRoute:
-    """ASGI middleware: POST /retrieve goes to `handler(scope, receive) -> (status, body)`, every
-    other request to the app."""
+    """ASGI middleware: POST /retrieve goes to `handler(scope, receive) -> (status, body,
+    headers)`, every other request to the app."""
 
     def __init__(self, app: Callable, handler: Callable):
         self.app, self.handler = app, handler
@@ -212,10 +226,11 @@ class RetrieveRoute:
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http" or scope["path"] != "/retrieve" or scope["method"] != "POST":
             return await self.app(scope, receive, send)
-        status, body = await self.handler(scope, receive)
+        status, body, headers = await self.handler(scope, receive)
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode())]})
+                                (b"content-length", str(len(body)).encode()),
+                                *((k.encode(), v.encode()) for k, v in headers.items())]})
         await send({"type": "http.response.body", "body": body})
 
 
@@ -238,7 +253,8 @@ def create_app(settings: Settings, on_fatal: Callable[[str], None] | None = None
                 on_fatal(state.error)
             return
         state.batcher = MicroBatcher(state.backend.search, settings.max_batch_size, settings.max_wait_ms,
-                                     on_batch=state.stats.on_batch, workers=state.backend.workers)
+                                     on_batch=state.stats.on_batch, workers=state.backend.workers,
+                                     max_queued=settings.max_queued_queries)
         state.batcher.start()
         state.load_seconds = round(time.time() - t0, 2)
         state.ready = True
@@ -263,7 +279,7 @@ def create_app(settings: Settings, on_fatal: Callable[[str], None] | None = None
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
         state.stats.errors[exc.kind] += 1
-        return JSONResponse({"detail": exc.detail}, status_code=exc.status)
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
@@ -283,6 +299,9 @@ def create_app(settings: Settings, on_fatal: Callable[[str], None] | None = None
 
     @app.get("/health", response_model=HealthResponse, responses={503: {"model": ErrorResponse}})
     async def health():
+        if state.ready and not state.batcher.alive:  # nothing would answer a search: say so
+            return JSONResponse({"status": "failed", "detail": "the search loop has stopped; restart the server"},
+                                status_code=503)
         if state.ready:
             return HealthResponse(status="ok", index_kind=state.backend.kind,
                                   num_passages=state.backend.num_passages)
@@ -290,8 +309,22 @@ def create_app(settings: Settings, on_fatal: Callable[[str], None] | None = None
             return JSONResponse({"status": "failed", "detail": state.error}, status_code=503)
         return JSONResponse({"status": "loading"}, status_code=503)
 
-    async def retrieve(scope: dict, receive: Callable) -> tuple[int, bytes]:
-        """POST /retrieve on raw ASGI: (status, JSON body). Errors are answered here too."""
+    inflight = [0]  # /retrieve requests being answered (the event loop's thread only)
+
+    async def retrieve(scope: dict, receive: Callable) -> tuple[int, bytes, dict[str, str]]:
+        """POST /retrieve on raw ASGI: (status, JSON body, headers). Errors are answered here too."""
+        if inflight[0] >= settings.max_concurrent_requests:  # before reading the body: costs nothing
+            state.stats.errors["busy"] += 1
+            return 503, json.dumps({"detail": f"server busy: {inflight[0]} requests in progress "
+                                              f"(max_concurrent_requests={settings.max_concurrent_requests}); "
+                                              "retry later"}).encode(), {"retry-after": str(RETRY_AFTER_S)}
+        inflight[0] += 1
+        try:
+            return await answer(scope, receive)
+        finally:
+            inflight[0] -= 1
+
+    async def answer(scope: dict, receive: Callable) -> tuple[int, bytes, dict[str, str]]:
         t0 = time.perf_counter()
         try:
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
@@ -301,30 +334,50 @@ def create_app(settings: Settings, on_fatal: Callable[[str], None] | None = None
             queries, topk, with_scores = parse_retrieve(headers, body, settings)
             if not state.ready:
                 raise ApiError(503, state.error or "index is still loading; retry when GET /health says ok",
-                               "not_ready")
+                               "not_ready", {"retry-after": str(RETRY_AFTER_S)})
             hits: list[Hits | None] = [state.cache.get((q, topk)) for q in queries]
             missing = list(dict.fromkeys(q for q, h in zip(queries, hits) if h is None))
             state.stats.cache_hits += len(queries) - len([h for h in hits if h is None])
             state.stats.cache_misses += len([h for h in hits if h is None])
             if missing:
-                found = dict(zip(missing, await state.batcher.submit(missing, topk)))
+                found = dict(zip(missing, await search_while_connected(missing, topk, receive)))
                 for q, h in found.items():
                     state.cache.put((q, topk), h)
                 hits = [found[q] if h is None else h for q, h in zip(queries, hits)]
             # joined from cached passage JSON (Backend.result_json): validating and encoding the
             # response through a response_model cost more than the rest of the HTTP path
-            out = state.backend.result_json(hits, with_scores)
+            if len(queries) * topk > OFF_LOOP_PASSAGES:
+                out = await asyncio.to_thread(state.backend.result_json, hits, with_scores)
+            else:
+                out = state.backend.result_json(hits, with_scores)
         except ApiError as e:
             state.stats.errors[e.kind] += 1
-            return e.status, json.dumps({"detail": e.detail}).encode()
+            return e.status, json.dumps({"detail": e.detail}).encode(), e.headers
         except Exception as e:  # answered as a 500 that names the error; the server keeps serving
             state.stats.errors["internal"] += 1
             log.exception("internal error on /retrieve")
-            return 500, json.dumps({"detail": f"internal error: {type(e).__name__}: {e}"}).encode()
+            return 500, json.dumps({"detail": f"internal error: {type(e).__name__}: {e}"}).encode(), {}
         state.stats.requests += 1
         state.stats.queries += len(queries)
         state.stats.latencies_ms.append((time.perf_counter() - t0) * 1000.0)
-        return 200, out
+        return 200, out, {}
+
+    async def search_while_connected(queries: list[str], topk: int, receive: Callable) -> list[Hits]:
+        """The batcher's answer; a client that disconnects first takes its queries out of the
+        queue (a retry of it would otherwise be searched twice)."""
+        search = asyncio.ensure_future(state.batcher.submit(queries, topk))
+        gone = asyncio.ensure_future(until_disconnect(receive))
+        try:
+            await asyncio.wait((search, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not search.done():
+            search.cancel()
+            raise ApiError(499, "client disconnected before its answer", "disconnected")
+        try:
+            return search.result()
+        except QueueFull as e:
+            raise ApiError(503, f"server busy: {e}; retry later", "busy", {"retry-after": str(RETRY_AFTER_S)}) from None
 
     # POST /retrieve is answered by a raw ASGI middleware (RetrieveRoute): FastAPI's and Starlette's
     # per-request layers (exception middleware, exit stacks, routing, dependency solving, cookie
@@ -340,8 +393,8 @@ def create_app(settings: Settings, on_fatal: Callable[[str], None] | None = None
               openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
                   "schema": RetrieveRequest.model_json_schema()}}}})
     async def retrieve_documented(request: Request):
-        status, body = await retrieve(request.scope, request.receive)
-        return Response(body, status_code=status, media_type="application/json")
+        status, body, headers = await retrieve(request.scope, request.receive)
+        return Response(body, status_code=status, media_type="application/json", headers=headers)
 
     @app.get("/stats")
     async def stats(request: Request):
@@ -351,7 +404,10 @@ def create_app(settings: Settings, on_fatal: Callable[[str], None] | None = None
                      "backend": state.backend.describe() if state.backend else None,
                      "limits": {k: getattr(settings, k) for k in (
                          "topk", "max_topk", "max_queries", "max_query_chars", "max_body_bytes",
-                         "max_batch_size", "max_wait_ms", "cache_size")}})
+                         "max_batch_size", "max_wait_ms", "cache_size", "max_queued_queries",
+                         "max_concurrent_requests")},
+                     "queued_queries": state.batcher.queued if state.batcher else 0,
+                     "search_loop_alive": bool(state.batcher and state.batcher.alive)})
         return snap
 
     @app.get("/metrics", response_class=PlainTextResponse)

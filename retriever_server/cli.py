@@ -37,9 +37,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch-size", type=int)
     p.add_argument("--max-wait-ms", type=float)
     p.add_argument("--cache-size", type=int)
+    p.add_argument("--max-queued-queries", type=int, help="queries waiting for a search worker before 503 (default 8192)")
+    p.add_argument("--max-concurrent-requests", type=int, help="/retrieve requests at once before 503 (default 1024)")
     p.add_argument("--nprobe", type=int)
     p.add_argument("--ef-search", type=int)
-    p.add_argument("--api-key", help="require header X-API-Key (default: env RETRIEVER_API_KEY if set)")
+    p.add_argument("--api-key-file", help="require header X-API-Key with the key in this file (first line)")
+    p.add_argument("--api-key", help="require header X-API-Key with this key; visible in `ps`, so prefer env "
+                                     "RETRIEVER_API_KEY or --api-key-file (default: env RETRIEVER_API_KEY if set)")
     p.add_argument("--host")
     p.add_argument("--port", type=int)
     p.add_argument("--parent-pid", type=int, default=None,
@@ -56,7 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     args = vars(build_parser().parse_args(argv))
     config = args.pop("config")
     parent_pid = args.pop("parent_pid")
-    if args["api_key"] is None:
+    if args["api_key"] is not None:
+        print("agent-rl-retriever: warning: --api-key is visible to every user in `ps`; "
+              "use env RETRIEVER_API_KEY or --api-key-file", file=sys.stderr)
+    elif args["api_key_file"] is None:
         args["api_key"] = os.environ.get("RETRIEVER_API_KEY") or None
     try:
         settings: Settings = load_settings(config, **args)

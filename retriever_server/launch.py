@@ -86,3 +86,35 @@ def stop_server(proc: subprocess.Popen, timeout: float = 15.0) -> int:
             proc.kill()
             proc.wait(timeout)
     return proc.returncode
+
+
+class ServerThread:
+    """An app served by uvicorn on a thread of this process (tests and benchmarks that give the
+    app their own backend): real sockets and HTTP, `loop` reachable for fault injection."""
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int | None = None):
+        import threading
+
+        import uvicorn
+
+        self.port = port or free_port(host)
+        self.url = f"http://{host}:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=self.port, log_level="warning",
+                                                    access_log=False, lifespan="on"))
+        self.loop = None
+        self._thread = threading.Thread(target=self._serve, name="uvicorn", daemon=True)
+
+    def _serve(self) -> None:
+        import asyncio
+
+        self.loop = asyncio.new_event_loop()
+        self.loop.run_until_complete(self.server.serve())
+
+    def __enter__(self) -> "ServerThread":
+        self._thread.start()
+        wait_healthy(self.url, timeout=30)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self._thread.join(15)

@@ -58,6 +58,12 @@ class Settings(BaseModel):
     max_wait_ms: float = 2.0
     """While another search worker is busy, how long a free one holds its batch open for more
     queries (an idle server starts at once: a fixed 3 ms wait added 4.5 ms to a lone query)."""
+    max_queued_queries: int = 8192
+    """Queries that may wait for a search worker; past it /retrieve answers 503 with
+    Retry-After (~6 s of work at 1,300 q/s: a client should rather fail over or back off)."""
+    max_concurrent_requests: int = 1024
+    """/retrieve requests answered at once (reading, waiting, writing); past it 503 with
+    Retry-After, before the body is read."""
     cache_size: int = 10000
     """LRU entries keyed by (query, topk); 0 disables the cache."""
 
@@ -73,7 +79,10 @@ class Settings(BaseModel):
     """Move FAISS indexes to all GPUs (sharded) when faiss-gpu sees any."""
 
     api_key: str | None = None
-    """When set, /retrieve, /stats and /metrics need header X-API-Key with this value."""
+    """When set, /retrieve, /stats and /metrics need header X-API-Key with this value. Give it
+    by env RETRIEVER_API_KEY or api_key_file rather than on a command line (visible in `ps`)."""
+    api_key_file: str | None = None
+    """A file holding the API key (first line); read at start-up."""
     host: str = "127.0.0.1"
     """Bind address (loopback unless exposed on purpose)."""
     port: int = 8000
@@ -89,14 +98,27 @@ class Settings(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> "Settings":
         for name in ("topk", "max_topk", "max_queries", "max_query_chars", "max_body_bytes", "max_batch_size",
-                     "search_workers", "num_threads"):
+                     "search_workers", "num_threads", "max_queued_queries", "max_concurrent_requests"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if not 1 <= self.topk <= self.max_topk:
             raise ValueError(f"topk={self.topk} must be within 1..max_topk={self.max_topk}")
         if self.max_wait_ms < 0 or self.cache_size < 0:
             raise ValueError("max_wait_ms and cache_size must be >= 0")
+        if self.api_key_file and not self.api_key:
+            self.api_key = read_key_file(self.api_key_file, "api_key_file")
         return self
+
+
+def read_key_file(path: str | Path, what: str) -> str:
+    """The first line of a key file (a clear error when missing or empty)."""
+    try:
+        key = Path(path).read_text().strip().splitlines()
+    except OSError as e:
+        raise ValueError(f"{what} {path}: {e.strerror or e}") from None
+    if not key or not key[0].strip():
+        raise ValueError(f"{what} {path}: the file is empty")
+    return key[0].strip()
 
 
 def load_settings(config: str | Path | None = None, **overrides: Any) -> Settings:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from retriever_server.batcher import LRUCache, MicroBatcher
+from retriever_server.batcher import LRUCache, MicroBatcher, QueueFull
 
 
 def fake_search(calls):
@@ -41,7 +41,7 @@ def test_concurrent_requests_share_batches_and_get_their_own_results():
         assert len(qs) == len(set(qs)) and len(qs) <= 8  # de-duplicated, bounded
 
 
-def test_oversized_request_and_errors_propagate_to_their_batch_only():
+def test_oversized_request_and_errors_fail_their_own_request_only():
     def search(queries, topk):
         if "boom" in queries:
             raise RuntimeError("index exploded")
@@ -61,6 +61,114 @@ def test_oversized_request_and_errors_propagate_to_their_batch_only():
     big, after, empty = asyncio.run(run())
     assert big == [[(2, 0.5)]] * 10
     assert after == [[(4, 0.5)]] and empty == []
+
+
+def test_a_bad_query_fails_its_own_request_not_its_batch_mates():
+    """Requests batched with a query that breaks the backend used to fail with it."""
+    calls = []
+
+    def search(queries, topk):
+        calls.append(list(queries))
+        time.sleep(0.01)
+        if "boom" in queries:
+            raise RuntimeError("index exploded")
+        return [[(len(q), 0.5)] * topk for q in queries]
+
+    async def run():
+        b = MicroBatcher(search, max_batch_size=64, max_wait_ms=1)
+        b.start()
+        await b.submit(["warm"], 1)
+        first = asyncio.ensure_future(b.submit(["slow"], 1))  # holds the worker: the next ones queue up
+        await asyncio.sleep(0)
+        out = await asyncio.wait_for(asyncio.gather(*(b.submit(qs, 1) for qs in (["a"], ["boom", "b"], ["cc"])),
+                                                    return_exceptions=True), 5)
+        await first
+        await b.stop()
+        return out
+
+    a, bad, cc = asyncio.run(run())
+    assert a == [[(1, 0.5)]] and cc == [[(2, 0.5)]]
+    assert isinstance(bad, RuntimeError) and "exploded" in str(bad)
+    assert ["a", "boom", "b", "cc"] in calls  # they were one batch, then searched apart
+
+
+def test_an_error_while_forming_a_batch_fails_that_batch_and_the_loop_goes_on():
+    """Any exception outside the search function used to end the batcher's task: every later
+    request then waited for ever (while /health said ok)."""
+    def search(queries, topk):
+        return [[(len(q), 1.0)] * topk for q in queries]
+
+    async def run():
+        b = MicroBatcher(search, max_batch_size=8)
+        take, broken = b._take, [True]
+
+        def flaky_take():
+            if broken:
+                broken.clear()
+                taken = take()
+                raise KeyError("corrupted queue entry")
+            return take()
+
+        b._take = flaky_take
+        b.start()
+        with pytest.raises(RuntimeError, match="corrupted queue entry"):
+            await asyncio.wait_for(b.submit(["a"], 1), 5)
+        after = await asyncio.wait_for(b.submit(["bb"], 1), 5)
+        alive = b.alive
+        await b.stop()
+        return after, alive, b.alive
+
+    after, alive, alive_after_stop = asyncio.run(run())
+    assert after == [[(2, 1.0)]] and alive and not alive_after_stop
+
+
+def test_a_request_whose_client_left_is_not_searched():
+    """A cancelled request (its client disconnected) is dropped from the queue, not searched."""
+    calls = []
+
+    def search(queries, topk):
+        calls.append(list(queries))
+        time.sleep(0.05)
+        return [[(1, 1.0)] * topk for _ in queries]
+
+    async def run():
+        b = MicroBatcher(search, max_batch_size=64, max_wait_ms=1)
+        b.start()
+        first = asyncio.ensure_future(b.submit(["busy"], 1))
+        await asyncio.sleep(0.01)  # the worker is searching "busy"
+        gone = asyncio.ensure_future(b.submit(["left"], 1))
+        stays = asyncio.ensure_future(b.submit(["stays"], 1))
+        await asyncio.sleep(0)
+        gone.cancel()
+        await first
+        await stays
+        await b.stop()
+
+    asyncio.run(run())
+    assert calls == [["busy"], ["stays"]]
+
+
+def test_the_queue_is_bounded():
+    def search(queries, topk):
+        time.sleep(0.05)
+        return [[(1, 1.0)] * topk for _ in queries]
+
+    async def run():
+        b = MicroBatcher(search, max_batch_size=64, max_wait_ms=1, max_queued=4)
+        b.start()
+        first = asyncio.ensure_future(b.submit(["busy"], 1))
+        await asyncio.sleep(0.01)
+        waiting = [asyncio.ensure_future(b.submit([f"q{i}", f"r{i}"], 1)) for i in range(2)]
+        await asyncio.sleep(0)
+        assert b.queued == 4
+        with pytest.raises(QueueFull, match="4 queries are waiting"):
+            await b.submit(["one more"], 1)
+        await asyncio.gather(first, *waiting)
+        after = await b.submit(["fine"], 1)  # room again
+        await b.stop()
+        return after
+
+    assert asyncio.run(run()) == [[(1, 1.0)]]
 
 
 def test_lru_cache_is_bounded_and_recency_ordered():
