@@ -289,6 +289,12 @@ class RetrieverConfig:
     retriever's /health before going on (and collect the step again if nothing was kept)."""
     outage_wait_s: float = 600.0
     """How long to wait for a healthy retriever before the run stops with an error."""
+    api_key_file: str | None = None
+    """File whose first line is the retriever's API key (sent as X-API-Key). Unset: env
+    RETRIEVER_API_KEY when set. A refused key stops the command at start-up."""
+    api_key: str | None = None
+    """The key itself; prefer api_key_file or the env variable (this one is written into the
+    run's config.yaml and shows on a command line)."""
 
 
 @dataclass

@@ -31,6 +31,7 @@ class Trajectory:
     num_invalid: int = 0
     num_tool_failures: int = 0
     num_obs_truncated: int = 0
+    num_rejected_queries: int = 0  # searches the retriever refused as malformed (the policy's mistake)
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)

@@ -332,6 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--qa", required=True, metavar="FILE", help="QA file (any format data_prep.qa.read_qa reads)")
     ap.add_argument("--retriever-url", required=True, metavar="URL", help="running retriever (base URL or .../retrieve)")
+    ap.add_argument("--retriever-api-key-file", default=None, metavar="FILE",
+                    help="file holding the retriever's API key (default: retriever.api_key_file, else env RETRIEVER_API_KEY)")
     ap.add_argument("--out", required=True, metavar="FILE", help="output .parquet (written atomically)")
     ap.add_argument("--max-searches", type=int, default=None, metavar="K",
                     help="most searches per demonstration (default: the config's max_turns)")
@@ -358,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     from data_prep.hardware import offline_env
 
     offline_env()
-    cfg = load_config(TrainConfig, args.config, args.overrides)
+    cfg = load_config(TrainConfig, args.config, args.overrides + (
+        [f"retriever.api_key_file={args.retriever_api_key_file}"] if args.retriever_api_key_file else []))
     max_searches = cfg.max_turns if args.max_searches is None else args.max_searches
     if args.rest and args.limit is None:
         print("error: --rest needs --limit (the sample whose complement to use)", file=sys.stderr)
@@ -374,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
-    from agent_rl.rollout.retrieval_client import RetrieverClient, RetrieverUnavailable
+    from agent_rl.rollout.retrieval_client import (ApiKeyFileError, RetrieverAuthError, RetrieverClient,
+                                                   RetrieverUnavailable)
     from data_prep.io import DataPrepError
     from data_prep.qa import read_qa
 
@@ -392,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     url = args.retriever_url  # base or Search-R1's .../retrieve form: the client accepts both
 
     async def run() -> BuildResult:
-        client = RetrieverClient(url, timeout=cfg.retriever.timeout_s, max_retries=cfg.retriever.max_retries)
+        client = RetrieverClient.from_config(cfg.retriever, [url])
         try:
             await client.wait_healthy(timeout=cfg.trainer.retriever_health_timeout_s)
             with tqdm(total=len(rows), desc="demos", unit="q", dynamic_ncols=True) as bar:
@@ -407,6 +411,9 @@ def main(argv: list[str] | None = None) -> int:
     except RetrieverUnavailable as e:
         print(f"error: retriever at {url}: {e}", file=sys.stderr)
         return 1
+    except (RetrieverAuthError, ApiKeyFileError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     for line in report_lines(res, time.time() - t0):
         print(line, flush=True)
     settings = settings_of(cfg, model, qa=str(args.qa), retriever_url=url, seed=args.seed,

@@ -133,15 +133,22 @@ def base_url(url: str) -> str:
         raise EvalInputError(f"--retriever-url: {e}") from None
 
 
-async def check_retriever(urls: Sequence[str], wait_s: float) -> None:
-    """Fail fast (before the engine loads) when no retriever answers /health."""
-    from agent_rl.rollout.retrieval_client import RetrieverClient, RetrieverUnavailable
+async def check_retriever(rcfg: Any, wait_s: float) -> None:
+    """Fail fast (before the engine loads) when no retriever answers /health or it refuses the key."""
+    from agent_rl.rollout.retrieval_client import (ApiKeyFileError, RetrieverAuthError, RetrieverClient,
+                                                   RetrieverUnavailable)
 
-    client = RetrieverClient(list(urls), timeout=5.0, connect_timeout=2.0, max_retries=0)
+    urls = list(rcfg.url)
+    try:
+        client = RetrieverClient.from_config(rcfg, timeout=5.0, connect_timeout=2.0, max_retries=0)
+    except ApiKeyFileError as e:
+        raise EvalInputError(str(e)) from None
     try:
         await client.wait_healthy(timeout=wait_s, interval=0.5)
     except RetrieverUnavailable as e:
         raise EvalInputError(f"--retriever-url {', '.join(urls)}: unreachable ({e}); start it with agent-rl-retriever") from None
+    except RetrieverAuthError as e:
+        raise EvalInputError(str(e)) from None
     finally:
         await client.aclose()
 
@@ -150,6 +157,13 @@ async def check_retriever(urls: Sequence[str], wait_s: float) -> None:
 def record_key(mode: str, data_source: str, qid: str) -> str:
     """Resume key: ids repeat across datasets (FlashRAG's `test_0` is in NQ and HotpotQA alike)."""
     return json.dumps([mode, data_source, qid])
+
+
+def finished(done: dict[str, dict], key: str) -> bool:
+    """A question needs no re-run: it has a record, and no retrieval failed in it (a failed
+    retrieval is the service's fault, not the model's: a resume tries it again)."""
+    rec = done.get(key)
+    return rec is not None and not rec.get("tool_failures")
 
 
 def valid_format(response_text: str, mode: str) -> bool:
@@ -314,8 +328,11 @@ async def evaluate_mode(manager: Any, prompts: Sequence[Prompt], mode: str, done
     (and added to `done`) as soon as its question finishes. Returns the number run."""
     from tqdm import tqdm
 
-    todo = [p for p in prompts if record_key(mode, p.data_source, p.id) not in done]
-    mine = [done[k] for k in (record_key(mode, p.data_source, p.id) for p in prompts) if k in done]
+    todo = [p for p in prompts if not finished(done, record_key(mode, p.data_source, p.id))]
+    mine = [done[k] for k in (record_key(mode, p.data_source, p.id) for p in prompts) if finished(done, k)]
+    retry = sum(record_key(mode, p.data_source, p.id) in done for p in todo)
+    if retry:
+        log.warning("%s: re-running %d question(s) whose retrieval failed in an earlier run", mode, retry)
     sem = asyncio.Semaphore(max(1, concurrency))
 
     async def one(p: Prompt) -> dict:
@@ -378,7 +395,7 @@ async def run_evaluation(cfg: TrainConfig, prompts: Sequence[Prompt], modes: Seq
         if overwrite:
             sink.clear()
             done = {}
-        missing = sum(record_key(m, p.data_source, p.id) not in done for m in modes for p in prompts)
+        missing = sum(not finished(done, record_key(m, p.data_source, p.id)) for m in modes for p in prompts)
         if engine is None and missing:  # a finished evaluation only rewrites its summary
             from agent_rl.rollout.engine import RolloutEngine
 
@@ -386,12 +403,10 @@ async def run_evaluation(cfg: TrainConfig, prompts: Sequence[Prompt], modes: Seq
         if retriever is None and missing and any(m in NEEDS_RETRIEVER for m in modes):
             from agent_rl.rollout.retrieval_client import RetrieverClient
 
-            retriever = own_client = RetrieverClient(
-                [base_url(u) for u in cfg.retriever.url], timeout=cfg.retriever.timeout_s, max_retries=cfg.retriever.max_retries
-            )
+            retriever = own_client = RetrieverClient.from_config(cfg.retriever, [base_url(u) for u in cfg.retriever.url])
         manager = RolloutManager(engine, retriever, cfg) if missing else None
         for mode in modes:
-            result.reused[mode] = sum(record_key(mode, p.data_source, p.id) in done for p in prompts)
+            result.reused[mode] = sum(finished(done, record_key(mode, p.data_source, p.id)) for p in prompts)
             result.computed[mode] = 0 if manager is None else await evaluate_mode(
                 manager, prompts, mode, done, sink, cfg.reward, cfg.actor_rollout_ref.rollout.max_concurrent_trajectories, progress
             )
@@ -432,6 +447,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--config", default=None, help="training YAML to take lengths, template and reward settings from")
     ap.add_argument("--concurrency", type=int, default=None, help="questions in flight (default: rollout.max_concurrent_trajectories)")
     ap.add_argument("--max-model-len", type=int, default=4096, help="engine context length (default 4096)")
+    ap.add_argument("--retriever-api-key-file", default=None, metavar="FILE",
+                    help="file holding the retriever's API key (default: retriever.api_key_file, else env RETRIEVER_API_KEY)")
     ap.add_argument("--retriever-wait", type=float, default=30.0, help="seconds to wait for the retriever's /health (default 30)")
     ap.add_argument("--overwrite", action="store_true", help="discard earlier results in --out instead of resuming")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -452,6 +469,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if args.retriever_url:
         over.append("retriever.url=[" + ",".join(base_url(u) for u in args.retriever_url) + "]")
     for flag, key in ((args.max_turns, "max_turns"), (args.topk, "retriever.topk"),
+                      (args.retriever_api_key_file, "retriever.api_key_file"),
                       (args.dtype, "actor_rollout_ref.rollout.dtype"),
                       (args.concurrency, "actor_rollout_ref.rollout.max_concurrent_trajectories")):
         if flag is not None:
@@ -485,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
         if any(m in NEEDS_RETRIEVER for m in modes):
             if not args.retriever_url:
                 raise EvalInputError(f"--retriever-url is required for mode(s) {[m for m in modes if m in NEEDS_RETRIEVER]}")
-            asyncio.run(check_retriever(cfg.retriever.url, args.retriever_wait))
+            asyncio.run(check_retriever(cfg.retriever, args.retriever_wait))
         out = args.out or _default_out(args.model)
         print(f"[eval] {len(prompts)} questions x modes {modes} -> {out}", flush=True)
         result = asyncio.run(run_evaluation(cfg, prompts, modes, out, overwrite=args.overwrite,
@@ -498,9 +516,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     print(f"[eval] ran {sum(result.computed.values())}, reused {sum(result.reused.values())} -> {out}")
     for mode, block in result.summary["modes"].items():
-        if block["all"]["tool_failures"]:
-            print(f"[eval] WARNING: {block['all']['tool_failures']} failed retrieval(s) in {mode} mode "
-                  "(those questions saw an error text instead of passages)", file=sys.stderr)
+        if block["all"]["failed_retrieval"]:
+            print(f"[eval] WARNING: {block['all']['failed_retrieval']} {mode} question(s) saw a failed retrieval "
+                  "(an error text instead of passages); rerun the same command to retry them", file=sys.stderr)
     print(summary_markdown(result.summary), end="")
     return 0
 

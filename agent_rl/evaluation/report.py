@@ -88,6 +88,7 @@ def stats(records: Sequence[Mapping]) -> dict:
 
     hits = sum(float(r["em"]) for r in records)
     lo, hi = wilson_interval(hits, n)
+    ok = [r for r in records if not r.get("tool_failures")]
     return {
         "n": n,
         "em": mean("em"),
@@ -101,6 +102,8 @@ def stats(records: Sequence[Mapping]) -> dict:
         "answer_rate": sum(r.get("prediction") is not None for r in records) / n if n else 0.0,
         "retrieval_hit_rate": mean("retrieval_hit"),
         "tool_failures": int(sum(int(r.get("tool_failures", 0)) for r in records)),
+        "failed_retrieval": n - len(ok),
+        "em_retrieval_ok": sum(float(r["em"]) for r in ok) / len(ok) if ok else 0.0,
     }
 
 
@@ -149,6 +152,11 @@ def summary_markdown(summary: Mapping, title: str | None = None) -> str:
                 f"| {s['searches_mean']:.2f} | {s['turns_mean']:.2f} | {_pct(s['answer_rate'])} "
                 f"| {_pct(s['invalid_format_rate'])} |"
             )
+    failed = [(mode, block[ALL]) for mode, block in summary["modes"].items() if block[ALL].get("failed_retrieval")]
+    for mode, s in failed:
+        lines += ["", f"**{s['failed_retrieval']} of {s['n']} {mode} questions saw a failed retrieval** (scored "
+                      f"as they ended; EM on the other {s['n'] - s['failed_retrieval']}: {_pct(s['em_retrieval_ok'])}). "
+                      "Rerun the same command to retry them."]
     lines += ["", "EM interval: Wilson score, 95%. Answered: an `<answer>` was extracted (unanswered "
               "questions score 0). Invalid format: the response breaks the mode's "
               "tag structure (agent: Search-R1's think/search/information/answer rule; rag and direct: "

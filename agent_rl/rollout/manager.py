@@ -32,6 +32,7 @@ from agent_rl.config import TrainConfig
 from agent_rl.rollout import observation as O
 from agent_rl.rollout import prompts as P
 from agent_rl.rollout.engine import GenerateResult, Sampling
+from agent_rl.rollout.retrieval_client import RetrieverAuthError, RetrieverRequestError
 from agent_rl.types import Trajectory
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,8 @@ SearchFn = Callable[[list[str], int], Awaitable[list[list[Any]]]]
 """async (queries, topk) -> one list of ScoredDocument per query (retriever_server.schemas)."""
 
 MODES = ("agent", "direct", "rag")
+QUERY_REJECTED = (413, 422)
+"""Statuses of a query the retriever refused as such (too long, empty, too large)."""
 
 
 class Engine(Protocol):
@@ -61,6 +64,7 @@ class _State:
     invalid: int = 0
     tool_failures: int = 0
     obs_truncated: int = 0
+    rejected: int = 0
 
     def append_sampled(self, ids: list[int], logprobs: list[float]) -> None:
         self.response_ids += ids
@@ -127,9 +131,13 @@ class RolloutManager:
             async with traj_sem:
                 return await self.run_trajectory(prompt_ids[g], sampling, max_turns, group_id=g, meta=prompts[g])
 
-        # A TaskGroup cancels the other trajectories if one fails (e.g. the engine died).
-        async with asyncio.TaskGroup() as tg:
-            tasks = [tg.create_task(one(g)) for g in range(len(prompts)) for _ in range(n)]
+        # A TaskGroup cancels the other trajectories if one fails (e.g. the engine died, or the
+        # retriever refused the API key); the first error is raised as itself, not as a group.
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tasks = [tg.create_task(one(g)) for g in range(len(prompts)) for _ in range(n)]
+        except ExceptionGroup as eg:
+            raise eg.exceptions[0] from None
         trajs = [t.result() for t in tasks]
         metrics = rollout_metrics(trajs, time.perf_counter() - t0)
         metrics["rollout/tool_failures"] += rag_failures
@@ -199,26 +207,38 @@ class RolloutManager:
             num_invalid=st.invalid,
             num_tool_failures=st.tool_failures,
             num_obs_truncated=st.obs_truncated,
+            num_rejected_queries=st.rejected,
         )
 
     # ------------------------------------------------------------------ tools
-    async def _retrieve(self, query: str) -> str | None:
-        """Formatted passages for one query, or None when the retriever failed. Any error
-        (RetrieverUnavailable after the client's retries, HTTP 4xx, timeout) becomes None:
-        the trajectory continues with an error observation instead of killing the batch."""
+    async def _retrieve(self, query: str) -> tuple[str | None, bool]:
+        """(formatted passages, False) for one query; (the refusal's text, True) when the server
+        rejected the query itself (413/422: the policy's mistake, an observation it is scored
+        on); (None, False) when the retriever failed. Any other error (RetrieverUnavailable
+        after the client's retries, other 4xx, timeout) becomes None: the trajectory continues
+        with an error observation instead of killing the batch. A refused API key
+        (RetrieverAuthError) is raised: every search would fail, so the run must stop."""
         assert self.search is not None
         if self._tool_sem is None:
             self._tool_sem = asyncio.Semaphore(self.rcfg.max_concurrent_tool_calls)
         async with self._tool_sem:
             try:
                 docs = await asyncio.wait_for(self.search([query], self.topk), self.rcfg.tool_timeout_s)
+            except RetrieverAuthError:
+                raise
+            except RetrieverRequestError as e:
+                if e.status in QUERY_REJECTED:
+                    return O.rejected_query_text(e.detail), True
+                log.warning("search failed for %r: %r", query[:80], e)
+                return None, False
             except Exception as e:  # noqa: BLE001 - every failure has the same recovery
                 log.warning("search failed for %r: %r", query[:80], e)
-                return None
-        return O.format_passages(docs[0])
+                return None, False
+        return O.format_passages(docs[0]), False
 
     async def _observation(self, query: str, st: _State) -> list[int]:
-        text = await self._retrieve(query)
+        text, rejected = await self._retrieve(query)
+        st.rejected += rejected
         if text is None:
             st.tool_failures += 1
             text = O.SEARCH_ERROR_TEXT
@@ -231,7 +251,7 @@ class RolloutManager:
         docs: list[str | None] = [None] * len(prompts)
         failures = 0
         if mode == "rag":
-            got = await asyncio.gather(*(self._retrieve(p.question) for p in prompts))
+            got = [text for text, _ in await asyncio.gather(*(self._retrieve(p.question) for p in prompts))]
             failures = sum(t is None for t in got)
             docs = [O.SEARCH_ERROR_TEXT if t is None else t for t in got]
         return [
@@ -257,6 +277,7 @@ def rollout_metrics(trajs: Sequence[Trajectory], seconds: float) -> dict[str, fl
         "rollout/valid_action_rate": 1.0 - sum(t.num_invalid for t in trajs) / max(1, sum(turns)),
         "rollout/invalid_actions": float(sum(t.num_invalid for t in trajs)),
         "rollout/tool_failures": float(sum(t.num_tool_failures for t in trajs)),
+        "rollout/rejected_queries": float(sum(t.num_rejected_queries for t in trajs)),
         "rollout/obs_truncations": float(sum(t.num_obs_truncated for t in trajs)),
         "rollout/response_length_mean": sum(lengths) / k,
         "rollout/response_length_max": float(max(lengths)),

@@ -18,6 +18,12 @@ from retriever_server.schemas import ScoredDocument
 SEARCH_ERROR_TEXT = "Search failed: the search engine is unavailable. No results."
 
 
+def rejected_query_text(detail: str) -> str:
+    """Shown when the retriever refused the policy's own query (e.g. longer than its
+    max_query_chars): the policy's mistake, scored like any other turn, not an outage."""
+    return f"Search failed: the search engine rejected the query ({detail[:200]}). No results."
+
+
 def split_passage(item: ScoredDocument | dict) -> tuple[str, str]:
     """(title, text) of one search result: the first line of its contents as is (Search-R1
     keeps the corpus' quotes), and the remaining lines."""

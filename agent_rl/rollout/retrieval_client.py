@@ -3,7 +3,10 @@
 Speaks Search-R1's API (POST /retrieve) to one or more servers: round-robin across URLs,
 exponential backoff on connection errors, timeouts and 5xx (a 4xx is the caller's bug and is
 raised at once), and `RetrieverUnavailable` once every attempt failed, which the rollout turns
-into an error observation. Imports only `retriever_server.schemas` from this project.
+into an error observation. A 401/403 is `RetrieverAuthError`: no retry, no outage — the
+command stops, and `wait_healthy` finds it at start-up. The API key comes from the config,
+a key file or env RETRIEVER_API_KEY (`resolve_api_key`). Imports only
+`retriever_server.schemas` from this project.
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from typing import Sequence
+import os
+from pathlib import Path
+from typing import Any, Sequence
 
 import httpx
 
@@ -32,6 +37,46 @@ class RetrieverRequestError(ValueError):
         self.status, self.detail = status, detail
 
 
+class RetrieverAuthError(RetrieverRequestError):
+    """401/403: the API key is missing or wrong. Retrying cannot help; the run must stop."""
+
+    def __init__(self, status: int, detail: str, url: str):
+        super().__init__(status, detail)
+        self.args = (f"retriever at {url} refused the API key ({status}: {detail}); set retriever.api_key_file "
+                     f"or env {API_KEY_ENV} to the server's key",)
+
+
+def _detail(r: httpx.Response) -> str:
+    """An error response's `detail` (FastAPI's error body), else its text."""
+    try:
+        return str(r.json().get("detail", r.text))
+    except (ValueError, AttributeError):
+        return r.text
+
+
+class ApiKeyFileError(ValueError):
+    """retriever.api_key_file cannot be read or is empty."""
+
+
+API_KEY_ENV = "RETRIEVER_API_KEY"
+
+
+def resolve_api_key(api_key: str | None = None, api_key_file: str | None = None) -> str | None:
+    """The key to send: `api_key`, else the first line of `api_key_file`, else env
+    RETRIEVER_API_KEY, else None (a server without a key)."""
+    if api_key:
+        return api_key
+    if api_key_file:
+        try:
+            lines = Path(api_key_file).expanduser().read_text().strip().splitlines()
+        except OSError as e:
+            raise ApiKeyFileError(f"retriever.api_key_file {api_key_file}: {e.strerror or e}") from None
+        if not lines or not lines[0].strip():
+            raise ApiKeyFileError(f"retriever.api_key_file {api_key_file}: the file is empty")
+        return lines[0].strip()
+    return os.environ.get(API_KEY_ENV) or None
+
+
 def server_base_url(url: str) -> str:
     """A server's base URL from either form in use: `http://h:p` or Search-R1's
     `http://h:p/retrieve` (what `retriever.url` holds in Search-R1 run scripts)."""
@@ -42,7 +87,9 @@ def server_base_url(url: str) -> str:
 
 
 class RetrieverClient:
-    """`await search(queries, topk)` -> one list of ScoredDocument per query, in order."""
+    """`await search(queries, topk)` -> one list of ScoredDocument per query, in order.
+
+    `api_key`: sent as X-API-Key; None: env RETRIEVER_API_KEY when set (as the server reads it)."""
 
     def __init__(self, urls: str | Sequence[str], *, timeout: float = 30.0, connect_timeout: float = 2.0,
                  max_retries: int = 3, backoff: float = 0.1, max_backoff: float = 2.0,
@@ -52,10 +99,19 @@ class RetrieverClient:
             raise ValueError("RetrieverClient needs at least one server URL")
         self.max_retries, self.backoff, self.max_backoff = max_retries, backoff, max_backoff
         self._rr = itertools.count()
+        api_key = api_key if api_key is not None else resolve_api_key()  # env RETRIEVER_API_KEY, as the server
         headers = {"X-API-Key": api_key} if api_key else {}
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(timeout, connect=connect_timeout), headers=headers,
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections))
+
+    @classmethod
+    def from_config(cls, rcfg: Any, urls: Sequence[str] | None = None, **overrides: Any) -> "RetrieverClient":
+        """A client for a `RetrieverConfig` (url, timeout_s, max_retries, api_key, api_key_file);
+        `overrides` replace the constructor's arguments (e.g. max_retries=0 for a probe)."""
+        kwargs = {"timeout": rcfg.timeout_s, "max_retries": rcfg.max_retries,
+                  "api_key": resolve_api_key(getattr(rcfg, "api_key", None), getattr(rcfg, "api_key_file", None))}
+        return cls(list(urls if urls is not None else rcfg.url), **{**kwargs, **overrides})
 
     async def __aenter__(self) -> "RetrieverClient":
         return self
@@ -84,12 +140,10 @@ class RetrieverClient:
                 if r.status_code >= 500:
                     errors.append(f"{url}: HTTP {r.status_code}")
                     continue
+                if r.status_code in (401, 403):
+                    raise RetrieverAuthError(r.status_code, _detail(r), url)
                 if r.status_code >= 400:
-                    try:
-                        detail = r.json().get("detail", r.text)
-                    except ValueError:
-                        detail = r.text
-                    raise RetrieverRequestError(r.status_code, str(detail))
+                    raise RetrieverRequestError(r.status_code, _detail(r))
                 return r.json()
             if attempt < self.max_retries:
                 await asyncio.sleep(min(self.max_backoff, self.backoff * 2 ** attempt))
@@ -107,7 +161,19 @@ class RetrieverClient:
         return result
 
     async def wait_healthy(self, timeout: float = 120.0, interval: float = 0.5) -> None:
-        """Until at least one server says ok (raises RetrieverUnavailable after `timeout`)."""
+        """Until at least one server says ok (raises RetrieverUnavailable after `timeout`), then
+        one search on each healthy server: a refused key raises RetrieverAuthError here, at
+        start-up, rather than in every rollout."""
+        await self._wait_healthy(timeout, interval)
+        for url in self.urls:
+            try:
+                r = await self._client.post(f"{url}/retrieve", json={"queries": ["health check"], "topk": 1})
+            except (httpx.TransportError, httpx.TimeoutException):
+                continue
+            if r.status_code in (401, 403):
+                raise RetrieverAuthError(r.status_code, _detail(r), url)
+
+    async def _wait_healthy(self, timeout: float, interval: float) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         last = ""

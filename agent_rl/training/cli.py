@@ -21,12 +21,15 @@ import time
 from agent_rl.config import TrainConfig, load_config
 
 
-def wait_for_retriever(urls: list[str], timeout_s: float) -> None:
-    """Block until every retriever URL answers /health (or raise naming the URLs)."""
+def wait_for_retriever(rcfg, timeout_s: float) -> None:
+    """Block until a retriever of `rcfg.url` answers /health and accepts the API key (or raise
+    naming the URLs: RetrieverUnavailable, RetrieverAuthError, ApiKeyFileError)."""
     from agent_rl.rollout.retrieval_client import RetrieverClient
 
+    urls = list(rcfg.url)
+
     async def wait() -> None:
-        client = RetrieverClient(urls)
+        client = RetrieverClient.from_config(rcfg)
         try:
             await client.wait_healthy(timeout_s)
         finally:
@@ -61,7 +64,13 @@ def main(argv: list[str] | None = None) -> int:
 
     announce_run(cfg, critic=cfg.algorithm.adv_estimator == "gae")
     if not args.no_wait_retriever:
-        wait_for_retriever(cfg.retriever.url, cfg.trainer.retriever_health_timeout_s)
+        from agent_rl.rollout.retrieval_client import ApiKeyFileError, RetrieverAuthError
+
+        try:
+            wait_for_retriever(cfg.retriever, cfg.trainer.retriever_health_timeout_s)
+        except (RetrieverAuthError, ApiKeyFileError) as e:  # one line, before Ray and the engine start
+            print(f"agent-rl-train: error: {e}", file=sys.stderr)
+            return 2
 
     import ray
     from tqdm import tqdm

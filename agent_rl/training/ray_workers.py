@@ -103,11 +103,7 @@ class RolloutWorker:
         if self.retriever is None and cfg.retriever.url:  # no URL: direct (no-search) rollouts only
             from agent_rl.rollout.retrieval_client import RetrieverClient
 
-            self.client = RetrieverClient(
-                list(cfg.retriever.url),
-                timeout=cfg.retriever.timeout_s,
-                max_retries=cfg.retriever.max_retries,
-            )
+            self.client = RetrieverClient.from_config(cfg.retriever)
         self.manager = RolloutManager(self.engine, self.retriever or self.client, cfg)
 
     async def rollout(self, prompts: list, n: int, greedy: bool = False) -> tuple[list, dict[str, float]]:

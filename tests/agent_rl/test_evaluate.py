@@ -361,3 +361,16 @@ def test_rag_retrieval_failure_is_recorded(aio, engine, tiny_kb, tmp_path):
     (rec,) = [json.loads(x) for x in (tmp_path / "ev" / ev.PREDICTIONS).read_text().splitlines()]
     assert rec["tool_failures"] == 1 and "Search failed" in rec["prompt"]
     assert res.summary["modes"]["rag"]["all"]["tool_failures"] == 1
+    assert res.summary["modes"]["rag"]["all"]["failed_retrieval"] == 1
+    assert "1 of 1 rag questions saw a failed retrieval" in (tmp_path / "ev" / "summary.md").read_text()
+
+    # issue 33: the resume re-runs the question whose retrieval failed (it used to count as finished, EM 0)
+    async def search(queries, topk):
+        return [[{"document": {"id": "p1", "contents": '"Glimmerfen"\nA passage.'}, "score": 1.0}] for _ in queries]
+
+    again = aio(ev.run_evaluation(small_cfg(), prompts, ["rag"], tmp_path / "ev", engine=engine, retriever=search,
+                                  progress=False), timeout=600)
+    assert again.computed == {"rag": 1} and again.reused == {"rag": 0}
+    recs = [json.loads(x) for x in (tmp_path / "ev" / ev.PREDICTIONS).read_text().splitlines()]
+    assert len(recs) == 2 and recs[-1]["tool_failures"] == 0 and "Glimmerfen" in recs[-1]["prompt"]
+    assert again.summary["modes"]["rag"]["all"]["n"] == 1 and again.summary["modes"]["rag"]["all"]["failed_retrieval"] == 0

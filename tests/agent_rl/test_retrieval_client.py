@@ -12,6 +12,8 @@ import pytest
 
 from agent_rl.rollout.observation import format_passages
 from agent_rl.rollout.retrieval_client import (
+    ApiKeyFileError,
+    RetrieverAuthError,
     RetrieverClient,
     RetrieverRequestError,
     RetrieverUnavailable,
@@ -92,6 +94,75 @@ def test_round_robin_failover_and_unavailable(two_servers):
                 await c.wait_healthy(timeout=0.5)
 
     asyncio.run(run())
+
+
+@pytest.fixture(scope="module")
+def keyed_server(two_servers, tmp_path_factory):
+    """A real server requiring an API key read from a file (never on its command line)."""
+    from retriever_server.launch import start_server, stop_server, wait_healthy
+
+    d = tmp_path_factory.mktemp("keyed")
+    key = d / "retriever.key"
+    key.write_text("s3cret-key\n")
+    (d / "wrong.key").write_text("not-it\n")
+    args = two_servers[0][0].args
+    corpus, index = args[args.index("--corpus") + 1], args[args.index("--index") + 1]
+    proc, url = start_server(index, corpus, extra_args=["--api-key-file", str(key), "--log-level", "warning"])
+    try:
+        wait_healthy(url, timeout=180, proc=proc)
+        assert "s3cret" not in " ".join(proc.args)
+        yield url, d
+    finally:
+        stop_server(proc)
+
+
+@pytest.mark.slow
+def test_the_api_key_end_to_end(keyed_server, monkeypatch):
+    """Issue 33: the training config had no field for the key and no caller sent one, so a keyed
+    server made every search a 401, taken for an outage. Now the key comes from
+    retriever.api_key_file (or env RETRIEVER_API_KEY), and a refused key stops at start-up."""
+    from agent_rl.config import TrainConfig
+
+    url, d = keyed_server
+    cfg = TrainConfig().retriever
+    cfg.url = [f"{url}/retrieve"]
+
+    async def search_with(rcfg):
+        async with RetrieverClient.from_config(rcfg, max_retries=0) as c:
+            await c.wait_healthy(timeout=10)
+            return await c.search(["Who composed the Ambergris Opera?"], 1)
+
+    monkeypatch.delenv("RETRIEVER_API_KEY", raising=False)
+    cfg.api_key_file = str(d / "retriever.key")
+    assert asyncio.run(search_with(cfg))[0][0].document.id == "1"
+    for key_file in (None, str(d / "wrong.key")):  # no key, the wrong key: refused at wait_healthy, at once
+        cfg.api_key_file = key_file
+        t0 = time.monotonic()
+        with pytest.raises(RetrieverAuthError, match="refused the API key .401"):
+            asyncio.run(search_with(cfg))
+        assert time.monotonic() - t0 < 5
+    monkeypatch.setenv("RETRIEVER_API_KEY", "s3cret-key")  # the env variable, as the server reads it
+    cfg.api_key_file = None
+    assert asyncio.run(search_with(cfg))[0][0].document.id == "1"
+    cfg.api_key_file = str(d / "missing.key")
+    with pytest.raises(ApiKeyFileError, match="missing.key"):
+        RetrieverClient.from_config(cfg)
+
+
+@pytest.mark.slow
+def test_training_with_a_refused_key_stops_before_ray_in_one_line(keyed_server, tmp_path, monkeypatch, capsys):
+    from agent_rl.training.cli import main
+
+    url, d = keyed_server
+    monkeypatch.delenv("RETRIEVER_API_KEY", raising=False)
+    t0 = time.monotonic()
+    rc = main([f"trainer.default_local_dir={tmp_path}", f"retriever.url=[{url}/retrieve]",
+               f"retriever.api_key_file={d / 'wrong.key'}", "trainer.retriever_health_timeout_s=5"])
+    err = capsys.readouterr().err
+    assert rc == 2 and time.monotonic() - t0 < 30
+    (line,) = [x for x in err.splitlines() if "error" in x.lower()]  # the [hardware] line comes first
+    assert line.startswith("agent-rl-train: error: retriever at") and "refused the API key (401" in line
+    assert "Traceback" not in err
 
 
 @pytest.mark.slow

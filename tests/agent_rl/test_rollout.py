@@ -20,7 +20,8 @@ from agent_rl.rollout import prompts as P
 from agent_rl.rollout.engine import GenerateResult, Sampling
 from agent_rl.rollout.manager import RolloutManager
 from agent_rl.rollout.observation import format_passages
-from agent_rl.rollout.retrieval_client import RetrieverClient, RetrieverUnavailable
+from agent_rl.rollout.retrieval_client import (RetrieverAuthError, RetrieverClient, RetrieverRequestError,
+                                               RetrieverUnavailable)
 from retriever_server.schemas import Document, ScoredDocument
 
 
@@ -189,6 +190,39 @@ def test_retriever_failure_becomes_error_observation_and_trajectory_continues(to
     err = O.encode_observation(tok, O.SEARCH_ERROR_TEXT, 256)[0]
     assert traj.response_ids == eng.results[0].token_ids + err + eng.results[1].token_ids
     assert (traj.num_tool_failures, traj.num_searches, traj.finish_reason) == (1, 1, "answer")
+
+
+class RefusingRetriever:
+    def __init__(self, error):
+        self.error = error
+
+    async def search(self, queries, topk):
+        raise self.error
+
+
+def test_the_policys_own_bad_query_is_an_observation_not_an_outage(tok):
+    """Issue 33: a query the server refuses as such (422: longer than its max_query_chars) was
+    counted as a retriever failure, so the trajectory was left out of the update as an outage."""
+    eng = ScriptedEngine(tok, ["<search> q </search>", "<answer> a </answer>"])
+    refused = RetrieverRequestError(422, "queries[0] has 3000 characters, more than max_query_chars=2048")
+    traj = run(RolloutManager(eng, RefusingRetriever(refused), make_cfg(), tokenizer=tok).run_trajectory([5], Sampling(), 3))
+    obs = O.encode_observation(tok, O.rejected_query_text(refused.detail), 256)[0]
+    assert traj.response_ids == eng.results[0].token_ids + obs + eng.results[1].token_ids
+    assert (traj.num_tool_failures, traj.num_rejected_queries, traj.finish_reason) == (0, 1, "answer")
+    assert "max_query_chars=2048" in tok.decode(obs)
+    other = RetrieverRequestError(404, "Not Found")  # not the query's fault: a failed search, as before
+    eng = ScriptedEngine(tok, ["<search> q </search>", "<answer> a </answer>"])
+    traj = run(RolloutManager(eng, RefusingRetriever(other), make_cfg(), tokenizer=tok).run_trajectory([5], Sampling(), 3))
+    assert (traj.num_tool_failures, traj.num_rejected_queries) == (1, 0)
+
+
+def test_a_refused_api_key_stops_the_rollout(tok):
+    """A 401 is no outage to wait out and no observation: every search would fail the same way."""
+    eng = ScriptedEngine(tok, ["<search> q </search>", "<answer> a </answer>"])
+    mgr = RolloutManager(eng, RefusingRetriever(RetrieverAuthError(401, "missing or wrong X-API-Key header",
+                                                                   "http://h:1")), make_cfg(), tokenizer=tok)
+    with pytest.raises(RetrieverAuthError, match="refused the API key"):
+        run(mgr.rollout([Q("q?")], n=2))
 
 
 def test_hanging_retriever_is_bounded_by_tool_timeout(tok):
