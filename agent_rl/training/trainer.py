@@ -231,9 +231,11 @@ class RayTrainer:
         prompts = load_prompts(cfg.data.val_files, cfg.data.val_data_num)
         per_source: dict[str, list[float]] = {}
         rewards: list[float] = []
+        failed = 0
         for i in range(0, len(prompts), cfg.data.val_batch_size):
             chunk = prompts[i : i + cfg.data.val_batch_size]
             trajs, _ = ray.get(self.rollout.rollout.remote(chunk, 1, True))
+            failed += sum(tr.num_tool_failures > 0 for tr in trajs)
             for tr, r in zip(trajs, score_trajectories(trajs, chunk, cfg.reward)):
                 per_source.setdefault(tr.data_source or "all", []).append(r.metric)
                 rewards.append(r.score)
@@ -241,6 +243,10 @@ class RayTrainer:
         out = {f"val/{cfg.reward.kind}/{src}": sum(v) / len(v) for src, v in per_source.items()}
         out[f"val/{cfg.reward.kind}"] = sum(every) / max(1, len(every))
         out["val/reward"] = sum(rewards) / max(1, len(rewards))
+        out["val/failed_search_trajectories"] = float(failed)
+        if failed:  # the score counts them as the model's failures: say so
+            log.warning("validation at step %d: %d of %d questions had a failed search (scored as they ended)",
+                        self.step, failed, len(every))
         return out
 
     # ------------------------------------------------------------------ checkpoints
@@ -357,12 +363,16 @@ def collect_groups(
     `drop_failed` ("group" | "trajectory" | None) leaves out trajectories with a failed search,
     with their group when "group" (see `drop_failed_searches`). Returns (trajectories with
     group ids 0..G-1, ids of every prompt consumed, rollout/* reward/* filter/* metrics of the
-    first round, and batch/groups/<data_source>: the kept groups per source); no trajectories
-    when every one was left out for a failed search."""
+    first round, failure counts (tool_failures, rejected_queries, failed_search_trajectories,
+    dropped_for_failed_search, failed_search_share) over every round, and
+    batch/groups/<data_source>: the kept groups per source); no trajectories when every one
+    was left out for a failed search."""
     check_filter_metric(filter_metric)
     kept: list[list[Trajectory]] = []
     consumed: list[str] = []
     metrics: dict[str, float] = {}
+    failures: Counter[str] = Counter()
+    seen = 0
     prompts = loader.next_batch()
     for round_ in range(1 + max_extra_rounds):
         consumed += [p.id for p in prompts]
@@ -375,10 +385,12 @@ def collect_groups(
         if round_ == 0:
             metrics.update(gen_metrics)
             metrics.update(reward_metrics(results, reward_cfg.kind))
+        seen += len(trajs)
+        failures.update({k: gen_metrics.get(k, 0.0) for k in ("rollout/tool_failures", "rollout/rejected_queries")})
+        failures["rollout/failed_search_trajectories"] += sum(tr.num_tool_failures > 0 for tr in trajs)
         if drop_failed is not None:
             groups, failure_metrics = drop_failed_searches(groups, whole_group=drop_failed == "group")
-            if round_ == 0:
-                metrics.update(failure_metrics)
+            failures["rollout/dropped_for_failed_search"] += failure_metrics["rollout/dropped_for_failed_search"]
         if filter_on:
             rewards = torch.tensor([value[id(tr)] for g in groups for tr in g])
             result = algos.filter_groups(rewards, [i for i, g in enumerate(groups) for _ in g])
@@ -390,6 +402,8 @@ def collect_groups(
             break
         rate = len(kept) / len(consumed)  # over-sample by the keep rate so far; none kept yet: the most
         prompts = loader.take(4 * want if rate == 0 else min(math.ceil((want - len(kept)) / rate), 4 * want))
+    metrics.update({k: float(v) for k, v in failures.items()})  # every round's, not the first one's alone
+    metrics["rollout/failed_search_share"] = failures["rollout/failed_search_trajectories"] / max(seen, 1)
     if filter_on:
         metrics["filter/rounds"] = float(round_ + 1)
         metrics["filter/batch_groups"] = float(len(kept))

@@ -399,6 +399,29 @@ def test_trajectories_with_a_failed_search_are_left_out(drop, kept):
     assert metrics["rollout/dropped_for_failed_search"] == 4 - len(kept)
 
 
+def test_failed_searches_are_counted_in_every_filter_round():
+    """Issue 33: the failure counts came from the first round only, so a step whose refill
+    rounds hit an outage reported none (and the outage rule never saw it)."""
+    from agent_rl.config import RewardConfig
+    from agent_rl.training.trainer import StepTimer, collect_groups
+    from agent_rl.types import Trajectory
+
+    def rollout(prompts):  # round 1 (q0, q1): every group agrees, no failure; later rounds: sample 1 failed
+        later = prompts[0].id not in ("q0",)
+        trajs = [Trajectory([1], [2, 3], [1, 1], [-0.1, -0.2], group_id=g, golden_answers=p.golden_answers,
+                            response_text=f"<answer>{p.golden_answers[0] if k == 0 and later else 'zz'}</answer>",
+                            num_tool_failures=int(later and k == 1))
+                 for g, p in enumerate(prompts) for k in range(2)]
+        return trajs, {"rollout/tool_failures": float(sum(t.num_tool_failures for t in trajs))}
+
+    trajs, consumed, m = collect_groups(_loader(12), rollout, RewardConfig(), 2, True, 1, StepTimer(),
+                                        drop_failed="trajectory")
+    # round 1: q0, q1 (4 trajectories, none failed, all agree); round 2: 8 prompts (16 trajectories, 8 failed)
+    assert len(consumed) == 10 and m["filter/rounds"] == 2.0
+    assert m["rollout/failed_search_trajectories"] == 8.0 and m["rollout/tool_failures"] == 8.0
+    assert m["rollout/dropped_for_failed_search"] == 8.0 and m["rollout/failed_search_share"] == 8 / 20
+
+
 def test_a_step_whose_every_search_failed_returns_nothing_to_train_on():
     from agent_rl.config import RewardConfig
     from agent_rl.training import algos
