@@ -111,6 +111,25 @@ class Backend:
         return d
 
 
+def on_gpus(index, kind: str, settings: Settings):
+    """The dense index where it will be searched (Settings.gpu_search): faiss-gpu when it sees
+    GPUs, else an exact torch search of a flat index on the CUDA GPUs, else the index as is."""
+    import faiss
+
+    faiss_gpus = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+    if settings.gpu_search != "torch" and faiss_gpus:
+        return to_gpus(index)
+    from retriever_server.torch_search import TorchFlatIP, cuda_devices
+
+    devices = cuda_devices()
+    if kind == "flat" and (devices or settings.gpu_search == "torch"):
+        return TorchFlatIP.from_faiss(index, devices or ["cpu"], settings.gpu_search_dtype)
+    if settings.gpu_search == "faiss" or devices:
+        log.warning("%s index on the CPU: faiss-gpu sees no GPU%s", kind,
+                    "" if kind == "flat" else " (the torch search serves flat indexes only)")
+    return index
+
+
 def to_gpus(index):
     """faiss-gpu: shard the index across all visible GPUs. Thin on purpose (no GPU here to test)."""
     import faiss
@@ -157,7 +176,7 @@ def load_backend(settings: Settings) -> Backend:
                               verify=settings.verify_corpus_hash, nprobe=settings.nprobe, mmap=settings.mmap_index,
                               ef_search=max(settings.ef_search, settings.max_topk), **kwargs)
         if settings.use_gpu:
-            dense.index = to_gpus(dense.index)
+            dense.index = on_gpus(dense.index, dense.kind, settings)
     if need_bm25:
         # the dense side already hashed the (same) corpus
         bm25 = load_searcher(bm25_dirs[0], settings.corpus, verify=settings.verify_corpus_hash and not need_dense)

@@ -76,7 +76,14 @@ class Settings(BaseModel):
     rrf_k: int = 60
     """Reciprocal-rank-fusion constant (Cormack et al. 2009)."""
     use_gpu: bool = True
-    """Move FAISS indexes to all GPUs (sharded) when faiss-gpu sees any."""
+    """Search the dense index on all GPUs (sharded) when there are any (gpu_search says how)."""
+    gpu_search: Literal["auto", "faiss", "torch"] = "auto"
+    """auto: faiss-gpu when it is installed and sees GPUs, else a flat index is searched exactly
+    in torch on the CUDA GPUs (retriever_server/torch_search.py: where faiss-gpu cannot install);
+    torch: that search even without a GPU (on the CPU: tests)."""
+    gpu_search_dtype: Literal["float16", "bfloat16", "float32"] = "float16"
+    """Precision of the passage vectors held on the GPUs by the torch search (the top
+    candidates are scored again in fp32)."""
 
     api_key: str | None = None
     """When set, /retrieve, /stats and /metrics need header X-API-Key with this value. Give it

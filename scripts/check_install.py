@@ -1,0 +1,91 @@
+"""Does `pip install agent-rl[EXTRA]` resolve on each supported Python? Asked of pip's own
+resolver, from any host (no GPU, no such Python needed): binary wheels only, for x86-64 Linux
+(manylinux), as a GPU machine would install them.
+
+python scripts/check_install.py [--extras gpu gpu-torch] [--pythons 3.11 3.12 3.13]
+
+Prints one row per (Python, extra): resolved or not, and the vLLM / torch / faiss versions it
+chose. Exit code 0 when every one resolved and requires-python admits every Python asked, 1
+when one did not, 3 when the package index could not be reached (nothing was checked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PLATFORMS = [f"manylinux_2_{i}_x86_64" for i in range(39, 4, -1)] + ["manylinux2014_x86_64", "manylinux1_x86_64",
+                                                                      "linux_x86_64"]
+SHOWN = ("vllm", "torch", "faiss-gpu-cu12", "faiss-cpu")
+UNREACHABLE = ("NewConnectionError", "Max retries exceeded", "Failed to establish a new connection",
+               "Temporary failure in name resolution", "Network is unreachable")
+
+
+def requirements(extra: str) -> list[str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    if extra not in extras:
+        raise SystemExit(f"no extra {extra!r} in pyproject.toml (has: {', '.join(extras)})")
+    return list(project["dependencies"]) + list(extras[extra])
+
+
+def admits(python: str) -> bool:
+    from packaging.specifiers import SpecifierSet
+
+    spec = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    return SpecifierSet(spec).contains(f"{python}.0")
+
+
+def resolve(reqs: list[str], python: str) -> tuple[str, dict[str, str], str]:
+    """('ok' | 'failed' | 'unreachable', chosen versions, pip's last lines)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+               "--report", str(report), "--python-version", python, "--implementation", "cp",
+               "--only-binary=:all:", *(a for p in PLATFORMS for a in ("--platform", p)), *reqs]
+        # the machine's own constraints (a local torch cap) do not apply to another host's install
+        env = {**os.environ, "PIP_CONSTRAINT": ""}
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+        tail = "\n".join(line for line in proc.stderr.splitlines() if "is ignored" not in line)[-1500:]
+        if proc.returncode != 0:
+            return ("unreachable" if any(m in proc.stderr for m in UNREACHABLE) else "failed"), {}, tail
+        chosen = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
+        return "ok", {k: v for k, v in chosen.items() if k in SHOWN}, tail
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--extras", nargs="+", default=["gpu", "gpu-torch"])
+    ap.add_argument("--pythons", nargs="+", default=["3.11", "3.12", "3.13"])
+    ap.add_argument("--json", default=None, help="also write the rows here")
+    args = ap.parse_args(argv)
+    rows, status = [], 0
+    print("| Python | extra | requires-python | resolves | versions chosen |")
+    print("|---|---|---|---|---|")
+    for py in args.pythons:
+        for extra in args.extras:
+            result, chosen, tail = resolve(requirements(extra), py)
+            row = {"python": py, "extra": extra, "admitted": admits(py), "result": result, "chosen": chosen}
+            rows.append(row)
+            print(f"| {py} | {extra} | {'yes' if row['admitted'] else 'NO'} | {result} | "
+                  f"{', '.join(f'{k} {v}' for k, v in sorted(chosen.items()))} |", flush=True)
+            if result == "unreachable":
+                print(f"the package index is unreachable: nothing checked\n{tail}", file=sys.stderr)
+                return 3
+            if result != "ok" or not row["admitted"]:
+                status = 1
+                print(tail, file=sys.stderr)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
