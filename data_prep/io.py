@@ -280,6 +280,19 @@ def iter_jsonl(path: str | Path, report: Report, desc: str | None = None) -> Ite
         yield lineno, obj
 
 
+def read_jsonl_rows(path: str | Path) -> list[dict]:
+    """Every JSON-object line of a jsonl file a run appends to (metrics, predictions).
+
+    A line that cannot be read is skipped with a warning ``file:line: reason`` on stderr
+    instead of failing the whole file: a kill or a full disk mid-write leaves a partial last
+    line, and a resume, a plot or a report must still read the rows before it."""
+    report = Report()
+    rows = [obj for _, obj in iter_jsonl(path, report)]
+    for problem in report.problems:
+        print(f"warning: {problem}; skipped (a partial line from an interrupted write?)", file=sys.stderr)
+    return rows
+
+
 _WS = re.compile(r"[ \t\n\r]*")
 
 

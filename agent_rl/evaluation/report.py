@@ -20,6 +20,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from data_prep.io import read_jsonl_rows
+
 Z95 = 1.959963984540054
 """Two-sided 95% standard normal quantile."""
 
@@ -213,10 +215,12 @@ def comparison_markdown(table: Mapping, title: str | None = "EM by model and mod
 
 
 def read_records(eval_dir: str | Path, mode: str) -> list[dict]:
-    """The per-question records of one mode in an evaluation directory (predictions.jsonl)."""
+    """The per-question records of one mode in an evaluation directory (predictions.jsonl;
+    a partial last line from an evaluation killed mid-write is skipped with a warning)."""
     path = Path(eval_dir) / "predictions.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in rows if r["mode"] == mode]
+    if not path.is_file():
+        raise FileNotFoundError(f"no predictions.jsonl in {eval_dir}")
+    return [r for r in read_jsonl_rows(path) if r.get("mode") == mode]
 
 
 def paired_comparison(a_dir: str | Path, b_dir: str | Path, mode: str = "agent",
