@@ -62,16 +62,21 @@ class EvalInputError(Exception):
 # ----------------------------------------------------------------------------- inputs
 def resolve_model_dir(path: str | os.PathLike) -> Path:
     """An HF model directory from `path`: the directory itself (config.json + *.safetensors),
-    an SFT run directory (its final `model/`), an RL run directory (its latest checkpoint's
-    `actor/`), or a run checkpoint `global_step_K/` (its `actor/`)."""
+    an SFT run directory (its final `model/`), an RL run directory (its newest complete
+    checkpoint's `actor/`, verified as a resume would), or a run checkpoint `global_step_K/`
+    (its `actor/`)."""
     p = Path(path)
     if not p.exists():
         raise EvalInputError(f"--model {path}: no such directory")
-    latest = p / "checkpoints" / "latest"
     if not (p / "config.json").is_file() and (p / "model" / "config.json").is_file():
         p = p / "model"
-    elif latest.is_file():
-        p = p / "checkpoints" / latest.read_text().strip()
+    elif (p / "checkpoints").is_dir():
+        from agent_rl.training.checkpoint import CheckpointManager
+
+        latest = CheckpointManager(p / "checkpoints").latest()  # verified, unlike the `latest` pointer
+        if latest is None:
+            raise EvalInputError(f"--model {path}: no complete checkpoint in {p / 'checkpoints'}")
+        p = latest
     if (p / "actor" / "config.json").is_file():
         p = p / "actor"
     if not (p / "config.json").is_file():
