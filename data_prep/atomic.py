@@ -20,6 +20,10 @@ import tempfile
 from pathlib import Path
 from typing import IO, Iterator
 
+COMPLETE = ".complete"
+"""The marker a tool writes last into an output directory (before `replace_dir`): its presence
+means the directory is complete and that this tool may replace it (`check_replaceable`)."""
+
 
 def fsync_file(path: str | Path) -> None:
     fd = os.open(path, os.O_RDONLY)
