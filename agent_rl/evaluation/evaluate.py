@@ -45,6 +45,7 @@ from agent_rl.evaluation.report import MODES, summarize, summary_markdown, write
 from agent_rl.rollout.prompts import reward_view
 from agent_rl.rollout.reward import em, evaluate_response, f1, is_valid_format, subem
 from agent_rl.training.data import Prompt, load_prompts
+from data_prep.atomic import atomic_write
 from data_prep.io import DataPrepError, Report
 
 log = logging.getLogger(__name__)
@@ -294,10 +295,8 @@ def check_settings(out_dir: Path, settings: dict, has_records: bool, overwrite: 
                 f"--out {out_dir} holds results made with other settings ({shown}); "
                 "use another --out, or --overwrite to discard them"
             )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(settings, indent=1) + "\n")
-    tmp.replace(path)
+    with atomic_write(path) as f:
+        f.write(json.dumps(settings, indent=1) + "\n")
 
 
 # ----------------------------------------------------------------------------- running

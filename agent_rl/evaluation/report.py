@@ -20,6 +20,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from data_prep.atomic import atomic_write
 from data_prep.io import read_jsonl_rows
 
 Z95 = 1.959963984540054
@@ -164,9 +165,8 @@ def write_summary(summary: Mapping, out_dir: str | Path, title: str | None = Non
     out.mkdir(parents=True, exist_ok=True)
     paths = (out / SUMMARY_JSON, out / SUMMARY_MD)
     for path, text in zip(paths, (json.dumps(summary, indent=1) + "\n", summary_markdown(summary, title))):
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+        with atomic_write(path) as f:
+            f.write(text)
     return paths
 
 
