@@ -25,17 +25,9 @@ COMPLETE = ".complete"
 means the directory is complete and that this tool may replace it (`check_replaceable`)."""
 
 
-def fsync_file(path: str | Path) -> None:
+def fsync(path: str | Path) -> None:
+    """Flush a file's data, or a directory's entries (creations, renames, removals), to disk."""
     fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_dir(path: str | Path) -> None:
-    """Make the entries of directory `path` (creations, renames, removals) durable."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         os.fsync(fd)
     finally:
@@ -49,8 +41,8 @@ def fsync_tree(root: str | Path) -> None:
         for name in filenames:
             p = os.path.join(dirpath, name)
             if not os.path.islink(p):
-                fsync_file(p)
-        fsync_dir(dirpath)
+                fsync(p)
+        fsync(dirpath)
 
 
 @contextlib.contextmanager
@@ -70,14 +62,14 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
-        fsync_file(tmp_path)
+        fsync(tmp_path)
         os.replace(tmp_path, path)
     except BaseException as e:
         tmp_path.unlink(missing_ok=True)
         if isinstance(e, OSError):  # e.g. a full disk: say which file and that it is intact
             e.add_note(f"{path} was not written (what it held before, if anything, is unchanged)")
         raise
-    fsync_dir(path.parent)
+    fsync(path.parent)
 
 
 @contextlib.contextmanager
@@ -104,7 +96,7 @@ def replace_dir(tmp: str | Path, final: str | Path) -> None:
     if final.exists():
         os.replace(final, old)
     os.replace(tmp, final)
-    fsync_dir(final.parent)
+    fsync(final.parent)
     shutil.rmtree(old, ignore_errors=True)
 
 

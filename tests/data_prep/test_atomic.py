@@ -50,11 +50,10 @@ def test_replace_dir_fsyncs_every_file_and_swaps_in_the_new_directory(tmp_path, 
     (tmp / "actor" / "weights.bin").write_text("new weights")  # as a worker process writes it
     (tmp / "state.json").write_text("{}")
     synced: list[str] = []
-    monkeypatch.setattr(atomic, "fsync_file", lambda p: synced.append(os.path.relpath(p, tmp)))
-    monkeypatch.setattr(atomic, "fsync_dir", lambda p: synced.append(os.path.relpath(p, tmp) + "/"))
+    monkeypatch.setattr(atomic, "fsync", lambda p: synced.append(os.path.relpath(p, tmp)))
     replace_dir(tmp, final)
-    assert sorted(synced[:-1]) == ["./", "actor/", "actor/weights.bin", "state.json"]
-    assert synced[-1] == "../"  # the parent, after the rename
+    assert sorted(synced[:-1]) == [".", "actor", "actor/weights.bin", "state.json"]
+    assert synced[-1] == ".."  # the parent, after the rename
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
     assert sorted(str(p.relative_to(final)) for p in final.rglob("*")) == ["actor", "actor/weights.bin", "state.json"]
 
