@@ -185,7 +185,7 @@ def test_a_model_without_a_checkpoint_is_not_trained_over(demo_file, tiny_policy
     run_dir = tmp_path / "run"
     one = ("trainer.total_training_steps=1", "data.train_batch_size=1")
     model_dir = sft.run_sft(_sft_cfg(tiny_policy, demo_file, run_dir, *one))
-    shutil.rmtree(run_dir / "checkpoints")  # as a run of older code left it: a model, no checkpoint
+    shutil.rmtree(run_dir / "checkpoints")  # a complete model (.complete), no checkpoint (deleted for space)
     weights = {f.name: f.stat().st_mtime_ns for f in model_dir.iterdir()}
     capsys.readouterr()
     sft.run_sft(_sft_cfg(tiny_policy, demo_file, run_dir, "trainer.total_training_steps=2", "data.train_batch_size=1"))
