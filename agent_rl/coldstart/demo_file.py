@@ -5,12 +5,12 @@ with the settings they were built with in the file's metadata (checked by SFT).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from agent_rl.config import TrainConfig
 from agent_rl.types import Trajectory
+from data_prep.atomic import atomic_path
 from data_prep.io import Report, iter_parquet
 
 META_KEY = b"agent_rl.demos"
@@ -47,11 +47,8 @@ def write_demos(rows: list[dict], path: str | Path, settings: dict) -> None:
         ("loss_mask", pa.list_(pa.int8())), ("prompt_text", pa.string()), ("response_text", pa.string()),
     ], metadata={META_KEY: json.dumps(settings).encode()})
     table = pa.Table.from_pylist(rows, schema=schema)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
 
 
 def read_settings(path: str | Path) -> dict:

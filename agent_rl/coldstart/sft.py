@@ -6,7 +6,9 @@ optimizer, and the loss only on loss-mask tokens (the model's own turns; the pro
 `<information>` blocks are masked exactly as in RL). The ids are used as stored: nothing is
 re-tokenised. The result, `<run_dir>/model`, is an HF directory (the actor's checkpoint
 format) that vLLM and transformers load; start RL from it with
-`actor_rollout_ref.model.path=<run_dir>/model`.
+`actor_rollout_ref.model.path=<run_dir>/model`. It is written into `model.tmp/`, marked
+complete (`.complete`, written last), fsynced and renamed, so a kill or a power loss never
+leaves a half-written model that a re-run would take as finished.
 
     agent-rl-sft --config configs/sft/demo_cpu.yaml trainer.max_time_s=300
     python -m agent_rl.coldstart.sft --config ... (same)
@@ -19,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import math
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -27,6 +31,7 @@ from typing import Any, Callable
 
 from agent_rl.config import SFTConfig, load_config, to_dict
 from agent_rl.types import Trajectory
+from data_prep.atomic import COMPLETE, replace_dir
 
 
 # ----------------------------------------------------------------------------- data
@@ -110,6 +115,30 @@ def validation_loss(actor: Any, trajs: list[Trajectory], batch_size: int) -> flo
     return nll / max(tokens, 1.0)
 
 
+# ----------------------------------------------------------------------------- the final model
+def model_finished(model_dir: Path) -> bool:
+    """Whether `model_dir` is a final model a run completed (its marker, written last)."""
+    return (model_dir / COMPLETE).is_file()
+
+
+def clear_partial_model(model_dir: Path) -> None:
+    """Remove `model.tmp/`, the half-written final model of a run killed while saving it."""
+    tmp = model_dir.with_name(model_dir.name + ".tmp")
+    if tmp.exists():
+        print(f"[sft] removing {tmp}, left by a run stopped while saving its model", flush=True)
+        shutil.rmtree(tmp)
+
+
+def save_final_model(save: Callable[[str], Any], model_dir: Path, info: dict) -> None:
+    """`save(dir)` writes the model into `model.tmp/`; the marker (with `info`) goes in last,
+    then everything is fsynced and renamed to `model_dir` (an older model is replaced whole)."""
+    clear_partial_model(model_dir)
+    tmp = model_dir.with_name(model_dir.name + ".tmp")
+    save(str(tmp))
+    (tmp / COMPLETE).write_text(json.dumps(info) + "\n")
+    replace_dir(tmp, model_dir)
+
+
 # ----------------------------------------------------------------------------- the loop
 def run_sft(cfg: SFTConfig, run_dir: str | Path | None = None,
             on_step: Callable[[int, dict[str, float]], None] | None = None) -> Path:
@@ -141,18 +170,22 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path | None = None,
     latest = resume_checkpoint(tr, checkpoints)
     step, trained_s = 0, 0.0
     model_dir = run_dir / "model"
+    clear_partial_model(model_dir)
     if latest is not None:
         state = CheckpointManager.read_state(latest)
         step, trained_s = int(state["step"]), float(state.get("trained_s", 0.0))
-        if (step >= total or out_of_time(trained_s, step, tr.max_time_s)) and (model_dir / "config.json").is_file():
+        if (step >= total or out_of_time(trained_s, step, tr.max_time_s)) and model_finished(model_dir):
             print(f"[sft] {latest} has finished ({step}/{total} steps, {trained_s:.0f}s of trainer.max_time_s="
                   f"{tr.max_time_s}): nothing to do; model: {model_dir}", flush=True)
             return model_dir
-    elif tr.resume_mode == "auto" and (model_dir / "config.json").is_file():
+    elif tr.resume_mode == "auto" and model_finished(model_dir):
         # a model saved by a run without checkpoints: training again would overwrite it
         print(f"[sft] {model_dir} exists and {run_dir / 'checkpoints'} has no checkpoint to continue from: "
               f"nothing to do (trainer.resume_mode=disable trains again from the start)", flush=True)
         return model_dir
+    if model_dir.exists() and not model_finished(model_dir):
+        print(f"[sft] {model_dir} is not marked complete ({COMPLETE}): it will be replaced by this run's model",
+              flush=True)
     actor = make_actor(cfg, total)
     if latest is not None:
         checkpoints.load(latest)
@@ -207,7 +240,7 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path | None = None,
         if step < total:
             print(f"\n[sft] time budget trainer.max_time_s={tr.max_time_s:g}: stopping at step {step}/{total} "
                   f"after {trained_s:.0f}s of training (another step would end past it)", flush=True)
-        actor.call_all("save", str(model_dir))
+        save_final_model(lambda d: actor.call_all("save", d), model_dir, {"step": step, "trained_s": trained_s})
     finally:
         logger.close()
         actor.shutdown()

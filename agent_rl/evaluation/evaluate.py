@@ -45,6 +45,7 @@ from agent_rl.evaluation.report import MODES, summarize, summary_markdown, write
 from agent_rl.rollout.prompts import reward_view
 from agent_rl.rollout.reward import em, evaluate_response, f1, is_valid_format, subem
 from agent_rl.training.data import Prompt, load_prompts
+from data_prep.atomic import atomic_write
 from data_prep.io import DataPrepError, Report
 
 log = logging.getLogger(__name__)
@@ -62,16 +63,21 @@ class EvalInputError(Exception):
 # ----------------------------------------------------------------------------- inputs
 def resolve_model_dir(path: str | os.PathLike) -> Path:
     """An HF model directory from `path`: the directory itself (config.json + *.safetensors),
-    an SFT run directory (its final `model/`), an RL run directory (its latest checkpoint's
-    `actor/`), or a run checkpoint `global_step_K/` (its `actor/`)."""
+    an SFT run directory (its final `model/`), an RL run directory (its newest complete
+    checkpoint's `actor/`, verified as a resume would), or a run checkpoint `global_step_K/`
+    (its `actor/`)."""
     p = Path(path)
     if not p.exists():
         raise EvalInputError(f"--model {path}: no such directory")
-    latest = p / "checkpoints" / "latest"
     if not (p / "config.json").is_file() and (p / "model" / "config.json").is_file():
         p = p / "model"
-    elif latest.is_file():
-        p = p / "checkpoints" / latest.read_text().strip()
+    elif (p / "checkpoints").is_dir():
+        from agent_rl.training.checkpoint import CheckpointManager
+
+        latest = CheckpointManager(p / "checkpoints").latest()  # verified, unlike the `latest` pointer
+        if latest is None:
+            raise EvalInputError(f"--model {path}: no complete checkpoint in {p / 'checkpoints'}")
+        p = latest
     if (p / "actor" / "config.json").is_file():
         p = p / "actor"
     if not (p / "config.json").is_file():
@@ -303,10 +309,8 @@ def check_settings(out_dir: Path, settings: dict, has_records: bool, overwrite: 
                 f"--out {out_dir} holds results made with other settings ({shown}); "
                 "use another --out, or --overwrite to discard them"
             )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(settings, indent=1) + "\n")
-    tmp.replace(path)
+    with atomic_write(path) as f:
+        f.write(json.dumps(settings, indent=1) + "\n")
 
 
 # ----------------------------------------------------------------------------- running

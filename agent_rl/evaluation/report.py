@@ -20,6 +20,9 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from data_prep.atomic import atomic_write
+from data_prep.io import read_jsonl_rows
+
 Z95 = 1.959963984540054
 """Two-sided 95% standard normal quantile."""
 
@@ -170,9 +173,8 @@ def write_summary(summary: Mapping, out_dir: str | Path, title: str | None = Non
     out.mkdir(parents=True, exist_ok=True)
     paths = (out / SUMMARY_JSON, out / SUMMARY_MD)
     for path, text in zip(paths, (json.dumps(summary, indent=1) + "\n", summary_markdown(summary, title))):
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+        with atomic_write(path) as f:
+            f.write(text)
     return paths
 
 
@@ -221,10 +223,12 @@ def comparison_markdown(table: Mapping, title: str | None = "EM by model and mod
 
 
 def read_records(eval_dir: str | Path, mode: str) -> list[dict]:
-    """The per-question records of one mode in an evaluation directory (predictions.jsonl)."""
+    """The per-question records of one mode in an evaluation directory (predictions.jsonl;
+    a partial last line from an evaluation killed mid-write is skipped with a warning)."""
     path = Path(eval_dir) / "predictions.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in rows if r["mode"] == mode]
+    if not path.is_file():
+        raise FileNotFoundError(f"no predictions.jsonl in {eval_dir}")
+    return [r for r in read_jsonl_rows(path) if r.get("mode") == mode]
 
 
 def paired_comparison(a_dir: str | Path, b_dir: str | Path, mode: str = "agent",

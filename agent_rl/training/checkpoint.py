@@ -7,12 +7,21 @@ Layout under `<run_dir>/checkpoints/`:
         rng.pt               python / numpy / torch RNG states of the driver
         config.yaml          the resolved config the run used
         actor/  critic/      written by the workers' own `save(dir)`
-    latest                   text file naming the newest complete checkpoint (for people
-                             and tools; `CheckpointManager.latest()` scans)
+        manifest.json        written last: every other file's relative path -> size in bytes
+    latest                   text file naming the newest checkpoint saved (for people and
+                             tools; `CheckpointManager.latest()` scans and verifies)
 
-A checkpoint is written into `global_step_K.tmp/` and renamed when complete, then `latest`
-is replaced atomically, so a run killed at any moment (SIGKILL included) leaves either the
-previous or the new checkpoint, never half of one. Only the newest `keep` are kept.
+Guarantees. A checkpoint is written into `global_step_K.tmp/`; every file and directory in it
+(the workers' included) is fsynced, then it is renamed to `global_step_K/`, the parent
+directory fsynced, and `latest` replaced atomically. So a run killed at any instant (SIGKILL
+included) or a full disk leaves the previous checkpoint intact and the new one absent or
+complete, and a power loss after the save cannot leave empty or short files in it.
+`latest()` (the resume path) returns the newest checkpoint whose files all match its manifest,
+and skips a damaged one (a missing, empty or truncated file, an unreadable
+trainer_state.json) with a message naming it and why, falling back to the one before.
+Checkpoints written before manifests existed count as complete when their
+trainer_state.json parses. Only the newest `keep` complete ones are kept; a damaged one never
+counts towards `keep`, so pruning never leaves nothing to resume from.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 from typing import Callable
@@ -28,8 +38,12 @@ import numpy as np
 import torch
 import yaml
 
+from data_prep.atomic import atomic_write, replace_dir
+
 LATEST = "latest"
 STATE = "trainer_state.json"
+MANIFEST = "manifest.json"
+_STEP_DIR = re.compile(r"global_step_(\d+)")
 
 
 def step_dir_name(step: int) -> str:
@@ -46,6 +60,37 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
 
 
+def manifest_of(path: Path) -> dict[str, int]:
+    """Relative path -> size of every file under `path` (the manifest itself excepted)."""
+    files = (p for p in sorted(path.rglob("*")) if p.is_file() and p.name != MANIFEST)
+    return {p.relative_to(path).as_posix(): p.stat().st_size for p in files}
+
+
+def damage(path: str | Path) -> str | None:
+    """Why checkpoint `path` cannot be resumed from (a file missing, empty or truncated, an
+    unreadable trainer_state.json or manifest), or None when it is complete."""
+    path = Path(path)
+    try:
+        json.loads((path / STATE).read_text())
+    except FileNotFoundError:
+        return f"no {STATE}"
+    except (OSError, ValueError) as e:
+        return f"{STATE} is unreadable ({e})"
+    if not (path / MANIFEST).exists():
+        return None  # saved before manifests: complete once its trainer state parses
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError) as e:
+        return f"{MANIFEST} is unreadable ({e})"
+    for rel, size in manifest.items():
+        f = path / rel
+        if not f.is_file():
+            return f"{rel} is missing"
+        if f.stat().st_size != size:
+            return f"{rel} has {f.stat().st_size} bytes, {size} were written"
+    return None
+
+
 class CheckpointManager:
     """Saves and finds run checkpoints under `root` (see module docstring)."""
 
@@ -54,36 +99,52 @@ class CheckpointManager:
         self.keep = keep
 
     def latest(self) -> Path | None:
-        """The newest complete checkpoint (one with its trainer_state.json), or None.
+        """The newest complete checkpoint (its files match its manifest), or None.
 
         Found by scanning, not from the `latest` pointer: a kill between the rename and the
-        pointer update leaves the pointer one checkpoint behind."""
-        done = self._complete()
-        return done[-1] if done else None
+        pointer update leaves the pointer one checkpoint behind. A damaged checkpoint (a
+        power loss before its data reached the disk) is skipped with a message."""
+        for path in reversed(self._step_dirs()):
+            why = damage(path)
+            if why is None:
+                return path
+            print(f"[checkpoint] skipping {path}: {why}; falling back to the one before", flush=True)
+        return None
 
-    def _complete(self) -> list[Path]:
-        dirs = [p for p in self.root.glob("global_step_*") if not p.name.endswith(".tmp") and (p / STATE).exists()]
+    def _step_dirs(self) -> list[Path]:
+        """Every `global_step_K` directory, oldest first, complete or not (not `.tmp` ones)."""
+        dirs = [p for p in self.root.glob("global_step_*") if p.is_dir() and _STEP_DIR.fullmatch(p.name)]
         return sorted(dirs, key=lambda p: int(p.name.rsplit("_", 1)[1]))
 
     def save(
         self, step: int, state: dict, config: dict, save_workers: Callable[[Path], None] | None = None
     ) -> Path:
-        """Write checkpoint `step`: `save_workers(dir)` writes worker states into `dir` first."""
+        """Write checkpoint `step`: `save_workers(dir)` writes worker states into `dir` first.
+
+        Any failure (a full disk, a worker error) removes the partial `.tmp` directory and
+        raises; the checkpoints saved before are left as they were."""
         final = self.root / step_dir_name(step)
         tmp = final.with_name(final.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
+        for stale in [*self.root.glob("global_step_*.tmp"), *self.root.glob(".global_step_*.old")]:
+            shutil.rmtree(stale, ignore_errors=True)  # left by a killed save
+        for stale in self.root.glob(f".{LATEST}.*.tmp"):  # atomic_write's, killed before its rename
+            stale.unlink()
         tmp.mkdir(parents=True)
-        if save_workers is not None:
-            save_workers(tmp)
-        torch.save(rng_state(), tmp / "rng.pt")
-        (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-        (tmp / STATE).write_text(json.dumps({"step": step, **state}, indent=1))
-        if final.exists():  # re-saving the same step (e.g. after a resume): replace it
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        pointer_tmp = self.root / (LATEST + ".tmp")
-        pointer_tmp.write_text(final.name)
-        os.replace(pointer_tmp, self.root / LATEST)
+        try:
+            if save_workers is not None:
+                save_workers(tmp)
+            torch.save(rng_state(), tmp / "rng.pt")
+            (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+            (tmp / STATE).write_text(json.dumps({"step": step, **state}, indent=1))
+            (tmp / MANIFEST).write_text(json.dumps(manifest_of(tmp), indent=1))
+            replace_dir(tmp, final)  # fsyncs every file first; a re-saved step is swapped whole
+        except BaseException as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(e, OSError):
+                e.add_note(f"checkpoint {final.name} was not saved; the ones before it are unchanged")
+            raise
+        with atomic_write(self.root / LATEST) as f:
+            f.write(final.name)
         self._prune(keep_also=final)
         return final
 
@@ -96,14 +157,25 @@ class CheckpointManager:
         return json.loads(state_file.read_text())
 
     def load(self, path: str | Path) -> dict:
-        """Restore the driver's RNG states from `path`; return its trainer state (with "step")."""
-        state = self.read_state(path)
+        """Restore the driver's RNG states from `path`; return its trainer state (with "step").
+        A damaged checkpoint (see `damage`) is refused with the reason."""
+        why = damage(path)
+        if why is not None and (Path(path) / STATE).exists():
+            raise ValueError(f"checkpoint {path} is damaged: {why}")
+        state = self.read_state(path)  # FileNotFoundError: not a checkpoint at all
         set_rng_state(torch.load(Path(path) / "rng.pt", weights_only=False))
         return state
 
     def _prune(self, keep_also: Path) -> None:
+        """Keep the newest `keep` complete checkpoints (and `keep_also`); remove every
+        checkpoint directory older than the oldest one kept, damaged ones included."""
         if not self.keep or self.keep <= 0:
             return
-        for old in self._complete()[: -self.keep]:
+        dirs = self._step_dirs()
+        complete = [p for p in dirs if damage(p) is None]
+        if len(complete) <= self.keep:
+            return
+        oldest_kept = complete[-self.keep]
+        for old in dirs[: dirs.index(oldest_kept)]:
             if old != keep_also:
                 shutil.rmtree(old, ignore_errors=True)

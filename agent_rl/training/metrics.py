@@ -4,6 +4,10 @@ Only the driver writes metrics: workers return dicts, the trainer merges them an
 `MetricsLogger.log` once per step. Sinks: a console line, TensorBoard, a jsonl file
 (`<run_dir>/metrics.jsonl`, one object per step, the source for `agent_rl.evaluation.plot`), and W&B
 when it is installed and "wandb" is in `trainer.logger`.
+
+The jsonl file survives a kill or a full disk at any instant: rows are appended whole and
+flushed, a partial last line is skipped (with a warning naming file:line) by every reader
+(`data_prep.io.read_jsonl_rows`), and the rewrite on resume replaces the file atomically.
 """
 
 from __future__ import annotations
@@ -12,6 +16,9 @@ import json
 import math
 import numbers
 from pathlib import Path
+
+from data_prep.atomic import atomic_write
+from data_prep.io import read_jsonl_rows
 
 JSONL = "metrics.jsonl"
 SINKS = ("console", "tensorboard", "jsonl", "wandb")
@@ -46,11 +53,12 @@ def check_metrics(metrics: dict) -> dict[str, float]:
 
 
 def read_jsonl(run_dir: str | Path) -> list[dict]:
-    """All rows of a run's metrics file (one dict per logged step)."""
+    """All rows of a run's metrics file (one dict per logged step); an unreadable line (a
+    partial last one from a killed run) is skipped with a warning."""
     path = Path(run_dir) / JSONL
     if not path.exists():
         raise FileNotFoundError(f"no {JSONL} in {run_dir}")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_jsonl_rows(path)
 
 
 class MetricsLogger:
@@ -58,6 +66,8 @@ class MetricsLogger:
 
     `resume_step`: on resume, rows logged after the checkpoint (by the killed run) are dropped
     from the jsonl and TensorBoard purges its events past that step, so curves stay single.
+    An existing jsonl is rewritten without its unreadable lines (a partial last line from a
+    kill or a full disk), atomically: a failed rewrite leaves the file as it was.
     """
 
     def __init__(
@@ -78,10 +88,8 @@ class MetricsLogger:
         self._tb = self._jsonl = self._wandb = None
         if "jsonl" in sinks:
             path = self.run_dir / JSONL
-            if resume_step is not None and path.exists():
-                lines = [line for line in path.read_text().splitlines() if line.strip()]
-                kept = [line for line in lines if json.loads(line)["step"] <= resume_step]
-                path.write_text("".join(line + "\n" for line in kept))
+            if path.exists():
+                self._rewrite_jsonl(path, resume_step)
             self._jsonl = path.open("a")
         if "tensorboard" in sinks:
             from torch.utils.tensorboard import SummaryWriter
@@ -95,6 +103,15 @@ class MetricsLogger:
                 print("[metrics] 'wandb' is in trainer.logger but wandb is not installed: skipping it")
             else:
                 self._wandb = wandb.init(project=project, name=experiment, config=config, resume="allow")
+
+    @staticmethod
+    def _rewrite_jsonl(path: Path, resume_step: int | None) -> None:
+        """Keep the readable rows up to `resume_step` (all when None); appending after a
+        partial last line would otherwise glue the next row onto it."""
+        rows = read_jsonl_rows(path)
+        kept = [r for r in rows if resume_step is None or r.get("step", math.inf) <= resume_step]
+        with atomic_write(path) as f:
+            f.writelines(json.dumps(r) + "\n" for r in kept)
 
     def log(self, metrics: dict, step: int, extra: dict | None = None) -> None:
         """Log scalar `metrics` at `step`; `extra` (e.g. consumed prompt ids) goes to jsonl only."""

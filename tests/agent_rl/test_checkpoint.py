@@ -1,14 +1,22 @@
-"""Run-level checkpoints: atomic write, latest pointer, keep-last-K, RNG restore."""
+"""Run-level checkpoints: atomic and durable write, latest pointer, keep-last-K, RNG restore,
+and the fallback past a checkpoint damaged by a power loss, a kill or a full disk."""
 
 from __future__ import annotations
 
+import os
 import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from agent_rl.training.checkpoint import CheckpointManager
+from agent_rl.training.checkpoint import CheckpointManager, damage
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _save(mgr: CheckpointManager, step: int, **kw):
@@ -70,3 +78,132 @@ def test_latest_is_found_even_if_the_pointer_lags(tmp_path):
     (tmp_path / "latest").write_text("global_step_1")  # killed between rename and pointer update
     (tmp_path / "global_step_3").mkdir()  # a directory without trainer_state.json is not complete
     assert mgr.latest().name == "global_step_2"
+
+
+def _break(path, how: str) -> None:
+    """Damage a saved checkpoint as a power loss before its data reached the disk would."""
+    if how == "empty worker file":
+        (path / "actor" / "weights.txt").write_bytes(b"")
+    elif how == "truncated rng":
+        (path / "rng.pt").write_bytes((path / "rng.pt").read_bytes()[:100])
+    elif how == "empty trainer state":
+        (path / "trainer_state.json").write_bytes(b"")
+    elif how == "missing file":
+        (path / "config.yaml").unlink()
+    elif how == "empty manifest":
+        (path / "manifest.json").write_bytes(b"")
+
+
+@pytest.mark.parametrize("how, why", [
+    ("empty worker file", "actor/weights.txt has 0 bytes, 6 were written"),
+    ("truncated rng", "rng.pt has 100 bytes"),
+    ("empty trainer state", "trainer_state.json is unreadable"),
+    ("missing file", "config.yaml is missing"),
+    ("empty manifest", "manifest.json is unreadable"),
+])
+def test_a_damaged_newest_checkpoint_is_skipped_for_the_previous_one(tmp_path, capsys, how, why):
+    mgr = CheckpointManager(tmp_path)
+    _save(mgr, 1)
+    _save(mgr, 2)
+    _break(tmp_path / "global_step_2", how)
+    capsys.readouterr()
+    assert mgr.latest() == tmp_path / "global_step_1"
+    assert f"[checkpoint] skipping {tmp_path / 'global_step_2'}: {why}" in capsys.readouterr().out
+    assert mgr.load(mgr.latest())["step"] == 1
+    with pytest.raises(ValueError, match=f"global_step_2 is damaged: {why}"):  # resume_from_path names it
+        mgr.load(tmp_path / "global_step_2")
+
+
+def test_a_checkpoint_saved_before_manifests_is_complete_when_its_state_parses(tmp_path):
+    mgr = CheckpointManager(tmp_path)
+    path = _save(mgr, 1)
+    (path / "manifest.json").unlink()  # as older code saved it
+    assert damage(path) is None and mgr.latest() == path
+    (path / "trainer_state.json").write_text('{"step": 1, "da')
+    assert "unreadable" in damage(path) and mgr.latest() is None
+
+
+def test_save_fsyncs_every_file_before_the_rename_and_the_directory_after(tmp_path, monkeypatch):
+    """Without fsync a power loss after the rename can leave the new checkpoint's files
+    empty (delayed allocation); the workers' files must be synced too."""
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))) or real_fsync(fd))
+    monkeypatch.setattr(os, "replace", lambda a, b: events.append(("replace", str(b))) or real_replace(a, b))
+    final = _save(CheckpointManager(tmp_path), 1)
+    rename = events.index(("replace", str(final)))
+    tmp = str(final) + ".tmp"
+    synced = {os.path.relpath(p, tmp) for kind, p in events[:rename] if kind == "fsync"}
+    written = {str(p.relative_to(final)) for p in final.rglob("*")} | {"."}
+    assert written <= synced and "actor/weights.txt" in synced
+    assert ("fsync", str(tmp_path)) in events[rename:]  # the rename itself is durable
+    pointer = events.index(("replace", str(tmp_path / "latest")))
+    assert ("fsync", str(tmp_path)) in events[pointer:]
+
+
+def test_damaged_checkpoints_do_not_count_towards_keep(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep=2)
+    _save(mgr, 1)
+    _save(mgr, 2)
+    _break(tmp_path / "global_step_2", "empty worker file")
+    _save(mgr, 3)  # the run resumed from 1 and went on
+    assert sorted(p.name for p in tmp_path.glob("global_step_*")) == ["global_step_1", "global_step_2", "global_step_3"]
+    _break(tmp_path / "global_step_3", "empty worker file")
+    assert mgr.latest().name == "global_step_1"  # still something to resume from
+    _save(mgr, 4)
+    _save(mgr, 5)
+    assert sorted(p.name for p in tmp_path.glob("global_step_*")) == ["global_step_4", "global_step_5"]
+
+
+_KILLED_SAVE = """
+import os, signal, sys
+from pathlib import Path
+from agent_rl.training.checkpoint import CheckpointManager
+
+root, where = Path(sys.argv[1]), sys.argv[2]
+mgr = CheckpointManager(root)
+real_replace = os.replace
+
+def replace(a, b):
+    if where == "pointer" and Path(b).name == "latest":
+        os.kill(os.getpid(), signal.SIGKILL)  # the checkpoint is renamed, the pointer not yet
+    real_replace(a, b)
+
+def workers(d):
+    (d / "actor").mkdir()
+    (d / "actor" / "weights.txt").write_text("step 2 half")
+    if where == "workers":
+        os.kill(os.getpid(), signal.SIGKILL)  # mid-way through the workers' files
+
+os.replace = replace
+mgr.save(2, {"data": {"index": 2}}, {}, workers)
+"""
+
+
+@pytest.mark.parametrize("where, expected", [("workers", "global_step_1"), ("pointer", "global_step_2")])
+def test_a_sigkill_inside_save_leaves_a_loadable_checkpoint(tmp_path, where, expected):
+    mgr = CheckpointManager(tmp_path)
+    _save(mgr, 1)
+    res = subprocess.run([sys.executable, "-c", _KILLED_SAVE, str(tmp_path), where], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert res.returncode == -signal.SIGKILL, res.stderr
+    assert mgr.latest().name == expected and (tmp_path / "latest").read_text() == "global_step_1"
+    assert mgr.load(mgr.latest())["step"] == int(expected.rsplit("_", 1)[1])
+    _save(mgr, 3)  # the next save clears what the killed one left
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted({"global_step_1", expected, "global_step_3", "latest"})
+
+
+def test_a_full_disk_during_save_keeps_the_previous_checkpoint(tmp_path, small_disk):
+    mgr = CheckpointManager(tmp_path)
+    _save(mgr, 1)
+    code = ("from pathlib import Path\n"
+            "from agent_rl.training.checkpoint import CheckpointManager\n"
+            "def workers(d):\n"
+            "    (d / 'actor').mkdir()\n"
+            "    (d / 'actor' / 'weights.bin').write_bytes(b'w' * 3_000_000)\n"
+            f"CheckpointManager({str(tmp_path)!r}).save(2, {{}}, {{}}, workers)\n")
+    res = small_disk(code, 1_000_000)
+    assert mgr.latest().name == "global_step_1" and mgr.load(mgr.latest())["step"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_1", "latest"]  # no partial .tmp left
+    assert res.returncode == 1 and "File too large" in res.stderr
+    assert "checkpoint global_step_2 was not saved; the ones before it are unchanged" in res.stderr

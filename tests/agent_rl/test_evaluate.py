@@ -145,6 +145,7 @@ def test_resolve_model_dir(tmp_path):
     hf.mkdir(parents=True)
     (hf / "config.json").write_text("{}")
     (hf / "model.safetensors").write_bytes(b"")
+    (hf.parent / "trainer_state.json").write_text('{"step": 4}')
     (tmp_path / "run" / "checkpoints" / "latest").write_text("global_step_4\n")
     assert ev.resolve_model_dir(hf) == hf.resolve()
     assert ev.resolve_model_dir(hf.parent) == hf.resolve()
@@ -161,6 +162,27 @@ def test_resolve_model_dir(tmp_path):
     (hf / "model.safetensors").unlink()
     with pytest.raises(ev.EvalInputError, match="no \\*.safetensors"):
         ev.resolve_model_dir(hf)
+
+
+def test_resolve_model_dir_skips_a_damaged_newest_checkpoint(tmp_path, capsys):
+    """A power loss left the newest checkpoint's weights empty: evaluating the run evaluates
+    the checkpoint a resume would use, whatever the `latest` pointer names."""
+    from agent_rl.training.checkpoint import CheckpointManager
+
+    mgr = CheckpointManager(tmp_path / "run" / "checkpoints")
+    for step in (4, 6):
+        def actor(d):
+            (d / "actor").mkdir()
+            (d / "actor" / "config.json").write_text("{}")
+            (d / "actor" / "model.safetensors").write_bytes(b"weights")
+
+        mgr.save(step, {}, {}, actor)
+    (tmp_path / "run" / "checkpoints" / "global_step_6" / "actor" / "model.safetensors").write_bytes(b"")
+    assert ev.resolve_model_dir(tmp_path / "run") == (tmp_path / "run" / "checkpoints" / "global_step_4" / "actor").resolve()
+    assert "skipping" in capsys.readouterr().out and "global_step_6" in (tmp_path / "run" / "checkpoints" / "latest").read_text()
+    (tmp_path / "run" / "checkpoints" / "global_step_4" / "rng.pt").write_bytes(b"")
+    with pytest.raises(ev.EvalInputError, match="no complete checkpoint in"):
+        ev.resolve_model_dir(tmp_path / "run")
 
 
 def test_base_url():

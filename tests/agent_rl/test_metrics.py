@@ -55,6 +55,48 @@ def test_resume_drops_rows_logged_after_the_checkpoint(tmp_path):
     assert _tb_scalars(tmp_path)["reward/mean"] == [(1, 1.0), (2, 20.0), (3, 30.0)]
 
 
+def _log_steps(run_dir, steps, prompt_ids=("a", "b")):
+    log = MetricsLogger(run_dir, ["jsonl"])
+    for step in steps:
+        log.log({"reward/mean": float(step)}, step, extra={"prompt_ids": list(prompt_ids)})
+    log.close()
+
+
+def test_a_partial_last_line_is_skipped_on_read_and_dropped_on_resume(tmp_path, capsys):
+    """A kill (or a full disk) mid-write leaves half a row: readers skip it with a warning
+    naming file:line, and the resumed run neither fails nor glues its next row onto it."""
+    _log_steps(tmp_path, (1, 2, 3))
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(path.read_bytes()[:-12])  # row 3 cut mid-line, no newline
+    assert [r["step"] for r in read_jsonl(tmp_path)] == [1, 2]
+    assert f"warning: {path}:3: invalid JSON" in capsys.readouterr().err
+    log = MetricsLogger(tmp_path, ["jsonl"], resume_step=2)  # killed during step 3, checkpoint at 2
+    assert f"{path}:3" in capsys.readouterr().err
+    log.log({"reward/mean": 30.0}, 3)
+    log.close()
+    assert [(r["step"], r["reward/mean"]) for r in read_jsonl(tmp_path)] == [(1, 1.0), (2, 2.0), (3, 30.0)]
+    assert "warning" not in capsys.readouterr().err
+    # without a checkpoint to resume from (resume_step None) the partial line goes too
+    path.write_bytes(path.read_bytes() + b'{"step": 4, "rew')
+    log = MetricsLogger(tmp_path, ["jsonl"])
+    log.log({"reward/mean": 40.0}, 4)
+    log.close()
+    assert [r["step"] for r in read_jsonl(tmp_path)] == [1, 2, 3, 4]
+
+
+def test_the_resume_rewrite_is_atomic_on_a_full_disk(tmp_path, small_disk):
+    """The rewrite on resume goes to a temporary file that replaces the log only when
+    complete: with the disk full, the log keeps every row it had and the error names it."""
+    _log_steps(tmp_path, range(1, 41), prompt_ids=[f"id{i}" for i in range(40)])
+    path = tmp_path / "metrics.jsonl"
+    before = path.read_bytes()
+    assert len(before) > 8192
+    res = small_disk("from agent_rl.training.metrics import MetricsLogger\n"
+                     f"MetricsLogger({str(tmp_path)!r}, ['jsonl'], resume_step=30)\n", 4096)
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
+    assert res.returncode != 0 and "File too large" in res.stderr and f"{path} was not written" in res.stderr
+
+
 def test_unknown_sink_and_missing_wandb(tmp_path, capsys):
     with pytest.raises(ValueError, match="unknown sink"):
         MetricsLogger(tmp_path, ["jsonl", "mlflow"])

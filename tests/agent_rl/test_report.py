@@ -162,3 +162,12 @@ def test_paired_comparison_by_group_hand_computed(tmp_path):
     assert d["bridge"]["ci_high"] == 1.0 and d["single"] == {"diff": 0.0, "ci_low": 0.0, "ci_high": 0.0, "n": 2}
     md = paired_comparison_markdown(cmp)
     assert "| SFT+RL − SFT, paired 95% CI | **+25.0** [-24.0, +74.0]" in md and "bridge (n=2)" in md
+
+
+def test_read_records_skips_a_partial_last_line(tmp_path, capsys):
+    """An evaluation killed mid-write leaves half a record: the report reads the others."""
+    rows = [rec(qid="0"), rec(qid="1", mode="rag"), rec(qid="2")]
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    (tmp_path / "predictions.jsonl").write_text(text + text.splitlines()[0][:25])
+    assert [r["id"] for r in report.read_records(tmp_path, "agent")] == ["0", "2"]
+    assert f"{tmp_path / 'predictions.jsonl'}:4: invalid JSON" in capsys.readouterr().err

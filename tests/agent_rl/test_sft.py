@@ -185,7 +185,7 @@ def test_a_model_without_a_checkpoint_is_not_trained_over(demo_file, tiny_policy
     run_dir = tmp_path / "run"
     one = ("trainer.total_training_steps=1", "data.train_batch_size=1")
     model_dir = sft.run_sft(_sft_cfg(tiny_policy, demo_file, run_dir, *one))
-    shutil.rmtree(run_dir / "checkpoints")  # as a run of older code left it: a model, no checkpoint
+    shutil.rmtree(run_dir / "checkpoints")  # a complete model (.complete), no checkpoint (deleted for space)
     weights = {f.name: f.stat().st_mtime_ns for f in model_dir.iterdir()}
     capsys.readouterr()
     sft.run_sft(_sft_cfg(tiny_policy, demo_file, run_dir, "trainer.total_training_steps=2", "data.train_batch_size=1"))
@@ -194,6 +194,83 @@ def test_a_model_without_a_checkpoint_is_not_trained_over(demo_file, tiny_policy
     sft.run_sft(_sft_cfg(tiny_policy, demo_file, run_dir, "trainer.total_training_steps=2", "data.train_batch_size=1",
                          "trainer.resume_mode=disable"))
     assert "2 steps in" in capsys.readouterr().out
+
+
+class FakeActor:
+    """Stands in for the actor worker (fast tests of the run's files): counts updates and
+    writes a small HF-like directory on save; `die_in_final_save` stops the process (as a
+    kill would) while the final model is half written."""
+
+    def __init__(self, die_in_final_save: bool = False):
+        self.die_in_final_save, self.updates, self.loaded = die_in_final_save, 0, []
+
+    def update(self, method: str, batch) -> dict[str, float]:
+        self.updates += 1
+        return {"sft/loss": 1.0}
+
+    def call_all(self, method: str, *args):
+        path = Path(args[0])
+        if method == "load":
+            self.loaded.append(path)
+        elif method == "save":
+            path.mkdir(parents=True, exist_ok=True)
+            (path / "config.json").write_text("{}")
+            if self.die_in_final_save and "checkpoints" not in path.parts:
+                raise KeyboardInterrupt  # killed before the weights were written
+            (path / "model.safetensors").write_bytes(b"w" * 64)
+        return [None]
+
+    def shutdown(self) -> None:
+        pass
+
+
+def _fake_sft(monkeypatch, tmp_path, actor: FakeActor, steps: int = 2) -> Path:
+    """run_sft with the actor, the demonstrations and the tokenizer check faked (no model)."""
+    from agent_rl.types import Trajectory
+
+    demos = [Trajectory([1, 2], [3, 4], [1, 1], [0.0, 0.0]) for _ in range(4)]
+    monkeypatch.setattr(sft, "check_tokenizer", lambda files, path: None)
+    monkeypatch.setattr(sft, "load_demos", lambda files, max_length, max_rows=None: (demos, 0))
+    monkeypatch.setattr(sft, "make_actor", lambda cfg, total: actor)
+    cfg = load_config(SFTConfig, None, ["data.train_files=[unused.parquet]", f"trainer.default_local_dir={tmp_path}",
+                                        "trainer.logger=[jsonl]", f"trainer.total_training_steps={steps}",
+                                        "data.train_batch_size=1", "trainer.max_time_s=null"])
+    return sft.run_sft(cfg)
+
+
+def test_a_run_killed_while_saving_its_model_saves_it_on_the_next_run(monkeypatch, tmp_path, capsys):
+    """The final model used to be written in place and judged finished by config.json alone:
+    a kill mid-save left a model without weights that every re-run took as finished."""
+    with pytest.raises(KeyboardInterrupt):
+        _fake_sft(monkeypatch, tmp_path, FakeActor(die_in_final_save=True))
+    assert (tmp_path / "checkpoints" / "global_step_2").is_dir()  # the training itself was saved
+    capsys.readouterr()
+    actor = FakeActor()
+    model_dir = _fake_sft(monkeypatch, tmp_path, actor)
+    assert actor.updates == 0 and actor.loaded == [tmp_path / "checkpoints" / "global_step_2" / "actor"]
+    assert (model_dir / "model.safetensors").is_file() and sft.model_finished(model_dir)
+    assert "nothing to do" not in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints", "metrics.jsonl", "model"]
+    # and now it is finished: a re-run builds no actor
+    monkeypatch.setattr(sft, "make_actor", lambda cfg, total: pytest.fail("a finished run built its actor"))
+    assert _fake_sft(monkeypatch, tmp_path, FakeActor()) == model_dir
+    assert "nothing to do" in capsys.readouterr().out
+
+
+def test_a_leftover_model_tmp_is_removed_and_a_failed_save_keeps_the_previous_model(tmp_path, capsys):
+    model_dir = tmp_path / "model"
+    (tmp_path / "model.tmp").mkdir()
+    (tmp_path / "model.tmp" / "config.json").write_text("{}")  # a killed save's half model
+    assert not sft.model_finished(tmp_path / "model.tmp")
+    sft.save_final_model(lambda d: FakeActor().call_all("save", d), model_dir, {"step": 1})
+    assert "removing" in capsys.readouterr().out and not (tmp_path / "model.tmp").exists()
+    assert sft.model_finished(model_dir) and json.loads((model_dir / ".complete").read_text()) == {"step": 1}
+    with pytest.raises(KeyboardInterrupt):
+        sft.save_final_model(lambda d: FakeActor(die_in_final_save=True).call_all("save", d), model_dir, {"step": 2})
+    assert sft.model_finished(model_dir) and json.loads((model_dir / ".complete").read_text()) == {"step": 1}
+    assert (model_dir / "model.safetensors").is_file()
+    (model_dir / ".complete").unlink()  # config.json alone is not a finished model
+    assert (model_dir / "config.json").is_file() and not sft.model_finished(model_dir)
 
 
 def test_demos_from_another_tokenizer_are_refused(demo_file, tiny_policy, tmp_path):

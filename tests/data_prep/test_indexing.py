@@ -203,6 +203,33 @@ def test_cli_hooks(corpus, tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().out
 
 
+def test_out_is_replaced_only_when_it_is_an_index(corpus, tmp_path, capsys):
+    """`index --out DIR` used to move any existing DIR aside and delete it: a user's
+    directory (or file) given by mistake is refused now, an index built before is replaced."""
+    import argparse
+
+    from data_prep.indexing import add_index_arguments, index_command
+
+    path, rows = corpus
+    out = tmp_path / "idx"
+    build_index(path, out, kind="bm25", progress=False)
+    build_index(path, out, kind="bm25", progress=False)  # ours: rebuilt in place
+    assert read_meta(out)["num_passages"] == len(rows) and sorted(p.name for p in tmp_path.iterdir()) == ["idx"]
+    (tmp_path / "empty").mkdir()
+    build_index(path, tmp_path / "empty", kind="bm25", progress=False)  # nothing in it to lose
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "notes.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match=r"mine exists and is a directory not written by this tool"):
+        build_index(path, user, kind="bm25", progress=False)
+    p = argparse.ArgumentParser()
+    add_index_arguments(p)
+    assert index_command(p.parse_args(["--corpus", str(path), "--out", str(user), "--kind", "bm25"])) == 2
+    assert f"{user} exists" in capsys.readouterr().out
+    assert [f.name for f in user.iterdir()] == ["notes.txt"] and (user / "notes.txt").read_text() == "keep me"
+    assert not list(tmp_path.glob(".*"))
+
+
 def _with_bad_lines(path, rows) -> list[str]:
     """Write `rows` with bad lines between them (BOM, CRLF); return the expected problems
     (the JSON syntax error only as far as its reason's first words)."""

