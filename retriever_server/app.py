@@ -10,6 +10,7 @@ server with exit code 2).
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import time
@@ -268,12 +269,18 @@ def create_app(settings: Settings, on_fatal: Callable[[str], None] | None = None
         if state.batcher is not None:
             await state.batcher.stop()
 
+    expected_key = settings.api_key.encode() if settings.api_key else None
+
+    def key_ok(sent: str | None) -> bool:
+        """No key configured, or the one sent equals it (compared in constant time)."""
+        return expected_key is None or (sent is not None and hmac.compare_digest(sent.encode(), expected_key))
+
     app = FastAPI(title="agent-rl retriever", lifespan=lifespan,
                   description="Search-R1-compatible retrieval: POST /retrieve")
     app.state.rs = state
 
     def check_key(request: Request) -> None:
-        if settings.api_key and request.headers.get("x-api-key") != settings.api_key:
+        if not key_ok(request.headers.get("x-api-key")):
             raise ApiError(401, "missing or wrong X-API-Key header", "auth")
 
     @app.exception_handler(ApiError)
@@ -328,7 +335,7 @@ def create_app(settings: Settings, on_fatal: Callable[[str], None] | None = None
         t0 = time.perf_counter()
         try:
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-            if settings.api_key and headers.get("x-api-key") != settings.api_key:
+            if not key_ok(headers.get("x-api-key")):
                 raise ApiError(401, "missing or wrong X-API-Key header", "auth")
             body = await read_body(receive, headers.get("content-length"), settings.max_body_bytes)
             queries, topk, with_scores = parse_retrieve(headers, body, settings)

@@ -44,7 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key-file", help="require header X-API-Key with the key in this file (first line)")
     p.add_argument("--api-key", help="require header X-API-Key with this key; visible in `ps`, so prefer env "
                                      "RETRIEVER_API_KEY or --api-key-file (default: env RETRIEVER_API_KEY if set)")
-    p.add_argument("--host")
+    p.add_argument("--host", help="bind address (default 127.0.0.1; another address needs an API key or --allow-no-key)")
+    p.add_argument("--allow-no-key", action="store_const", const=True,
+                   help="serve a non-loopback --host without an API key (anyone who reaches it may use it)")
     p.add_argument("--port", type=int)
     p.add_argument("--parent-pid", type=int, default=None,
                    help="exit when this process is gone (launchers pass their own pid: a killed launcher leaves no server)")
@@ -68,6 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings: Settings = load_settings(config, **args)
     except (OSError, ValueError) as e:
+        from pydantic import ValidationError
+
+        if isinstance(e, ValidationError):  # one line per problem, naming the setting
+            e = "; ".join((f"{'.'.join(map(str, err['loc']))}: " if err["loc"] else "")
+                          + err["msg"].removeprefix("Value error, ") for err in e.errors())
         print(f"agent-rl-retriever: bad settings: {e}", file=sys.stderr)
         return 2
     if not settings.index or not settings.corpus:

@@ -91,7 +91,11 @@ class Settings(BaseModel):
     api_key_file: str | None = None
     """A file holding the API key (first line); read at start-up."""
     host: str = "127.0.0.1"
-    """Bind address (loopback unless exposed on purpose)."""
+    """Bind address (loopback unless exposed on purpose: another address needs an API key, or
+    allow_no_key)."""
+    allow_no_key: bool = False
+    """Serve a non-loopback address without an API key (anyone who reaches it may search and
+    read /stats)."""
     port: int = 8000
     """Bind port."""
     log_level: str = "info"
@@ -114,7 +118,22 @@ class Settings(BaseModel):
             raise ValueError("max_wait_ms and cache_size must be >= 0")
         if self.api_key_file and not self.api_key:
             self.api_key = read_key_file(self.api_key_file, "api_key_file")
+        if not self.api_key and not self.allow_no_key and not is_loopback(self.host):
+            raise ValueError(f"host {self.host!r} is not a loopback address and no API key is set: set env "
+                             "RETRIEVER_API_KEY or --api-key-file (or --allow-no-key to serve it to anyone)")
         return self
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or localhost."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def read_key_file(path: str | Path, what: str) -> str:

@@ -50,6 +50,28 @@ def step_dir_name(step: int) -> str:
     return f"global_step_{step}"
 
 
+# numpy's RNG state is an array: its reconstruction is plain data, allowed beside tensors
+_SAFE_NUMPY = [np.dtype, np.ndarray, np._core.multiarray._reconstruct, type(np.dtype(np.uint32))]
+
+
+class UnsafeCheckpoint(ValueError):
+    """A state file holds Python objects beyond tensors and plain data: loading it could run code."""
+
+
+def safe_torch_load(path: str | Path):
+    """torch.load with safe types only (tensors, containers, numbers, strings, numpy arrays): a
+    checkpoint made by someone else cannot run code through its pickle (weights_only=False
+    would run whatever it holds)."""
+    import pickle
+
+    try:
+        with torch.serialization.safe_globals(_SAFE_NUMPY):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise UnsafeCheckpoint(f"refusing to load {path}: it holds Python objects beyond tensors and plain data, "
+                               f"which could run code ({str(e).splitlines()[0][:200]})") from None
+
+
 def rng_state() -> dict:
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
 
@@ -163,7 +185,7 @@ class CheckpointManager:
         if why is not None and (Path(path) / STATE).exists():
             raise ValueError(f"checkpoint {path} is damaged: {why}")
         state = self.read_state(path)  # FileNotFoundError: not a checkpoint at all
-        set_rng_state(torch.load(Path(path) / "rng.pt", weights_only=False))
+        set_rng_state(safe_torch_load(Path(path) / "rng.pt"))
         return state
 
     def _prune(self, keep_also: Path) -> None:

@@ -207,3 +207,39 @@ def test_a_full_disk_during_save_keeps_the_previous_checkpoint(tmp_path, small_d
     assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_1", "latest"]  # no partial .tmp left
     assert res.returncode == 1 and "File too large" in res.stderr
     assert "checkpoint global_step_2 was not saved; the ones before it are unchanged" in res.stderr
+
+
+class _Payload:
+    """What a malicious checkpoint would hold: unpickling it runs a command."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_planted_pickle_payload_is_refused_not_run(tmp_path):
+    """Issue 30: rng.pt and the workers' state were loaded with weights_only=False, so resuming
+    from a checkpoint someone else made ran whatever its pickle held."""
+    import json
+
+    from agent_rl.training.checkpoint import MANIFEST, UnsafeCheckpoint, manifest_of, safe_torch_load
+
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "actor_state.pt"
+    torch.save({"optimizer": None, "num_updates": 1, "hook": _Payload(marker)}, evil)
+    with pytest.raises(UnsafeCheckpoint, match="refusing to load .*actor_state.pt"):
+        safe_torch_load(evil)
+    assert not marker.exists()
+
+    mgr = CheckpointManager(tmp_path / "ckpt")
+    path = _save(mgr, 2)
+    torch.save({"python": _Payload(marker)}, path / "rng.pt")  # planted, the manifest made to match
+    (path / MANIFEST).write_text(json.dumps(manifest_of(path)))
+    with pytest.raises(UnsafeCheckpoint):
+        mgr.load(path)
+    assert not marker.exists()
+    assert safe_torch_load(_save(mgr, 3) / "rng.pt")["numpy"][0] == "MT19937"  # a real one loads

@@ -66,3 +66,24 @@ def test_mmap_index_is_the_default_and_can_be_turned_off():
     assert Settings().mmap_index is True
     args = vars(build_parser().parse_args(["--no-mmap-index"]))
     assert args["mmap_index"] is False and load_settings(None, mmap_index=args["mmap_index"]).mmap_index is False
+
+
+def test_a_non_loopback_bind_needs_a_key_or_an_explicit_yes(tmp_path, capsys, monkeypatch):
+    """Issue 30: the retriever served any host without an API key."""
+    monkeypatch.delenv("RETRIEVER_API_KEY", raising=False)
+    for host in ("127.0.0.1", "127.0.0.2", "::1", "localhost"):
+        assert Settings(host=host).host == host
+    for host in ("0.0.0.0", "::", "10.1.2.3", "retriever.internal"):
+        with pytest.raises(ValidationError, match="not a loopback address and no API key"):
+            Settings(host=host)
+    assert Settings(host="0.0.0.0", api_key="k").api_key == "k"
+    key = tmp_path / "key"
+    key.write_text("from-a-file\n")
+    assert Settings(host="0.0.0.0", api_key_file=str(key)).api_key == "from-a-file"
+    assert Settings(host="0.0.0.0", allow_no_key=True).api_key is None
+    (tmp_path / "empty").write_text("")
+    with pytest.raises(ValidationError, match="the file is empty"):
+        Settings(api_key_file=str(tmp_path / "empty"))
+    assert main(["--index", "x", "--corpus", "y", "--host", "0.0.0.0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("agent-rl-retriever: bad settings: host '0.0.0.0' is not a loopback") and "\n" not in err

@@ -23,6 +23,7 @@ import torch
 from agent_rl.config import ActorRolloutRefConfig
 from agent_rl.training.algos import agg_loss, get_policy_loss, kl_loss
 from agent_rl.training.algos.masked import masked_mean
+from agent_rl.training.checkpoint import safe_torch_load
 from agent_rl.training.batch import TokenBatch, micro_batches, split_mini_batches
 from agent_rl.training.workers import dist, model_io
 from agent_rl.training.workers.forward import pack, packed_hidden, token_logprobs, unpack_responses
@@ -312,7 +313,7 @@ class ActorWorker:
     def load(self, path: str) -> None:
         """Restore what `save` wrote, whatever strategy wrote it (every rank reads the files)."""
         path_ = Path(path)
-        state = torch.load(path_ / STATE_FILE, map_location="cpu", weights_only=False)
+        state = safe_torch_load(path_ / STATE_FILE)
         if state["lora"] != self.lora:
             raise ValueError(f"actor.load: {path} was saved with lora={state['lora']}, this worker has lora={self.lora}")
         if self.lora:  # the adapter; the frozen base stays cfg.model.path

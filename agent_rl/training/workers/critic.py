@@ -16,6 +16,7 @@ from torch import nn
 
 from agent_rl.config import TrainConfig
 from agent_rl.training.algos import value_loss
+from agent_rl.training.checkpoint import safe_torch_load
 from agent_rl.training.batch import TokenBatch, micro_batches, split_mini_batches
 from agent_rl.training.workers import dist, model_io
 from agent_rl.training.workers.forward import pack, packed_hidden, unpack_responses
@@ -157,7 +158,7 @@ class CriticWorker:
 
         path_ = Path(path)
         weights = load_file(path_ / WEIGHTS_FILE)
-        state = torch.load(path_ / STATE_FILE, map_location="cpu", weights_only=False)
+        state = safe_torch_load(path_ / STATE_FILE)
         dist.load_full_state(self.model, self.optim.optimizer, weights, state["optimizer"])
         self.optim.scheduler.load_state_dict(state["scheduler"])
         self.num_updates = int(state["num_updates"])
