@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Trajectory:
-    """One sampled answer to one prompt (ARCHITECTURE.md, "Trajectory").
+    """One sampled answer to one prompt (docs/architecture.md, "Trajectory").
 
     `response_ids` is everything after the prompt: sampled tokens and observation/feedback
     tokens, exactly the ids the engine saw (never decode-and-re-encode). `loss_mask[i]` is 1

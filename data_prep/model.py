@@ -2,7 +2,7 @@
 written once as a normal HF safetensors directory that transformers and vLLM both load.
 
 Saving the GGUF-loaded model directly fails ("not serializable"), so we build a fresh model
-from its config and load the de-quantized state dict into it (ARCHITECTURE.md).
+from its config and load the de-quantized state dict into it (docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -33,11 +33,11 @@ ALLOWED = {  # (importer prefix, imported prefix): the exceptions the rules name
 STDLIB_AND_TORCH_ONLY = ("agent_rl.training.algos", "agent_rl.rollout.reward")
 
 
-def modules() -> dict[str, Path]:
+def modules(root: Path = ROOT) -> dict[str, Path]:
     out = {}
     for pkg in ("agent_rl", "data_prep", "retriever_server"):
-        for p in (ROOT / pkg).rglob("*.py"):
-            name = ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        for p in (root / pkg).rglob("*.py"):
+            name = ".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
             out[name] = p
     return out
 
@@ -64,16 +64,16 @@ def under(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix + ".")
 
 
-def violations() -> list[str]:
+def violations(root: Path = ROOT) -> list[str]:
     found = []
-    for module, path in sorted(modules().items()):
+    for module, path in sorted(modules(root).items()):
         for imported, line in imports(path, module):
             for src, dst, why in FORBIDDEN:
                 if not (under(module, src) and under(imported, dst)):
                     continue
                 if any(under(module, a) and under(imported, b) for a, b in ALLOWED):
                     continue
-                found.append(f"{path.relative_to(ROOT)}:{line}: {module} imports {imported} ({why})")
+                found.append(f"{path.relative_to(root)}:{line}: {module} imports {imported} ({why})")
     return found
 
 
@@ -98,11 +98,9 @@ def test_pure_packages_import_only_stdlib_and_torch(pkg):
 
 def test_the_checker_catches_a_violation(tmp_path, monkeypatch):
     """A test that cannot fail is a defect: plant a forbidden import and see it reported."""
-    fake = ROOT / "agent_rl" / "rollout" / "_planted_violation.py"
+    fake = tmp_path / "agent_rl" / "rollout" / "_planted_violation.py"  # a tree of its own: the source stays as it is
+    fake.parent.mkdir(parents=True)
     fake.write_text("from agent_rl.training.trainer import RayTrainer\nimport retriever_server.app\n")
-    try:
-        got = violations()
-    finally:
-        fake.unlink()
+    got = violations(tmp_path)
     assert any("_planted_violation.py:1" in v and "agent_rl.training" in v for v in got)
     assert any("_planted_violation.py:2" in v and "retriever_server.app" in v for v in got)

@@ -14,7 +14,7 @@ def _reload_in_worker(worker: Any, weights: Any, tie_word_embeddings: bool) -> f
     """Runs inside the vLLM worker: reload weights in place, then fix the tied lm_head.
 
     `weights` is a list of (name, tensor) or a safetensors path (multiprocess backend).
-    Returns the seconds spent. Pitfalls handled (ARCHITECTURE.md):
+    Returns the seconds spent. Pitfalls handled:
     - model.load_weights alone fails on CPU (linear weights live in packed oneDNN handles);
       reload_weights restores them on meta, loads, re-runs process_weights_after_loading.
     - with tied embeddings vLLM skips lm_head.weight and keeps lm_head's old packed copy:
