@@ -360,8 +360,12 @@ def main(argv: list[str] | None = None) -> int:
     from data_prep.hardware import offline_env
 
     offline_env()
-    cfg = load_config(TrainConfig, args.config, args.overrides + (
-        [f"retriever.api_key_file={args.retriever_api_key_file}"] if args.retriever_api_key_file else []))
+    try:  # a bad setting in one line, before the model and the retriever
+        cfg = load_config(TrainConfig, args.config, args.overrides + (
+            [f"retriever.api_key_file={args.retriever_api_key_file}"] if args.retriever_api_key_file else []))
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     max_searches = cfg.max_turns if args.max_searches is None else args.max_searches
     if args.rest and args.limit is None:
         print("error: --rest needs --limit (the sample whose complement to use)", file=sys.stderr)

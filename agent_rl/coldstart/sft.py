@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from agent_rl.config import SFTConfig, load_config, to_dict
+from agent_rl.config import SFTConfig, check_paths, load_config, to_dict
 from agent_rl.types import Trajectory
 from data_prep.atomic import COMPLETE, replace_dir
 
@@ -258,7 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     from data_prep.hardware import offline_env
 
     offline_env()
-    cfg = load_config(SFTConfig, args.config, args.overrides)
+    try:  # every bad setting in one line, before the model loads
+        cfg = load_config(SFTConfig, args.config, args.overrides)
+        check_paths(cfg, ("actor_rollout_ref.model.path", "data.train_files", "data.val_files"))
+    except (OSError, ValueError) as e:
+        print(f"agent-rl-sft: error: {e}", file=sys.stderr)
+        return 2
     from agent_rl.precision import announce_run
 
     announce_run(cfg, engine=False)

@@ -18,7 +18,7 @@ import asyncio
 import sys
 import time
 
-from agent_rl.config import TrainConfig, load_config
+from agent_rl.config import ConfigError, TrainConfig, check_paths, load_config
 
 
 def wait_for_retriever(rcfg, timeout_s: float) -> None:
@@ -41,6 +41,19 @@ def wait_for_retriever(rcfg, timeout_s: float) -> None:
     print(f"[train] retriever healthy after {time.time() - t0:.1f}s", flush=True)
 
 
+def check_registered(cfg: TrainConfig) -> None:
+    """The algorithm names resolve in agent_rl.training.algos' registries (users may register more)."""
+    from agent_rl.training import algos
+
+    problems = [f"{key}={name!r} is not one of {', '.join(registry.names())}"
+                for key, name, registry in (("algorithm.adv_estimator", cfg.algorithm.adv_estimator, algos.ADV_ESTIMATORS),
+                                            ("actor_rollout_ref.actor.policy_loss",
+                                             cfg.actor_rollout_ref.actor.policy_loss, algos.POLICY_LOSSES))
+                if name not in registry.names()]
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="agent-rl-train", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -53,7 +66,13 @@ def main(argv: list[str] | None = None) -> int:
 
     offline_env()
 
-    cfg = load_config(TrainConfig, args.config, args.overrides)
+    try:  # every bad setting in one line, before the retriever, Ray and the engine
+        cfg = load_config(TrainConfig, args.config, args.overrides)
+        check_paths(cfg)
+        check_registered(cfg)
+    except (OSError, ValueError) as e:
+        print(f"agent-rl-train: error: {e}", file=sys.stderr)
+        return 2
     from agent_rl.training.trainer import finished_run
 
     done = finished_run(cfg)

@@ -66,3 +66,69 @@ def test_yaml_file_bom_crlf_and_undecodable_bytes(tmp_path):
     y.write_bytes(b"max_turns: 3\ntrainer:\n  experiment_name: caf\xe9\n")
     with pytest.raises(ValueError, match=r"c\.yaml:3: invalid UTF-8 at byte 23 \(0xe9\)"):
         load_config(TrainConfig, y)
+
+
+# ----------------------------------------------------------------------------- checks at load (issue 30)
+def _bad_value(key: str, allowed=None, rng=None):
+    if allowed is not None:
+        return "not-a-choice"
+    lo, hi, lo_inclusive = rng
+    return hi + 1 if hi is not None else (lo - 1 if lo_inclusive else lo)
+
+
+def _config_class(key: str):
+    from agent_rl.config import SFTConfig, TrainConfig, _get
+
+    return TrainConfig if _get(TrainConfig(), key)[0] else SFTConfig
+
+
+def test_every_fixed_set_and_range_is_checked_when_the_config_loads():
+    """Each key of CHOICES and RANGES gets a bad value: refused at load, the key named."""
+    from agent_rl.config import CHOICES, RANGES, ConfigError, load_config
+
+    cases = [(k, _bad_value(k, allowed=v)) for k, v in CHOICES.items()] + \
+            [(k, _bad_value(k, rng=v)) for k, v in RANGES.items()]
+    for key, bad in cases:
+        with pytest.raises(ConfigError, match=rf"{key}={bad!r}"):
+            load_config(_config_class(key), None, [f"{key}={bad}"])
+    with pytest.raises(ConfigError, match=r"trainer.logger has unknown sink\(s\) \['tensorbord'\]"):
+        load_config(TrainConfig, None, ["trainer.logger=[console,tensorbord]"])
+    with pytest.raises(ConfigError) as two:  # every problem at once
+        load_config(TrainConfig, None, ["reward.kind=exact", "data.train_batch_size=0"])
+    assert "reward.kind='exact'" in str(two.value) and "data.train_batch_size=0" in str(two.value)
+
+
+def test_the_fixed_sets_are_the_ones_the_code_uses():
+    from agent_rl.config import AGG_MODES, CHOICES, KL_KINDS, SINKS, STRATEGIES
+    from agent_rl.training import algos
+    from agent_rl.training.algos.kl import _ALIASES
+    from agent_rl.training.metrics import SINKS as METRIC_SINKS
+    from agent_rl.training.workers.dist import STRATEGIES as DIST_STRATEGIES
+
+    assert set(KL_KINDS) == set(algos.KL_KINDS) | set(_ALIASES) and AGG_MODES == algos.AGG_MODES
+    assert STRATEGIES == DIST_STRATEGIES and SINKS == METRIC_SINKS
+    assert set(CHOICES["algorithm.kl_ctrl.type"]) == {"fixed", "adaptive"}
+    for kind in CHOICES["algorithm.kl_ctrl.type"]:  # each allowed value is one the code takes
+        algos.make_kl_controller(type("C", (), {"type": kind, "kl_coef": 0.1, "target_kl": 0.1, "horizon": 10})())
+
+
+def test_train_cli_refuses_bad_settings_in_one_line_before_anything_starts(tmp_path, capsys):
+    """A typo costs a second: no Ray, no engine, no traceback (it used to end in a traceback
+    after Ray and the engine had started, or as a hub error for a missing model directory)."""
+    import time
+
+    from agent_rl.training.cli import main
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "qa.parquet").write_bytes(b"")
+    paths = [f"actor_rollout_ref.model.path={tmp_path / 'model'}", f"data.train_files=[{tmp_path / 'qa.parquet'}]",
+             f"data.val_files=[{tmp_path / 'qa.parquet'}]"]
+    for args, said in ((["algorithm.adv_estimator=grpoo"], "algorithm.adv_estimator='grpoo' is not one of gae, grpo"),
+                       (["actor_rollout_ref.actor.policy_loss=clip"], "policy_loss='clip' is not one of vanilla"),
+                       (["trainer.resume_mode=resume"], "trainer.resume_mode='resume' is not one of auto, disable"),
+                       ([f"actor_rollout_ref.model.path={tmp_path / 'nope'}"], f"{tmp_path / 'nope'} does not exist")):
+        t0 = time.monotonic()
+        assert main([f"trainer.default_local_dir={tmp_path}", *paths, *args]) == 2
+        err = capsys.readouterr().err
+        assert time.monotonic() - t0 < 10
+        assert err.startswith("agent-rl-train: error: ") and said in err and err.count("\n") == 1, err
