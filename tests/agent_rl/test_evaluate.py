@@ -201,7 +201,7 @@ def test_config_from_args_maps_flags():
     assert (cfg.max_turns, cfg.retriever.topk, cfg.data.max_response_length) == (3, 5, 200)
     assert (cfg.actor_rollout_ref.rollout.dtype, cfg.actor_rollout_ref.rollout.seed) == ("float32", 7)
     assert args.mode == ["agent", "rag"]
-    with pytest.raises(ev.EvalInputError, match="--topk must be >= 1"):
+    with pytest.raises(ev.EvalInputError, match=r"retriever.topk=0 is out of range \[1, inf\]"):
         ev.config_from_args(ev.build_parser().parse_args(["--model", "m", "--topk", "0"]))
     with pytest.raises(ev.EvalInputError, match="unknown config key"):
         ev.config_from_args(ev.build_parser().parse_args(["--model", "m", "--", "nosuch.key=1"]))
