@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from data_prep.hardware import switch_word
 from data_prep.io import load_yaml
 
 T = TypeVar("T")
@@ -557,7 +558,8 @@ def check_settings(cfg: Any) -> None:
     problems = []
     for key, allowed in CHOICES.items():
         found, value = _get(cfg, key)
-        shown = str(value).lower() if isinstance(value, bool) else value
+        # true/false/auto switches are read as data_prep.hardware reads them (YAML's True, "False", 1)
+        shown = switch_word(value) if allowed is ON_OFF_AUTO else value
         if found and shown not in allowed:
             problems.append(f"{key}={value!r} is not one of {', '.join(map(str, allowed))}")
     for key, (lo, hi, lo_inclusive) in RANGES.items():

@@ -156,9 +156,13 @@ def has_vnni(info: CpuInfo | None = None) -> bool:
     return any(f in (info or cpu_info()).flags for f in _VNNI_FLAGS)
 
 
-def _setting(value: object) -> str:
+def switch_word(value: object) -> str:
+    """An auto/true/false setting as one of those words (YAML's True, "False", 1, "no", None...)."""
     s = str(value).strip().lower()
     return {"1": "true", "yes": "true", "0": "false", "no": "false", "none": "auto"}.get(s, s)
+
+
+_setting = switch_word
 
 
 def resolve_autocast(setting: object, device: str = "cpu") -> tuple[bool, str]:
