@@ -66,19 +66,19 @@ def main(argv: list[str] | None = None) -> int:
 
     offline_env()
 
+    from agent_rl.training.trainer import finished_run
+
     try:  # every bad setting in one line, before the retriever, Ray and the engine
         cfg = load_config(TrainConfig, args.config, args.overrides)
+        done = finished_run(cfg)
+        if done:  # a re-run of a finished run returns at once (its data need not be there any more)
+            print(f"[train] nothing to do: {done}; raise the budget to train on", flush=True)
+            return 0
         check_paths(cfg)
         check_registered(cfg)
     except (OSError, ValueError) as e:
         print(f"agent-rl-train: error: {e}", file=sys.stderr)
         return 2
-    from agent_rl.training.trainer import finished_run
-
-    done = finished_run(cfg)
-    if done:  # before the retriever, Ray and the engine: a re-run of a finished run returns at once
-        print(f"[train] nothing to do: {done}; raise the budget to train on", flush=True)
-        return 0
     from agent_rl.precision import announce_run
 
     announce_run(cfg, critic=cfg.algorithm.adv_estimator == "gae")

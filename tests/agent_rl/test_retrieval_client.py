@@ -155,8 +155,12 @@ def test_training_with_a_refused_key_stops_before_ray_in_one_line(keyed_server, 
 
     url, d = keyed_server
     monkeypatch.delenv("RETRIEVER_API_KEY", raising=False)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "qa.parquet").write_bytes(b"")  # the paths exist: the key is what is refused
+    paths = [f"actor_rollout_ref.model.path={tmp_path / 'model'}", f"data.train_files=[{tmp_path / 'qa.parquet'}]",
+             f"data.val_files=[{tmp_path / 'qa.parquet'}]"]
     t0 = time.monotonic()
-    rc = main([f"trainer.default_local_dir={tmp_path}", f"retriever.url=[{url}/retrieve]",
+    rc = main([f"trainer.default_local_dir={tmp_path}", *paths, f"retriever.url=[{url}/retrieve]",
                f"retriever.api_key_file={d / 'wrong.key'}", "trainer.retriever_health_timeout_s=5"])
     err = capsys.readouterr().err
     assert rc == 2 and time.monotonic() - t0 < 30
