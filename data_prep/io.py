@@ -110,6 +110,18 @@ def require_file(path: str | Path) -> Path:
     return p
 
 
+def read_key_file(path: str | Path, what: str) -> str:
+    """The first line of a file holding a secret (an API key): a ValueError naming `what` and
+    the path when it cannot be read or is empty."""
+    try:
+        lines = Path(path).expanduser().read_text().strip().splitlines()
+    except OSError as e:
+        raise ValueError(f"{what} {path}: {e.strerror or e}") from None
+    if not lines or not lines[0].strip():
+        raise ValueError(f"{what} {path}: the file is empty")
+    return lines[0].strip()
+
+
 def base_suffix(path: str | Path) -> str:
     """The format suffix, looking through a trailing ``.gz`` (``a.jsonl.gz`` -> ``.jsonl``)."""
     p = Path(path)

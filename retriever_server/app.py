@@ -48,6 +48,11 @@ class ApiError(Exception):
         self.status, self.detail, self.kind, self.headers = status, detail, kind, headers or {}
 
 
+def busy(detail: str) -> ApiError:
+    """A 503 telling the client to come back (Retry-After) or try another server."""
+    return ApiError(503, f"server busy: {detail}; retry later", "busy", {"retry-after": str(RETRY_AFTER_S)})
+
+
 async def until_disconnect(receive: Callable) -> None:
     """Returns when the client has gone (after the body was read, uvicorn's `receive` waits
     until the connection closes or the response is sent)."""
@@ -321,10 +326,8 @@ def create_app(settings: Settings, on_fatal: Callable[[str], None] | None = None
     async def retrieve(scope: dict, receive: Callable) -> tuple[int, bytes, dict[str, str]]:
         """POST /retrieve on raw ASGI: (status, JSON body, headers). Errors are answered here too."""
         if inflight[0] >= settings.max_concurrent_requests:  # before reading the body: costs nothing
-            state.stats.errors["busy"] += 1
-            return 503, json.dumps({"detail": f"server busy: {inflight[0]} requests in progress "
-                                              f"(max_concurrent_requests={settings.max_concurrent_requests}); "
-                                              "retry later"}).encode(), {"retry-after": str(RETRY_AFTER_S)}
+            return refuse(busy(f"{inflight[0]} requests in progress "
+                               f"(max_concurrent_requests={settings.max_concurrent_requests})"))
         inflight[0] += 1
         try:
             return await answer(scope, receive)
@@ -358,8 +361,7 @@ def create_app(settings: Settings, on_fatal: Callable[[str], None] | None = None
             else:
                 out = state.backend.result_json(hits, with_scores)
         except ApiError as e:
-            state.stats.errors[e.kind] += 1
-            return e.status, json.dumps({"detail": e.detail}).encode(), e.headers
+            return refuse(e)
         except Exception as e:  # answered as a 500 that names the error; the server keeps serving
             state.stats.errors["internal"] += 1
             log.exception("internal error on /retrieve")
@@ -368,6 +370,10 @@ def create_app(settings: Settings, on_fatal: Callable[[str], None] | None = None
         state.stats.queries += len(queries)
         state.stats.latencies_ms.append((time.perf_counter() - t0) * 1000.0)
         return 200, out, {}
+
+    def refuse(e: ApiError) -> tuple[int, bytes, dict[str, str]]:
+        state.stats.errors[e.kind] += 1
+        return e.status, json.dumps({"detail": e.detail}).encode(), e.headers
 
     async def search_while_connected(queries: list[str], topk: int, receive: Callable) -> list[Hits]:
         """The batcher's answer; a client that disconnects first takes its queries out of the
@@ -384,7 +390,7 @@ def create_app(settings: Settings, on_fatal: Callable[[str], None] | None = None
         try:
             return search.result()
         except QueueFull as e:
-            raise ApiError(503, f"server busy: {e}; retry later", "busy", {"retry-after": str(RETRY_AFTER_S)}) from None
+            raise busy(str(e)) from None
 
     # POST /retrieve is answered by a raw ASGI middleware (RetrieveRoute): FastAPI's and Starlette's
     # per-request layers (exception middleware, exit stacks, routing, dependency solving, cookie

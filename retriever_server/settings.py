@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from data_prep.io import load_yaml
+from data_prep.io import load_yaml, read_key_file
 
 
 class Settings(BaseModel):
@@ -135,16 +135,6 @@ def is_loopback(host: str) -> bool:
     except ValueError:
         return False
 
-
-def read_key_file(path: str | Path, what: str) -> str:
-    """The first line of a key file (a clear error when missing or empty)."""
-    try:
-        key = Path(path).read_text().strip().splitlines()
-    except OSError as e:
-        raise ValueError(f"{what} {path}: {e.strerror or e}") from None
-    if not key or not key[0].strip():
-        raise ValueError(f"{what} {path}: the file is empty")
-    return key[0].strip()
 
 
 def load_settings(config: str | Path | None = None, **overrides: Any) -> Settings:

@@ -5,7 +5,7 @@ exponential backoff on connection errors, timeouts and 5xx (a 4xx is the caller'
 raised at once), and `RetrieverUnavailable` once every attempt failed, which the rollout turns
 into an error observation. A 401/403 is `RetrieverAuthError`: no retry, no outage — the
 command stops, and `wait_healthy` finds it at start-up. The API key comes from the config,
-a key file or env RETRIEVER_API_KEY (`resolve_api_key`). Imports only
+a key file or env RETRIEVER_API_KEY (`resolve_api_key`). Imports only `data_prep.io` and
 `retriever_server.schemas` from this project.
 """
 
@@ -15,11 +15,11 @@ import asyncio
 import itertools
 import logging
 import os
-from pathlib import Path
 from typing import Any, Sequence
 
 import httpx
 
+from data_prep.io import read_key_file
 from retriever_server.schemas import RetrieveRequest, RetrieveResponse, ScoredDocument
 
 log = logging.getLogger(__name__)
@@ -68,12 +68,9 @@ def resolve_api_key(api_key: str | None = None, api_key_file: str | None = None)
         return api_key
     if api_key_file:
         try:
-            lines = Path(api_key_file).expanduser().read_text().strip().splitlines()
-        except OSError as e:
-            raise ApiKeyFileError(f"retriever.api_key_file {api_key_file}: {e.strerror or e}") from None
-        if not lines or not lines[0].strip():
-            raise ApiKeyFileError(f"retriever.api_key_file {api_key_file}: the file is empty")
-        return lines[0].strip()
+            return read_key_file(api_key_file, "retriever.api_key_file")
+        except ValueError as e:
+            raise ApiKeyFileError(str(e)) from None
     return os.environ.get(API_KEY_ENV) or None
 
 
