@@ -134,6 +134,28 @@ class ActorConfig:
 
 
 @dataclass
+class ToolConfig:
+    """One entry of `actor_rollout_ref.rollout.tools`: a built-in tool or an MCP server."""
+
+    name: str = "search"
+    """Built-in: search | calculator. An MCP server: a label for it (its tools keep the server's names)."""
+    mcp_command: list[str] | None = None
+    """Start this MCP server as a child process and speak stdio to it (e.g. [python, -m, my_server])."""
+    mcp_url: str | None = None
+    """Or connect to this MCP server over streamable HTTP (e.g. http://127.0.0.1:9000/mcp)."""
+    include: list[str] | None = None
+    """The server's tools to offer (None: all of them)."""
+    timeout_s: float | None = None
+    """Per-call limit (None: actor_rollout_ref.rollout.tool_timeout_s)."""
+    max_concurrency: int | None = None
+    """Calls of this tool in flight (None: actor_rollout_ref.rollout.max_concurrent_tool_calls)."""
+
+    @property
+    def is_mcp(self) -> bool:
+        return self.mcp_command is not None or self.mcp_url is not None
+
+
+@dataclass
 class RolloutConfig:
     name: str = "vllm"
     """Rollout engine (vllm)."""
@@ -163,7 +185,13 @@ class RolloutConfig:
     max_concurrent_trajectories: int = 128
     """Trajectories in flight (more than batch slots keeps the engine full during tool calls)."""
     max_concurrent_tool_calls: int = 64
-    """Retriever calls in flight."""
+    """Calls of one tool in flight (per rollout manager: evaluation's concurrent questions share it)."""
+    protocol: str = "search_r1"
+    """How the model acts: search_r1 (<search>/<answer> tags) | hermes (native <tool_call> JSON, results as tool messages; veRL multi_turn.format=hermes)."""
+    tool_chat_template: str = "auto"
+    """hermes only: auto (the model's chat template if it has a tool role, else the fallback) | model | fallback."""
+    tools: list[ToolConfig] = field(default_factory=lambda: [ToolConfig()])
+    """Tools offered in agent mode: built-ins (search, calculator) and MCP servers; search_r1 allows only search."""
     chat_template: bool = True
     """Use the model's chat template (instruct models) instead of the base-model template."""
     engine_mode: str = "inproc"
@@ -507,6 +535,8 @@ CHOICES: dict[str, tuple] = {
     "actor_rollout_ref.rollout.name": ("vllm",),
     "actor_rollout_ref.rollout.dtype": ("auto", "bfloat16", "float32", "float16"),
     "actor_rollout_ref.rollout.engine_mode": ("inproc", "mp"),
+    "actor_rollout_ref.rollout.protocol": ("search_r1", "hermes"),
+    "actor_rollout_ref.rollout.tool_chat_template": ("auto", "model", "fallback"),
     "actor_rollout_ref.model.dtype": ("float32", "bfloat16", "float16"),
     "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
     "algorithm.filter_metric": ("score", "acc"),
@@ -572,8 +602,43 @@ def check_settings(cfg: Any) -> None:
     found, sinks = _get(cfg, "trainer.logger")
     if found and set(sinks) - set(SINKS):
         problems.append(f"trainer.logger has unknown sink(s) {sorted(set(sinks) - set(SINKS))}; allowed: {', '.join(SINKS)}")
+    problems += tool_problems(cfg)
     if problems:
         raise ConfigError("; ".join(problems))
+
+
+BUILTIN_TOOLS = ("search", "calculator")
+
+
+def tool_problems(cfg: Any) -> list[str]:
+    """What is wrong with `actor_rollout_ref.rollout.tools` (names, MCP fields, the protocol's tools)."""
+    found, rcfg = _get(cfg, "actor_rollout_ref.rollout")
+    if not found or not hasattr(rcfg, "tools"):
+        return []
+    problems, names = [], []
+    for i, t in enumerate(rcfg.tools):
+        key = f"actor_rollout_ref.rollout.tools[{i}]"
+        if t.mcp_command is not None and t.mcp_url is not None:
+            problems.append(f"{key}: give mcp_command or mcp_url, not both")
+        elif not t.is_mcp and t.name not in BUILTIN_TOOLS:
+            problems.append(f"{key}.name={t.name!r} is not a built-in tool ({', '.join(BUILTIN_TOOLS)}); "
+                            f"an MCP server needs mcp_command or mcp_url")
+        elif not t.is_mcp and t.include is not None:
+            problems.append(f"{key}.include is for MCP servers only")
+        if t.timeout_s is not None and t.timeout_s <= 0:
+            problems.append(f"{key}.timeout_s={t.timeout_s!r} is out of range (0, inf]")
+        if t.max_concurrency is not None and t.max_concurrency < 1:
+            problems.append(f"{key}.max_concurrency={t.max_concurrency!r} is out of range [1, inf]")
+        names.append(t.name)
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        problems.append(f"actor_rollout_ref.rollout.tools names {dup} more than once")
+    if rcfg.protocol == "search_r1" and (set(names) - {"search"} or any(t.is_mcp for t in rcfg.tools)):
+        problems.append("actor_rollout_ref.rollout.protocol=search_r1 offers only the search tool (<search> tags); "
+                        "other tools need protocol=hermes")
+    if rcfg.protocol == "hermes" and not rcfg.chat_template:
+        problems.append("actor_rollout_ref.rollout.protocol=hermes needs actor_rollout_ref.rollout.chat_template=true")
+    return problems
 
 
 def check_paths(cfg: Any, keys: tuple[str, ...] = ("actor_rollout_ref.model.path", "data.train_files",

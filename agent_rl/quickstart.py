@@ -247,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-limit", type=int, default=None,
                     help=f"held-out questions on which SFT and SFT+RL are compared (default {EVAL_LIMIT})")
     ap.add_argument("--retrieval-only", action="store_true", help="stop after showing retrieval")
+    ap.add_argument("--protocol", default="search_r1", choices=("search_r1", "hermes"),
+                    help="how the model acts: search_r1 (<search> tags, default) or hermes (native <tool_call> JSON, "
+                         "results as tool messages); demonstrations, SFT, GRPO and evaluation all use it")
     args = ap.parse_args(argv)
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -311,8 +314,11 @@ def train_and_evaluate(args: argparse.Namespace, work: Path, base_url: str, t_st
     """Calibrate -> plan -> demonstrations -> SFT -> evaluate base and SFT -> GRPO for the time
     left -> evaluate SFT+RL -> report; re-planned after each stage with the time left. Explicit
     --demos / --sft-minutes / --rl-minutes / --rl-steps / --eval-limit win. Returns the report."""
-    kb, runs = work / "kb", work / "demo_runs"
-    demos, sft_dir, rl_dir = work / "demos" / "kb_train.parquet", runs / "sft", runs / "grpo"
+    native = args.protocol != "search_r1"  # its own demonstrations and runs, beside the default's
+    kb, runs = work / "kb", work / ("demo_runs" + ("_" + args.protocol if native else ""))
+    demos = work / "demos" / f"kb_train{'_' + args.protocol if native else ''}.parquet"
+    sft_dir, rl_dir = runs / "sft", runs / "grpo"
+    proto = [f"actor_rollout_ref.rollout.protocol={args.protocol}"]
     sp, cal = calibrate(work)
     budget_s = 60 * (args.budget_minutes or default_budget_minutes(sp, time.time() - t_start))
     left = lambda: budget_s - (time.time() - t_start)  # noqa: E731
@@ -336,15 +342,15 @@ def train_and_evaluate(args: argparse.Namespace, work: Path, base_url: str, t_st
     eval_limit = plan.eval_limit  # fixed from here: SFT and SFT+RL are compared on the same questions
     if not demos.exists():
         run([PY, "-m", "data_prep", "demos", "--qa", str(kb / "train.parquet"), "--retriever-url", base_url,
-             "--out", str(demos), "--config", TRAIN_CFG, "--limit", str(plan.demos)],
+             "--out", str(demos), "--config", TRAIN_CFG, "--limit", str(plan.demos), *proto],
             "build grounded demonstrations (real retriever observations)")
         plan = replan("after the demonstrations", fixed_eval_limit=True)
     if not (sft_dir / "model" / "config.json").exists():
         run([PY, "-m", "agent_rl.coldstart.sft", "--config", "configs/sft/demo_cpu.yaml", f"data.train_files=[{demos}]",
              f"trainer.max_time_s={int(plan.sft_minutes * 60)}", f"trainer.default_local_dir={sft_dir}"],
             f"cold-start SFT ({plan.sft_minutes:.1f} min)")
-    evals = {"base": evaluate("base", work / "model", base_url, kb, runs, plan.base_eval_limit, MODES),
-             "SFT": evaluate("SFT", sft_dir, base_url, kb, runs, eval_limit, MODES)}
+    evals = {"base": evaluate("base", work / "model", base_url, kb, runs, plan.base_eval_limit, MODES, proto),
+             "SFT": evaluate("SFT", sft_dir, base_url, kb, runs, eval_limit, MODES, proto)}
     rl_s = 60 * args.rl_minutes if args.rl_minutes is not None else (
         rl_seconds_left(left(), sp, eval_limit) if plan.rl_minutes > 0 else 0.0)
     plan.rl_minutes, plan.rl_steps = rl_s / 60, int(rl_s / sp.rl_step_s)
@@ -354,22 +360,23 @@ def train_and_evaluate(args: argparse.Namespace, work: Path, base_url: str, t_st
             "trainer.total_training_steps=100000"]
         run([PY, "-m", "agent_rl.training.cli", "--config", TRAIN_CFG, f"actor_rollout_ref.model.path={sft_dir / 'model'}",
              f"retriever.url=[{base_url}/retrieve]", *steps, f"trainer.max_time_s={int(rl_s)}", "trainer.save_freq=-1",
-             f"trainer.default_local_dir={rl_dir}", "trainer.resume_mode=disable"],
+             f"trainer.default_local_dir={rl_dir}", "trainer.resume_mode=disable", *proto],
             f"GRPO from the SFT model ({rl_s / 60:.1f} min)")
-        evals["SFT+RL"] = evaluate("SFT+RL", rl_dir, base_url, kb, runs, eval_limit, ("agent",))
+        evals["SFT+RL"] = evaluate("SFT+RL", rl_dir, base_url, kb, runs, eval_limit, ("agent",), proto)
     else:
         print(f"\n[demo] GRPO skipped: {rl_s / 60:.1f} minutes left for it on this host "
               "(--rl-minutes N or a larger --budget-minutes to run it)", flush=True)
     return write_report(runs, evals, rl_dir if "SFT+RL" in evals else None, plan, kb / "test.parquet")
 
 
-def evaluate(label: str, model: Path, base_url: str, kb: Path, runs: Path, limit: int, modes: tuple[str, ...]) -> Path:
-    """Greedy evaluation with the RL run's settings (template, lengths, topk); the same seeded
-    sample of held-out questions for every model, so differences can be paired."""
+def evaluate(label: str, model: Path, base_url: str, kb: Path, runs: Path, limit: int, modes: tuple[str, ...],
+             overrides: list[str] = ()) -> Path:
+    """Greedy evaluation with the RL run's settings (template, lengths, topk, protocol); the same
+    seeded sample of held-out questions for every model, so differences can be paired."""
     out = runs / f"eval_{label.lower().replace('+', '_')}"
     run([PY, "-m", "agent_rl.evaluation.evaluate", "--model", str(model), "--config", TRAIN_CFG, "--retriever-url", base_url,
          "--data", str(kb / "test.parquet"), "--mode", *modes, "--limit", str(limit),
-         "--out", str(out), "--no-progress"], f"evaluate {label} ({' / '.join(modes)}, {limit} questions)")
+         "--out", str(out), "--no-progress", *overrides], f"evaluate {label} ({' / '.join(modes)}, {limit} questions)")
     return out
 
 
@@ -402,8 +409,10 @@ def write_report(runs: Path, evals: dict[str, Path], rl_dir: Path | None, plan: 
         text += (f"## What GRPO adds to cold-start SFT\n\nAgent mode (the model searches), greedy, on the same "
                  f"{cmp['n']} held-out questions:\n\n" + paired_comparison_markdown(cmp) + "\n")
         png = plot_run(rl_dir, runs / "grpo_curves.png",
-                       keys=["reward/mean", "reward/em", "reward/valid_format", "rollout/searches_mean"])
-        text += f"![GRPO training curves: reward, EM, valid format, searches per trajectory]({png.name})\n\n"
+                       keys=["reward/mean", "reward/em", "reward/valid_format", "rollout/searches_mean",
+                             "rollout/invalid_action_rate", "rollout/repeated_query_rate"])
+        text += (f"![GRPO training curves: reward, EM, valid format, searches per trajectory, invalid-action and "
+                 f"repeated-query rates]({png.name})\n\n")
     table = comparison(list(evals.items()))
     text += comparison_markdown(table, title="Every model and mode (context)") + "\n"
     text += f"`{hardware_line()}`\n\n"

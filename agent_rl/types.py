@@ -32,6 +32,11 @@ class Trajectory:
     num_tool_failures: int = 0
     num_obs_truncated: int = 0
     num_rejected_queries: int = 0  # searches the retriever refused as malformed (the policy's mistake)
+    num_tool_calls: int = 0  # calls of any tool (searches included)
+    num_bad_tool_calls: int = 0  # malformed JSON, unknown tool names, arguments not matching the schema
+    num_repeated_queries: int = 0  # searches repeating an earlier query of the same trajectory
+    reward_text: str | None = None
+    """The response as its protocol shows it to rewards (agent_rl.rollout.protocol.score_trajectory)."""
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)

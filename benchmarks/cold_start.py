@@ -61,7 +61,7 @@ async def measure(model: str, url: str, args: argparse.Namespace) -> dict:
     from agent_rl.rollout.engine import RolloutEngine
     from agent_rl.rollout.manager import RolloutManager
     from agent_rl.rollout.retrieval_client import RetrieverClient
-    from agent_rl.rollout.reward import evaluate_response
+    from agent_rl.rollout.protocol import score_trajectory
     from agent_rl.training.algos.filtering import filter_groups
     from agent_rl.training.data import load_prompts
 
@@ -77,14 +77,14 @@ async def measure(model: str, url: str, args: argparse.Namespace) -> dict:
         mgr = RolloutManager(engine, client, cfg)
         t0 = time.time()
         greedy, _ = await mgr.rollout(prompts, n=1, greedy=True)
-        g = [evaluate_response(t.response_text, p.golden_answers, cfg.reward) for t, p in zip(greedy, prompts)]
+        g = [score_trajectory(t, p.golden_answers, cfg.reward) for t, p in zip(greedy, prompts)]
         em = sum(r.metric for r in g)
         out = {"model": model, "questions": len(prompts), "n": args.n,
                "greedy_em": em / len(g), "greedy_em_ci": list(wilson_interval(em, len(g))),
                "greedy_valid_format": share(r.valid_format for r in g), "greedy_s": round(time.time() - t0, 1)}
         t0 = time.time()
         sampled, metrics = await mgr.rollout(prompts, n=args.n, greedy=False)
-        res = [evaluate_response(t.response_text, prompts[t.group_id].golden_answers, cfg.reward) for t in sampled]
+        res = [score_trajectory(t, prompts[t.group_id].golden_answers, cfg.reward) for t in sampled]
         turns = [sampled_turns(t, mgr.tokenizer) for t in sampled]
         scores = torch.tensor([r.score for r in res])
         group_ids = [t.group_id for t in sampled]

@@ -79,7 +79,7 @@ class LatencyRetriever:
 
 def build_items(tokenizer, questions, prompt_kind: str) -> list[Item]:
     from agent_rl.rollout import observation as O
-    from agent_rl.rollout import prompts as P
+    from agent_rl.rollout.protocol import SEARCH_R1 as P
 
     demo = ""
     if prompt_kind == "few_shot":
@@ -90,7 +90,7 @@ def build_items(tokenizer, questions, prompt_kind: str) -> list[Item]:
     items = []
     for q, golds, src in questions:
         if prompt_kind == "chat":  # the training template: what an SFT checkpoint was trained on
-            ids = P.build_prompt_ids(tokenizer, q, template="chat", mode="agent")
+            ids = P.prompt_ids(tokenizer, q, template="chat", mode="agent")
         else:
             ids = tokenizer.encode(demo + P.prompt_text(q, "agent"))
         items.append(Item(q, golds, src, ids))
@@ -104,8 +104,9 @@ async def batch_per_turn(engine, tokenizer, retriever, items, cfg, sampling) -> 
     from dataclasses import replace
 
     from agent_rl.rollout import observation as O
-    from agent_rl.rollout import prompts as P
     from agent_rl.rollout.observation import format_passages
+    from agent_rl.rollout.protocol import SEARCH_R1 as P
+    from agent_rl.rollout.protocol import encode_text
 
     max_turns, budget = cfg.max_turns, cfg.data.max_response_length
     ctx = [list(it.prompt_ids) for it in items]
@@ -131,11 +132,11 @@ async def batch_per_turn(engine, tokenizer, retriever, items, cfg, sampling) -> 
             ctx[i] += out.token_ids
             resp_len[i] += len(out.token_ids)
             sampled += len(out.token_ids)
-            action, content = P.parse_action(out.text)
-            if action == "answer" or turn == max_turns:
+            action = P.parse(out.text)
+            if action.kind == "answer" or turn == max_turns:
                 continue
             next_active.append(i)
-            queries.append((i, content) if action == "search" else (i, None))
+            queries.append((i, action.query) if action.kind == "tool" else (i, None))
         real = [(i, q) for i, q in queries if q is not None]
         tt = time.perf_counter()
         try:  # one batched request per turn, as Search-R1's batch_search
@@ -146,7 +147,7 @@ async def batch_per_turn(engine, tokenizer, retriever, items, cfg, sampling) -> 
         searches += len(real)
         obs = {i: O.encode_observation(tokenizer, t, cfg.data.max_obs_length)[0] for (i, _), t in zip(real, texts)}
         for i, q in queries:
-            add = obs[i] if q is not None else P.encode_text(tokenizer, P.FEEDBACK_INVALID)
+            add = obs[i] if q is not None else encode_text(tokenizer, P.feedback(action))
             add = add[: budget - resp_len[i]]
             ctx[i] += add
             resp_len[i] += len(add)

@@ -29,6 +29,8 @@ def settings_of(cfg: TrainConfig, tokenizer_path: str, **extra: Any) -> dict:
         "max_tokens_per_turn": r.max_tokens_per_turn,
         "topk": cfg.retriever.topk,
         "max_turns": cfg.max_turns,
+        "protocol": r.protocol,
+        "tools": [t.name for t in r.tools],
         **extra,
     }
 

@@ -8,7 +8,7 @@ engine that "samples" the demonstration's model turns (`<think> .. </think>` + `
 </search>`, then `<think> .. </think>` + `<answer> gold </answer>`) and a retriever that
 returns what the running retriever service answered for those queries. So the prompt
 template, the observation text and truncation, the response budget and the loss mask come
-from the rollout code itself (one tokenization path: `agent_rl.rollout.prompts`), with the RL run's
+from the rollout code itself (one tokenization path and one protocol: `agent_rl.rollout.protocol`), with the RL run's
 settings (`--config`: template, max_obs_length, max_response_length, max_tokens_per_turn,
 retriever.topk, max_turns).
 
@@ -61,7 +61,7 @@ from agent_rl.coldstart.plan import (
 )
 from agent_rl.config import TrainConfig, load_config
 from agent_rl.rollout import observation as O
-from agent_rl.rollout import prompts as P
+from agent_rl.rollout.protocol import ActionProtocol, encode_text, protocol_for
 from agent_rl.rollout.engine import GenerateResult, Sampling
 from agent_rl.types import Trajectory
 from data_prep.io import Report
@@ -72,14 +72,14 @@ SearchFn = Callable[[list[str], int], Awaitable[list[list[Any]]]]
 class ScriptedEngine:
     """Stands in for the vLLM engine: "samples" the demonstration's turns, one per call.
 
-    Token ids are `prompts.encode_text` of each turn (the engine's own sampled ids for that
+    Token ids are `protocol.encode_text` of each turn (the engine's own sampled ids for that
     text would differ only in how the model chose to split it). A turn longer than the
     call's max_tokens is cut, as the engine would.
     """
 
     def __init__(self, tokenizer: Any, segments: list[str], max_model_len: int):
         self.tokenizer = tokenizer
-        self.turns = [P.encode_text(tokenizer, s) for s in segments]
+        self.turns = [encode_text(tokenizer, s) for s in segments]
         self.max_model_len = max_model_len
         self.calls = 0
 
@@ -107,10 +107,11 @@ class CachedSearch:
         return [self.results[q] for q in queries]
 
 
-def visible_observation(tokenizer: Any, docs: list[Any], max_obs_length: int) -> str:
-    """The observation text the policy reads for `docs` (formatted and truncated by the
-    rollout's own functions)."""
-    ids, _ = O.encode_observation(tokenizer, O.format_passages(docs), max_obs_length)
+def visible_observation(tokenizer: Any, docs: list[Any], max_obs_length: int, protocol: ActionProtocol | None = None) -> str:
+    """The observation text the policy reads for `docs` (formatted, framed by the protocol and
+    truncated by the rollout's own functions)."""
+    frame = (O.OBS_OPEN, O.OBS_CLOSE) if protocol is None else protocol.observation_frame()
+    ids, _ = O.encode_observation(tokenizer, O.format_passages(docs), max_obs_length, frame)
     return tokenizer.decode(ids, skip_special_tokens=True)
 
 
@@ -157,7 +158,8 @@ async def _one_demo(row: dict, plan: Plan, results: dict, tokenizer: Any, cfg: T
     docs = [results[q] for q in plan.queries]
     if any(d is None for d in docs):
         raise Drop("retriever_rejected")
-    obs = [visible_observation(tokenizer, d, cfg.data.max_obs_length) for d in docs]
+    protocol = protocol_for(cfg.actor_rollout_ref.rollout, tokenizer)
+    obs = [visible_observation(tokenizer, d, cfg.data.max_obs_length, protocol) for d in docs]
     for q, a, o in zip(plan.queries, plan.hop_answers, obs):
         if a is not None and not contains(o, a):
             raise Drop("hop_answer_not_retrieved", f"{a!r} not in the observation for {q!r}")
@@ -166,7 +168,7 @@ async def _one_demo(row: dict, plan: Plan, results: dict, tokenizer: Any, cfg: T
     if answer is None:
         raise Drop("answer_not_retrieved")
     rng = random.Random(f"{seed}:{row['id']}")  # per row: wording independent of order and --limit
-    segments = write_segments(plan, answer, rng)
+    segments = write_segments(plan, answer, rng, protocol)
 
     engine = ScriptedEngine(tokenizer, segments, cfg.data.max_prompt_length + cfg.data.max_response_length)
     if max(map(len, engine.turns)) > cfg.actor_rollout_ref.rollout.max_tokens_per_turn:
@@ -205,7 +207,8 @@ async def _chains(unanswered: list[tuple[dict, str]], results: dict, search: Sea
     """Two-search demonstrations for (row, first query) pairs whose first search retrieved no
     gold answer: the first chain candidate that finds a passage titled with its name and
     grounds the answer (`_one_demo`); None where none does."""
-    cands = [chain_candidates(str(row["question"]), visible_observation(tokenizer, results[first], cfg.data.max_obs_length),
+    protocol = protocol_for(cfg.actor_rollout_ref.rollout, tokenizer)
+    cands = [chain_candidates(str(row["question"]), visible_observation(tokenizer, results[first], cfg.data.max_obs_length, protocol),
                               support_titles(row), per_row) for row, first in unanswered]
     wanted = [c for cs in cands for c in cs if c not in results]
     results.update(await _fetch(search, list(dict.fromkeys(wanted)), cfg.retriever.topk))
@@ -237,6 +240,7 @@ async def build_demos(rows: Sequence[dict], search: SearchFn, tokenizer: Any, cf
         raise ValueError(f"max_searches={max_searches} exceeds max_turns={cfg.max_turns}: the rollout "
                          f"executes at most max_turns searches")
     template = cfg.actor_rollout_ref.rollout.template
+    protocol = protocol_for(cfg.actor_rollout_ref.rollout, tokenizer)
     out = BuildResult(rows=[])
 
     def drop(row: dict, reason: str) -> None:
@@ -249,7 +253,7 @@ async def build_demos(rows: Sequence[dict], search: SearchFn, tokenizer: Any, cf
         for row in part:
             try:
                 plan = plan_queries(row, max_searches)
-                if len(P.build_prompt_ids(tokenizer, str(row["question"]), template)) > cfg.data.max_prompt_length:
+                if len(protocol.prompt_ids(tokenizer, str(row["question"]), template)) > cfg.data.max_prompt_length:
                     raise Drop("prompt_too_long")
                 plans.append(plan)
             except Drop as e:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent_rl.rollout.reward import normalize_answer
+from agent_rl.rollout.protocol import SEARCH_R1, ActionProtocol
 
 DROP_REASONS = {
     "no_query": "the row gives no usable search query",
@@ -222,16 +223,17 @@ _FINAL_UNKNOWN = [
 ]
 
 
-def _turn(think: str, action: str, content: str) -> str:
-    return f"<think> {think} </think>\n<{action}> {content} </{action}>"
+def _turn(think: str, action: str) -> str:
+    return f"<think> {think} </think>\n{action}"
 
 
-def write_segments(plan: Plan, answer: str, rng: random.Random) -> list[str]:
-    """The model turns of a demonstration: one per search, then the answer turn."""
+def write_segments(plan: Plan, answer: str, rng: random.Random, protocol: ActionProtocol = SEARCH_R1) -> list[str]:
+    """The model turns of a demonstration: one per search, then the answer turn, each action
+    written in `protocol`'s form (`<search> q </search>`, or a native tool call)."""
     qs, ans = plan.queries, plan.hop_answers
     n = len(qs)
     first = rng.choice(_FIRST_OF_MANY if n > 1 and not plan.chain else _FIRST).format(q=qs[0], n=n)
-    segments = [_turn(first, "search", qs[0])]
+    segments = [_turn(first, protocol.write_call("search", {"query": qs[0]}))]
     for i in range(1, n):
         if plan.chain:
             think = rng.choice(_CHAIN_NEXT).format(e=qs[i])
@@ -239,7 +241,7 @@ def write_segments(plan: Plan, answer: str, rng: random.Random) -> list[str]:
             think = rng.choice(_NEXT_UNKNOWN).format(q2=qs[i])
         else:
             think = rng.choice(_NEXT).format(q=qs[i - 1], a=ans[i - 1], q2=qs[i])
-        segments.append(_turn(think, "search", qs[i]))
+        segments.append(_turn(think, protocol.write_call("search", {"query": qs[i]})))
     last_q, last_a = qs[-1], ans[-1]
     if last_a is None:
         think = rng.choice(_FINAL_UNKNOWN).format(ans=answer)
@@ -247,9 +249,9 @@ def write_segments(plan: Plan, answer: str, rng: random.Random) -> list[str]:
         think = rng.choice(_FINAL_COMPARE).format(q=last_q, a=last_a, q0=qs[-2], a0=ans[-2], ans=answer)
     else:
         think = rng.choice(_FINAL).format(q=last_q, a=last_a, ans=answer)
-    segments.append(_turn(think, "answer", answer))
+    segments.append(_turn(think, protocol.write_answer(answer)))
     for s in segments:  # the engine would have stopped at the first closing action tag
-        closes = [m.start() for m in re.finditer(r"</(search|answer)>", s)]
+        closes = [m.start() for m in re.finditer("|".join(map(re.escape, protocol.stop)), s)]
         if len(closes) != 1 or not s.endswith(">"):
             raise ValueError(f"demonstration turn must close exactly one action, at its end: {s!r}")
     return segments

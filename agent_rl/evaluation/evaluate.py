@@ -42,8 +42,8 @@ from typing import Any
 
 from agent_rl.config import TrainConfig, load_config, to_dict
 from agent_rl.evaluation.report import MODES, summarize, summary_markdown, write_summary
-from agent_rl.rollout.prompts import reward_view
-from agent_rl.rollout.reward import em, evaluate_response, f1, is_valid_format, subem
+from agent_rl.rollout.protocol import score_trajectory
+from agent_rl.rollout.reward import em, f1, is_valid_format, subem
 from agent_rl.training.data import Prompt, load_prompts
 from data_prep.atomic import atomic_write
 from data_prep.io import DataPrepError, Report
@@ -173,8 +173,9 @@ def finished(done: dict[str, dict], key: str) -> bool:
 
 
 def valid_format(response_text: str, mode: str) -> bool:
-    """Agent: Search-R1's structure rule (`reward.is_valid_format`). rag / direct prompts do not
-    ask for `<think>`, so there the same rule applies with the think block optional."""
+    """Agent: Search-R1's structure rule (`reward.is_valid_format`) on the protocol's reward
+    view of the response. rag / direct prompts do not ask for `<think>`, so there the same rule
+    applies with the think block optional."""
     if is_valid_format(response_text):
         return True
     return mode != "agent" and is_valid_format("<think></think>" + response_text)
@@ -184,7 +185,8 @@ def make_record(traj: Any, prompt: Prompt, mode: str, reward_cfg: Any, prompt_te
     """One jsonl record: scores from the training reward functions, plus what produced them."""
     text = traj.response_text
     golds = list(prompt.golden_answers)
-    res = evaluate_response(reward_view(text), golds, reward_cfg)  # the training reward, as training computes it
+    res = score_trajectory(traj, golds, reward_cfg)  # the training reward, as training computes it
+    view = traj.reward_text if traj.reward_text is not None else text
     pred = res.answer
     return {
         "key": record_key(mode, prompt.data_source, prompt.id),
@@ -198,7 +200,7 @@ def make_record(traj: Any, prompt: Prompt, mode: str, reward_cfg: Any, prompt_te
         "subem": subem(pred, golds) if pred is not None else 0.0,
         "f1": f1(pred, golds) if pred is not None else 0.0,
         "reward": res.score,
-        "valid_format": valid_format(text, mode),
+        "valid_format": valid_format(view, mode),
         "retrieval_hit": res.retrieval_hit,
         "turns": traj.num_turns,
         "searches": traj.num_searches,
@@ -392,7 +394,7 @@ async def run_evaluation(cfg: TrainConfig, prompts: Sequence[Prompt], modes: Seq
     dtype = engine.cfg.dtype if engine is not None else engine_dtype(cfg.actor_rollout_ref.rollout.dtype)[0]
     sink = PredictionsFile(out / PREDICTIONS)
     done = sink.open()  # takes the directory's lock before anything in it changes
-    own_engine = own_client = None
+    own_engine = own_client = manager = None
     result = EvalResult(out_dir=out, summary={})
     try:
         check_settings(out, eval_settings(cfg, model_dir, dtype), bool(done), overwrite)
@@ -416,6 +418,8 @@ async def run_evaluation(cfg: TrainConfig, prompts: Sequence[Prompt], modes: Seq
             )
     finally:
         sink.close()
+        if manager is not None:
+            await manager.aclose()
         if own_client is not None:
             await own_client.aclose()
         if own_engine is not None:

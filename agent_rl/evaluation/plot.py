@@ -17,17 +17,22 @@ from agent_rl.training.metrics import read_jsonl
 OUTCOME = ("em", "subem", "f1")
 
 
+PROTOCOL = ("rollout/invalid_action_rate", "rollout/repeated_query_rate", "rollout/answered_without_search")
+"""Per-step protocol rates: a search agent going wrong shows in them before the reward drops."""
+
+
 def default_keys(rows: list[dict]) -> list[str]:
-    """The reward curve and the outcome-metric (EM / SubEM / F1) curves present in the run:
-    reward/mean, reward/<metric>, val/<metric> and val/<metric>/<data_source>."""
+    """The reward curve, the outcome-metric (EM / SubEM / F1) curves and the protocol rates
+    present in the run: reward/mean, reward/<metric>, val/<metric>, val/<metric>/<data_source>,
+    rollout/invalid_action_rate, rollout/repeated_query_rate, rollout/answered_without_search."""
     keys = sorted({k for r in rows for k in r if isinstance(r[k], (int, float))})
     train = [k for k in keys if k in ("reward/mean", *(f"reward/{m}" for m in OUTCOME))]
     val = [k for k in keys if k.startswith("val/") and k.split("/")[1] in OUTCOME]
-    return train + val
+    return train + val + [k for k in PROTOCOL if k in keys]
 
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None, keys: list[str] | None = None) -> Path:
-    """Write one panel per metric group (reward/, val/) with one line per key; return the PNG path."""
+    """Write one panel per metric group (reward/, val/, rollout/) with one line per key; return the PNG path."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on servers

@@ -39,10 +39,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from agent_rl.config import RolloutConfig
 
+from agent_rl.rollout.protocol import SEARCH_R1
+
 log = logging.getLogger(__name__)
 
-STOP_STRINGS: tuple[str, ...] = ("</search>", "</answer>")
-"""Generation stops when an action tag closes (Search-R1's two actions)."""
+STOP_STRINGS: tuple[str, ...] = SEARCH_R1.stop
+"""The default stop strings (Search-R1's two actions); the rollout passes its protocol's."""
 
 
 @dataclass(frozen=True)

@@ -1,21 +1,26 @@
 """Multi-turn, tool-interleaved rollouts: one coroutine per trajectory, token ids end to end.
 
-Each trajectory loops: generate (engine, from ids) -> parse the action of the turn's text ->
-search: call the retriever, append the observation ids (mask 0) | answer: stop | neither:
-append Search-R1's invalid-action feedback (mask 0) -> generate again. After `max_turns`
-turns one last turn runs without search (Search-R1 `run_llm_loop`: same context, the search
-is not executed). The total response (sampled + appended tokens) never exceeds
-`max_response_length`: each turn's max_tokens is capped by the remaining budget and an
-observation is cut to what is left.
+Each trajectory loops: generate (engine, from ids) -> the protocol parses the turn's action
+(`agent_rl.rollout.protocol`) -> a tool call: invoke the tool, append its output in the
+protocol's frame (mask 0) | answer: stop | neither (or a malformed call): append the
+protocol's feedback (mask 0) -> generate again. After `max_turns` turns one last turn runs
+without tools (Search-R1 `run_llm_loop`: same context, the call is not executed). The total
+response (sampled + appended tokens) never exceeds `max_response_length`: each turn's
+max_tokens is capped by the remaining budget and an observation is cut to what is left.
 
 Unlike Search-R1's batch-per-turn loop (all sequences generate, then all search, then the
 next turn), trajectories proceed independently, so the engine's batch stays full while some
-wait on the retriever; and nothing is decoded and re-encoded: the ids the engine sampled are
-the ids the trainer sees (Search-R1 re-tokenizes decoded text each turn, which can change ids
-and break the logprob/mask alignment).
+wait on a tool; and nothing is decoded and re-encoded: the ids the engine sampled are the ids
+the trainer sees (Search-R1 re-tokenizes decoded text each turn, which can change ids and
+break the logprob/mask alignment).
 
-Modes (evaluation reuses this): "agent" (search allowed), "direct" (no retrieval, one turn),
-"rag" (retrieve top-k for the question once, put the passages in the prompt, one turn).
+Tools (`actor_rollout_ref.rollout.tools`): the retriever as `search`, the `calculator`, and
+MCP servers' tools (`agent_rl.rollout.mcp_tools`, connected on the first rollout; `aclose()`
+ends them). Each tool holds its own concurrency limit, made once per manager, so concurrent
+`rollout()` calls (evaluation's questions) share it.
+
+Modes (evaluation reuses this, `protocol.MODES`): "agent" (tools offered), "direct" (no
+retrieval, one turn), "rag" (retrieve top-k for the question once into the prompt, one turn).
 """
 
 from __future__ import annotations
@@ -25,14 +30,15 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from agent_rl.config import TrainConfig
+from agent_rl.config import ToolConfig, TrainConfig
 from agent_rl.rollout import observation as O
-from agent_rl.rollout import prompts as P
 from agent_rl.rollout.engine import GenerateResult, Sampling
+from agent_rl.rollout.protocol import Action, ActionProtocol, Segment, encode_text, get_mode, get_protocol, repeated
 from agent_rl.rollout.retrieval_client import RetrieverAuthError, RetrieverRequestError
+from agent_rl.rollout.tools import Tool, ToolInputError, ToolStats, calculator_tool, search_tool, tool_metrics
 from agent_rl.types import Trajectory
 
 log = logging.getLogger(__name__)
@@ -40,7 +46,6 @@ log = logging.getLogger(__name__)
 SearchFn = Callable[[list[str], int], Awaitable[list[list[Any]]]]
 """async (queries, topk) -> one list of ScoredDocument per query (retriever_server.schemas)."""
 
-MODES = ("agent", "direct", "rag")
 QUERY_REJECTED = (413, 422)
 """Statuses of a query the retriever refused as such (too long, empty, too large)."""
 
@@ -59,33 +64,42 @@ class _State:
     response_ids: list[int]
     loss_mask: list[int]
     logprobs: list[float]
+    segments: list[Segment] = field(default_factory=list)
+    queries: list[str] = field(default_factory=list)
     turns: int = 0
     searches: int = 0
+    tool_calls: int = 0
     invalid: int = 0
+    bad_calls: int = 0
+    repeated: int = 0
     tool_failures: int = 0
     obs_truncated: int = 0
     rejected: int = 0
 
-    def append_sampled(self, ids: list[int], logprobs: list[float]) -> None:
+    def append_sampled(self, ids: list[int], logprobs: list[float], text: str) -> None:
         self.response_ids += ids
         self.loss_mask += [1] * len(ids)
         self.logprobs += logprobs
+        self.segments.append(("sampled", text))
 
-    def append_context(self, ids: list[int]) -> None:
+    def append_context(self, ids: list[int], kind: str, text: str) -> None:
         self.response_ids += ids
         self.loss_mask += [0] * len(ids)
         self.logprobs += [0.0] * len(ids)
+        self.segments.append((kind, text))
 
 
 class RolloutManager:
-    """Runs trajectories for a batch of prompts on a shared engine and retriever.
+    """Runs trajectories for a batch of prompts on a shared engine and tools.
 
     `retriever`: an object with `async search(queries, topk)` (agent_rl.rollout.retrieval_client.
-    RetrieverClient) or such a function itself; None disables search (direct mode only).
+    RetrieverClient) or such a function itself; None: no search tool (direct mode, or other tools).
     `tokenizer`: defaults to the engine's (the same files vLLM detokenizes with).
+    `tools`: more `Tool`s beside those of the config (e.g. plain functions a user wrote).
     """
 
-    def __init__(self, engine: Engine, retriever: Any, cfg: TrainConfig, tokenizer: Any = None) -> None:
+    def __init__(self, engine: Engine, retriever: Any, cfg: TrainConfig, tokenizer: Any = None,
+                 tools: Sequence[Tool] = ()) -> None:
         self.engine = engine
         self.search: SearchFn | None = getattr(retriever, "search", retriever)
         self.tokenizer = tokenizer if tokenizer is not None else engine.get_tokenizer()
@@ -96,7 +110,65 @@ class RolloutManager:
         self.max_obs_length = cfg.data.max_obs_length
         self.topk = cfg.retriever.topk
         self.template = self.rcfg.template
-        self._tool_sem: asyncio.Semaphore | None = None
+        self.tools: dict[str, Tool] = {}
+        for t in self.rcfg.tools:
+            if t.is_mcp:
+                continue
+            if t.name == "search" and self.search is None:
+                continue  # no retriever (direct mode): no search tool
+            self.tools[t.name] = self._builtin(t)
+        for t in tools:
+            self.tools[t.name] = t
+        self._mcp_configs = [t for t in self.rcfg.tools if t.is_mcp]
+        self._mcp_servers: list[Any] = []
+        self._mcp_lock: asyncio.Lock | None = None
+        self.protocol: ActionProtocol = get_protocol(self.rcfg.protocol, self.rcfg.tool_chat_template)
+        self.protocol.check_tools(self.tools)
+        self._bind()
+
+    def _builtin(self, t: Any) -> Tool:
+        timeout = t.timeout_s if t.timeout_s is not None else self.rcfg.tool_timeout_s
+        limit = t.max_concurrency if t.max_concurrency is not None else self.rcfg.max_concurrent_tool_calls
+        if t.name == "search":
+            return search_tool(self._search_text, timeout, limit, failure_text=O.SEARCH_ERROR_TEXT,
+                               fatal=(RetrieverAuthError,))
+        return calculator_tool(timeout, limit)
+
+    def _bind(self) -> None:
+        self.protocol = self.protocol.bind(self.tokenizer, list(self.tools.values()))
+
+    async def start_tools(self) -> None:
+        """Connect the MCP servers of the config (once; the first rollout does it)."""
+        if not self._mcp_configs or self._mcp_servers:
+            return
+        if self._mcp_lock is None:
+            self._mcp_lock = asyncio.Lock()
+        async with self._mcp_lock:
+            if self._mcp_servers:
+                return
+            from agent_rl.rollout.mcp_tools import McpServer
+
+            for t in self._mcp_configs:
+                server = McpServer(command=t.mcp_command, url=t.mcp_url, name=t.name)
+                await server.start()
+                self._mcp_servers.append(server)
+                timeout = t.timeout_s if t.timeout_s is not None else self.rcfg.tool_timeout_s
+                limit = t.max_concurrency if t.max_concurrency is not None else self.rcfg.max_concurrent_tool_calls
+                for tool in await server.tools(t.include, timeout_s=timeout, max_concurrency=limit):
+                    if tool.name in self.tools:
+                        raise ValueError(f"MCP server {t.name!r} offers a tool named {tool.name!r}, which exists already")
+                    self.tools[tool.name] = tool
+            self.protocol.check_tools(self.tools)
+            self._bind()
+
+    async def aclose(self) -> None:
+        """End the MCP servers' connections (stdio servers' processes exit)."""
+        servers, self._mcp_servers = self._mcp_servers, []
+        for server in servers:
+            await server.aclose()
+
+    def tool_stats(self) -> dict[str, ToolStats]:
+        return {name: t.stats.copy() for name, t in self.tools.items()}
 
     # ------------------------------------------------------------------ public
     async def rollout(
@@ -107,22 +179,26 @@ class RolloutManager:
         mode: str = "agent",
     ) -> tuple[list[Trajectory], dict[str, float]]:
         """n trajectories per prompt (group_id = index of the prompt), in prompt order, and
-        `rollout/*` metrics. `prompts` have .question, .golden_answers, .data_source
-        (agent_rl.training.data.Prompt) and optionally .prompt_ids (pre-built ids, used as they are).
-        greedy: temperature 0 (evaluation)."""
-        if mode not in MODES:
-            raise ValueError(f"rollout mode must be one of {MODES}, got {mode!r}")
-        if mode != "direct" and self.search is None:
+        `rollout/*` and `tool/*` metrics. `prompts` have .question, .golden_answers,
+        .data_source (agent_rl.training.data.Prompt) and optionally .prompt_ids (pre-built ids,
+        used as they are). greedy: temperature 0 (evaluation)."""
+        m = get_mode(mode)
+        if m.retrieve_first and self.search is None:
             raise ValueError(f"mode {mode!r} needs a retriever")
+        if m.tools:
+            await self.start_tools()
+            if not self.tools:
+                raise ValueError(f"mode {mode!r} needs a tool (a retriever, or tools in the config)")
         n = self.rcfg.n if n is None else n
         sampling = Sampling(
             temperature=0.0 if greedy else self.rcfg.temperature,
             top_p=1.0 if greedy else self.rcfg.top_p,
             max_tokens=self.rcfg.max_tokens_per_turn,
+            stop=self.protocol.stop,
         )
-        max_turns = self.max_turns if mode == "agent" else 0
-        self._tool_sem = asyncio.Semaphore(self.rcfg.max_concurrent_tool_calls)
+        max_turns = self.max_turns if m.tools else 0
         traj_sem = asyncio.Semaphore(self.rcfg.max_concurrent_trajectories)
+        before = self.tool_stats()
         t0 = time.perf_counter()
 
         prompt_ids, rag_failures = await self._build_prompts(prompts, mode)
@@ -141,6 +217,8 @@ class RolloutManager:
         trajs = [t.result() for t in tasks]
         metrics = rollout_metrics(trajs, time.perf_counter() - t0)
         metrics["rollout/tool_failures"] += rag_failures
+        after = self.tool_stats()
+        metrics.update(tool_metrics({k: v.minus(before.get(k, ToolStats())) for k, v in after.items()}))
         return trajs, metrics
 
     async def run_trajectory(
@@ -151,7 +229,7 @@ class RolloutManager:
         group_id: int = 0,
         meta: Any = None,
     ) -> Trajectory:
-        """One trajectory: up to max_turns turns with search, then one last turn without."""
+        """One trajectory: up to max_turns turns with tools, then one last turn without."""
         st = _State(list(prompt_ids), [], [], [])
         finish = "max_turns"
         for turn in range(max_turns + 1):
@@ -166,31 +244,33 @@ class RolloutManager:
                 st.prompt_ids + st.response_ids, replace(sampling, max_tokens=min(sampling.max_tokens, budget))
             )
             st.turns += 1
-            st.append_sampled(out.token_ids, out.logprobs)
             # vLLM cuts `text` right after the stop string; the ids may run a few characters on
             # (a token spanning the end of the tag). Parse the text, keep the ids.
-            action, content = P.parse_action(out.text)
-            if action == "answer":
+            st.append_sampled(out.token_ids, out.logprobs, out.text)
+            action = self.protocol.parse(out.text, self.tools)
+            if action.kind == "answer":
                 finish = "answer"
                 break
-            if action is None:
+            if action.kind == "invalid":
                 st.invalid += 1
+                st.bad_calls += action.error is not None
             if len(st.response_ids) >= self.max_response_length:
                 finish = "length"
                 break
-            if turn == max_turns:  # last turn: no search is executed (Search-R1)
+            if turn == max_turns:  # last turn: no tool is executed (Search-R1)
                 finish = "max_turns"
                 break
-            if action == "search":
-                st.searches += 1
-                obs = await self._observation(content, st)
+            if action.kind == "tool":
+                obs = await self._observation(action, st)
             else:
-                obs = P.encode_text(self.tokenizer, P.FEEDBACK_INVALID)
+                obs = self._feedback(action, st)
             room = self.max_response_length - len(st.response_ids)
-            st.append_context(obs[:room])
-            if len(obs) > room:
+            kind, text, ids = obs
+            st.append_context(ids[:room], kind, text)
+            if len(ids) > room:
                 finish = "length"
                 break
+        response_text = self.tokenizer.decode(st.response_ids, skip_special_tokens=True)
         return Trajectory(
             prompt_ids=st.prompt_ids,
             response_ids=st.response_ids,
@@ -200,7 +280,8 @@ class RolloutManager:
             num_turns=st.turns,
             num_searches=st.searches,
             finish_reason=finish,
-            response_text=self.tokenizer.decode(st.response_ids, skip_special_tokens=True),
+            response_text=response_text,
+            reward_text=self.protocol.reward_text(response_text, st.segments),
             data_source=str(getattr(meta, "data_source", "") or ""),
             golden_answers=list(getattr(meta, "golden_answers", []) or []),
             question=str(getattr(meta, "question", "") or ""),
@@ -208,55 +289,79 @@ class RolloutManager:
             num_tool_failures=st.tool_failures,
             num_obs_truncated=st.obs_truncated,
             num_rejected_queries=st.rejected,
+            num_tool_calls=st.tool_calls,
+            num_bad_tool_calls=st.bad_calls,
+            num_repeated_queries=st.repeated,
         )
 
     # ------------------------------------------------------------------ tools
-    async def _retrieve(self, query: str) -> tuple[str | None, bool]:
-        """(formatted passages, False) for one query; (the refusal's text, True) when the server
-        rejected the query itself (413/422: the policy's mistake, an observation it is scored
-        on); (None, False) when the retriever failed. Any other error (RetrieverUnavailable
-        after the client's retries, other 4xx, timeout) becomes None: the trajectory continues
-        with an error observation instead of killing the batch. A refused API key
-        (RetrieverAuthError) is raised: every search would fail, so the run must stop."""
+    async def _search_text(self, query: str) -> str:
+        """Passages for one query (the search tool's function). A query the server refused as
+        such (413/422: the policy's mistake, an observation it is scored on) is a
+        ToolInputError; a refused API key (RetrieverAuthError) is raised through: every search
+        would fail, so the run must stop; any other error (RetrieverUnavailable after the
+        client's retries, other 4xx, a timeout) is a tool failure: the trajectory continues
+        with an error observation instead of killing the batch."""
         assert self.search is not None
-        if self._tool_sem is None:
-            self._tool_sem = asyncio.Semaphore(self.rcfg.max_concurrent_tool_calls)
-        async with self._tool_sem:
-            try:
-                docs = await asyncio.wait_for(self.search([query], self.topk), self.rcfg.tool_timeout_s)
-            except RetrieverAuthError:
-                raise
-            except RetrieverRequestError as e:
-                if e.status in QUERY_REJECTED:
-                    return O.rejected_query_text(e.detail), True
-                log.warning("search failed for %r: %r", query[:80], e)
-                return None, False
-            except Exception as e:  # noqa: BLE001 - every failure has the same recovery
-                log.warning("search failed for %r: %r", query[:80], e)
-                return None, False
-        return O.format_passages(docs[0]), False
+        try:
+            docs = await self.search([query], self.topk)
+        except RetrieverRequestError as e:
+            if e.status in QUERY_REJECTED and not isinstance(e, RetrieverAuthError):
+                raise ToolInputError(O.rejected_query_text(e.detail)) from None
+            raise
+        return O.format_passages(docs[0])
 
-    async def _observation(self, query: str, st: _State) -> list[int]:
-        text, rejected = await self._retrieve(query)
-        st.rejected += rejected
-        if text is None:
+    def _framed(self, text: str, frame: tuple[str, str], st: _State, limit: int) -> tuple[list[int], bool]:
+        """Ids of `text` in `frame`, cut to `limit`. A turn that ended in the template's
+        end-of-turn token (the model closed its message itself) has it already: the frame's
+        copy of that special token is not appended twice."""
+        ids, truncated = O.encode_observation(self.tokenizer, text, limit, frame)
+        if (ids and st.loss_mask and st.loss_mask[-1] == 1 and ids[0] == st.response_ids[-1]
+                and ids[0] in set(getattr(self.tokenizer, "all_special_ids", ()))):
+            ids = ids[1:]
+        return ids, truncated
+
+    async def _observation(self, action: Action, st: _State) -> tuple[str, str, list[int]]:
+        tool = self.tools[action.tool]
+        st.tool_calls += 1
+        if action.tool == "search":
+            st.searches += 1
+            q = action.query
+            if q is not None:
+                st.repeated += repeated(q, st.queries)
+                st.queries.append(q)
+        res = await tool.invoke(action.arguments)
+        if res.error == "rejected" and action.tool == "search":
+            st.rejected += 1
+        if res.error == "bad_args":
+            st.invalid += 1
+            st.bad_calls += 1
+        if not res.ok:
             st.tool_failures += 1
-            text = O.SEARCH_ERROR_TEXT
-        ids, truncated = O.encode_observation(self.tokenizer, text, self.max_obs_length)
+        ids, truncated = self._framed(res.text, self.protocol.observation_frame(), st, self.max_obs_length)
         st.obs_truncated += int(truncated)
-        return ids
+        return "observation", res.text, ids
+
+    def _feedback(self, action: Action, st: _State) -> tuple[str, str, list[int]]:
+        text = self.protocol.feedback(action)
+        frame = self.protocol.feedback_frame(action)
+        if frame == ("", ""):
+            return "feedback", text, encode_text(self.tokenizer, text)
+        ids, _ = self._framed(text, frame, st, 1 << 30)
+        return "feedback", text, ids
 
     async def _build_prompts(self, prompts: Sequence[Any], mode: str) -> tuple[list[list[int]], int]:
         """Prompt ids per prompt; rag mode retrieves once per prompt (shared by its n samples)."""
         docs: list[str | None] = [None] * len(prompts)
         failures = 0
-        if mode == "rag":
-            got = [text for text, _ in await asyncio.gather(*(self._retrieve(p.question) for p in prompts))]
-            failures = sum(t is None for t in got)
-            docs = [O.SEARCH_ERROR_TEXT if t is None else t for t in got]
+        if get_mode(mode).retrieve_first:
+            search = self.tools.get("search") or self._builtin(ToolConfig(name="search"))
+            got = await asyncio.gather(*(search.invoke({"query": p.question}) for p in prompts))
+            failures = sum(not r.ok for r in got)
+            docs = [r.text for r in got]
         return [
             list(p.prompt_ids) if getattr(p, "prompt_ids", None) is not None
-            else P.build_prompt_ids(self.tokenizer, p.question, self.template, mode, d)
+            else self.protocol.prompt_ids(self.tokenizer, p.question, self.template, mode, d)
             for p, d in zip(prompts, docs)
         ], failures
 
@@ -275,7 +380,12 @@ def rollout_metrics(trajs: Sequence[Trajectory], seconds: float) -> dict[str, fl
         "rollout/turns_max": float(max(turns)),
         "rollout/searches_mean": sum(t.num_searches for t in trajs) / k,
         "rollout/valid_action_rate": 1.0 - sum(t.num_invalid for t in trajs) / max(1, sum(turns)),
+        "rollout/invalid_action_rate": sum(t.num_invalid for t in trajs) / max(1, sum(turns)),
         "rollout/invalid_actions": float(sum(t.num_invalid for t in trajs)),
+        "rollout/bad_tool_calls": float(sum(t.num_bad_tool_calls for t in trajs)),
+        "rollout/tool_calls_mean": sum(t.num_tool_calls for t in trajs) / k,
+        "rollout/repeated_query_rate": sum(t.num_repeated_queries for t in trajs) / max(1, sum(t.num_searches for t in trajs)),
+        "rollout/answered_without_search": sum(t.finish_reason == "answer" and t.num_searches == 0 for t in trajs) / k,
         "rollout/tool_failures": float(sum(t.num_tool_failures for t in trajs)),
         "rollout/rejected_queries": float(sum(t.num_rejected_queries for t in trajs)),
         "rollout/obs_truncations": float(sum(t.num_obs_truncated for t in trajs)),

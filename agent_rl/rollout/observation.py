@@ -1,8 +1,8 @@
 """The observation path, whole: retrieved passages -> observation text -> observation token ids.
 
-`format_passages` (Search-R1's passage formatting), `format_observation` (the
-`<information>` framing), `encode_observation` (ids, truncated to `data.max_obs_length` with
-the closing tag kept). The rollout manager, the demonstration builder and the benchmarks all
+`format_passages` (Search-R1's passage formatting), `format_observation` (the protocol's
+framing: `<information>` tags, or the chat template's tool message), `encode_observation` (ids,
+truncated to `data.max_obs_length` with the closing frame kept). The rollout manager, the demonstration builder and the benchmarks all
 call these, so an observation has the same ids wherever it is built.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from agent_rl.rollout.prompts import encode_text
+from agent_rl.rollout.protocol import OBS_CLOSE, OBS_OPEN, encode_text
 from retriever_server.schemas import ScoredDocument
 
 # Shown (inside <information>) when the retriever fails after its retries; not in Search-R1,
@@ -43,19 +43,17 @@ def format_passages(docs: Sequence[ScoredDocument | dict]) -> str:
     return out
 
 
-OBS_OPEN, OBS_CLOSE = "\n\n<information>", "</information>\n\n"
-"""The observation block's framing (`format_observation`)."""
+def format_observation(docs_text: str, frame: tuple[str, str] = (OBS_OPEN, OBS_CLOSE)) -> str:
+    """The observation block: `.strip()` of the tool's output inside the protocol's frame
+    (Search-R1's `<information>` tags by default; a chat template's tool message for native
+    tool calls, `protocol.HermesToolCalls.observation_frame`)."""
+    return f"{frame[0]}{docs_text.strip()}{frame[1]}"
 
 
-def format_observation(docs_text: str) -> str:
-    """Search-R1's observation block (generation.py: `.strip()` of the passages, then tags)."""
-    return f"{OBS_OPEN}{docs_text.strip()}{OBS_CLOSE}"
-
-
-
-def encode_observation(tokenizer: Any, docs_text: str, max_obs_length: int) -> tuple[list[int], bool]:
-    """Ids of the observation block for `docs_text`, at most `max_obs_length` tokens; the
-    boolean says whether the passages were cut.
+def encode_observation(tokenizer: Any, docs_text: str, max_obs_length: int,
+                       frame: tuple[str, str] = (OBS_OPEN, OBS_CLOSE)) -> tuple[list[int], bool]:
+    """Ids of the observation block for `docs_text` in `frame`, at most `max_obs_length`
+    tokens; the boolean says whether the passages were cut.
 
     Truncation is in tokens, as Search-R1's `_process_next_obs`, but the cut falls on the
     passages, not on the block: the ids are those of `OBS_OPEN`, the first passage tokens
@@ -66,10 +64,10 @@ def encode_observation(tokenizer: Any, docs_text: str, max_obs_length: int) -> t
     """
     if max_obs_length < 0:
         raise ValueError(f"max_obs_length must be >= 0, got {max_obs_length}")
-    ids = encode_text(tokenizer, format_observation(docs_text))
+    ids = encode_text(tokenizer, format_observation(docs_text, frame))
     if len(ids) <= max_obs_length:
         return ids, False
-    head, tail = encode_text(tokenizer, OBS_OPEN), encode_text(tokenizer, OBS_CLOSE)
+    head, tail = encode_text(tokenizer, frame[0]), encode_text(tokenizer, frame[1])
     room = max_obs_length - len(head) - len(tail)
     if room <= 0:
         return ids[:max_obs_length], True

@@ -22,6 +22,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from agent_rl.rollout.protocol import ANSWER_CLOSE, ANSWER_OPEN, INFO_CLOSE, INFO_OPEN, REWARD_TAGS
+
 # ----------------------------------------------------------------------------- normalisation
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = set(string.punctuation)
@@ -94,9 +96,9 @@ def f1(prediction: str, golden_answers: str | Iterable[str]) -> float:
 
 
 # ----------------------------------------------------------------------------- parsing
-_INFO_BLOCK = re.compile(r"<information>(.*?)(?:</information>|\Z)", re.DOTALL)
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_TAG = re.compile(r"(</?(?:think|search|information|answer)>)")
+_INFO_BLOCK = re.compile(f"{INFO_OPEN}(.*?)(?:{INFO_CLOSE}|\\Z)", re.DOTALL)
+_ANSWER = re.compile(f"{ANSWER_OPEN}(.*?){ANSWER_CLOSE}", re.DOTALL)
+_TAG = re.compile(f"(</?(?:{'|'.join(REWARD_TAGS)})>)")
 
 
 def strip_information(response_text: str) -> str:

@@ -52,6 +52,33 @@ def check_metrics(metrics: dict) -> dict[str, float]:
     return out
 
 
+class RisingRate:
+    """Watches a per-step rate (e.g. `rollout/invalid_action_rate`) and says when it doubles
+    over its running mean: a search agent going wrong shows in its protocol before its reward
+    drops. The mean covers the steps before the current one; it needs `min_steps` of them, and
+    a rate under `floor` is never a warning."""
+
+    def __init__(self, key: str, factor: float = 2.0, min_steps: int = 3, floor: float = 0.05):
+        self.key, self.factor, self.min_steps, self.floor = key, factor, min_steps, floor
+        self.total = 0.0
+        self.steps = 0
+
+    def update(self, metrics: dict, step: int) -> str | None:
+        """Record this step's value (if present); the warning text when it rose, else None."""
+        value = metrics.get(self.key)
+        if value is None:
+            return None
+        value = float(value)
+        mean = self.total / self.steps if self.steps else None
+        self.total += value
+        self.steps += 1
+        metrics[f"{self.key}_running_mean"] = self.total / self.steps
+        if mean is None or self.steps <= self.min_steps or value < self.floor or value < self.factor * mean:
+            return None
+        return (f"step {step}: {self.key} is {value:.3f}, {value / mean if mean > 0 else float('inf'):.1f}x its running "
+                f"mean {mean:.3f}: the policy is breaking the action protocol (see rollout/bad_tool_calls)")
+
+
 def read_jsonl(run_dir: str | Path) -> list[dict]:
     """All rows of a run's metrics file (one dict per logged step); an unreadable line (a
     partial last one from a killed run) is skipped with a warning."""

@@ -129,6 +129,8 @@ class RolloutWorker:
         return await self.engine.load_weights(get_transport(transport).load(weights))
 
     async def shutdown(self) -> None:
+        if self.manager is not None:
+            await self.manager.aclose()  # MCP servers' connections
         if self.engine is not None:
             await self.engine.shutdown()
             self.engine = None

@@ -27,13 +27,12 @@ from typing import Callable
 import torch
 
 from agent_rl.config import TrainConfig, to_dict
-from agent_rl.rollout.prompts import reward_view
-from agent_rl.rollout.reward import evaluate_response
+from agent_rl.rollout.protocol import score_trajectory
 from agent_rl.training import algos
 from agent_rl.training.batch import TokenBatch
 from agent_rl.training.checkpoint import STATE, CheckpointManager
 from agent_rl.training.data import Prompt, PromptLoader, drop_overlong, load_prompts
-from agent_rl.training.metrics import MetricsLogger
+from agent_rl.training.metrics import MetricsLogger, RisingRate
 from agent_rl.types import Trajectory
 
 
@@ -77,6 +76,7 @@ class RayTrainer:
         self.total_steps = cfg.trainer.total_training_steps or cfg.trainer.total_epochs * self.loader.steps_per_epoch
         self.step = 0
         self.trained_s = 0.0  # wall seconds of training steps, summed over resumed attempts
+        self.invalid_watch = RisingRate("rollout/invalid_action_rate")
         self.longest_step_s = 0.0  # of this attempt: how long the next step may take (time budget)
         self.adv_fn = algos.get_adv_estimator(cfg.algorithm.adv_estimator)
         check_filter_metric(cfg.algorithm.filter_metric)  # before the engine starts
@@ -154,6 +154,10 @@ class RayTrainer:
             self.longest_step_s = max(self.longest_step_s, step_s)
             self.trained_s += step_s
             metrics["training/elapsed_s"] = self.trained_s
+            warning = self.invalid_watch.update(metrics, self.step)
+            if warning:
+                log.warning(warning)
+                print(f"[train] warning: {warning}", flush=True)
             # 5. log before the checkpoint: a run killed after checkpoint K has logged K
             self.metrics.log(metrics, self.step, extra={"prompt_ids": prompt_ids})
             if self._save_due() or self._out_of_time():
@@ -336,12 +340,13 @@ def load_train_prompts(cfg: TrainConfig) -> list[Prompt]:
     with the rollout's own prompt template and tokenizer."""
     from transformers import AutoTokenizer
 
-    from agent_rl.rollout.prompts import build_prompt_ids
+    from agent_rl.rollout.protocol import protocol_for
 
     tok = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path)
-    template = cfg.actor_rollout_ref.rollout.template
+    rcfg = cfg.actor_rollout_ref.rollout
+    protocol = protocol_for(rcfg, tok)  # MCP tools' schemas are not known here: built-ins only
     prompts = load_prompts(cfg.data.train_files, cfg.data.train_data_num)
-    return drop_overlong(prompts, lambda p: len(build_prompt_ids(tok, p.question, template)), cfg.data.max_prompt_length)
+    return drop_overlong(prompts, lambda p: len(protocol.prompt_ids(tok, p.question, rcfg.template)), cfg.data.max_prompt_length)
 
 
 def collect_groups(
@@ -446,7 +451,7 @@ def score_trajectories(trajs: list[Trajectory], prompts: list[Prompt], reward_cf
     """Set each trajectory's `reward` from its response text (response only, never the
     prompt); returns the `RewardResult`s (answer, EM/F1 metric, format flags)."""
     results = [
-        evaluate_response(reward_view(tr.response_text), tr.golden_answers or prompts[tr.group_id].golden_answers, reward_cfg)
+        score_trajectory(tr, tr.golden_answers or prompts[tr.group_id].golden_answers, reward_cfg)
         for tr in trajs
     ]
     for tr, r in zip(trajs, results):

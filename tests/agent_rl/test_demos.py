@@ -2,7 +2,7 @@
 
 Integration tests build demonstrations from the tiny knowledge base against a real retriever
 server (BM25, own process) with the real tokenizer, then check them against (a) an
-independent assembly from `agent_rl.rollout.prompts` and the server's results, and (b) the rollout
+independent assembly from `agent_rl.rollout.protocol` and the server's results, and (b) the rollout
 manager driven by a scripted engine that replays the stored model turns, with the real
 HTTP retriever client.
 """
@@ -22,7 +22,8 @@ from agent_rl.coldstart import demos as D
 from agent_rl.coldstart import plan as PL
 from agent_rl.config import TrainConfig
 from agent_rl.rollout import observation as O
-from agent_rl.rollout import prompts as P
+from agent_rl.rollout import protocol as PR
+from agent_rl.rollout.protocol import SEARCH_R1 as P
 from agent_rl.rollout import reward as R
 
 
@@ -88,7 +89,7 @@ def test_segments_close_one_action_each_vary_and_form_a_valid_response():
     firsts, finals = set(), set()
     for seed in range(60):
         segs = PL.write_segments(plan, "Grulcrest", random.Random(seed))
-        assert [P.parse_action(s) for s in segs] == [
+        assert [(a.kind if a.kind == "answer" else "search", a.query or a.content) for a in map(P.parse, segs)] == [
             ("search", KB_BRIDGE["hop_queries"][0]), ("search", KB_BRIDGE["hop_queries"][1]), ("answer", "Grulcrest")]
         firsts.add(segs[0])
         finals.add(segs[-1])
@@ -158,11 +159,11 @@ def test_token_ids_equal_an_assembly_from_the_rollout_functions(aio, settings, b
         assert rows and all(r["num_obs_truncated"] == r["num_searches"] for r in rows)
     with SyncRetrieverClient(retriever_url) as client:
         for r in rows[:40]:
-            assert r["prompt_ids"] == P.build_prompt_ids(tokenizer, r["question"], "chat")
+            assert r["prompt_ids"] == P.prompt_ids(tokenizer, r["question"], "chat")
             ids, mask = [], []
             docs = client.search(r["queries"], cfg.retriever.topk)
             for k, seg in enumerate(r["segments"]):
-                seg_ids = P.encode_text(tokenizer, seg)
+                seg_ids = PR.encode_text(tokenizer, seg)
                 ids += seg_ids
                 mask += [1] * len(seg_ids)
                 if k < len(docs):

@@ -13,7 +13,7 @@ import pytest
 
 from agent_rl.config import TrainConfig, load_config
 from agent_rl.evaluation import evaluate as ev
-from agent_rl.rollout.prompts import FEEDBACK_INVALID
+from agent_rl.rollout.protocol import FEEDBACK_INVALID
 from agent_rl.training.data import Prompt
 from agent_rl.types import Trajectory
 

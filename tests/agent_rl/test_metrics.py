@@ -145,3 +145,20 @@ def test_plot_compares_runs_side_by_side(tmp_path, capsys):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and str(out) in capsys.readouterr().out
     with pytest.raises(SystemExit):  # comparing needs --out
         plot_main([f"a={tmp_path / 'a'}", f"b={tmp_path / 'b'}"])
+
+
+def test_rising_rate_warns_when_the_invalid_action_rate_doubles_over_its_running_mean():
+    from agent_rl.training.metrics import RisingRate
+
+    w = RisingRate("rollout/invalid_action_rate")
+    seen = []
+    for step, v in enumerate([0.10, 0.12, 0.08, 0.10, 0.19, 0.25, 0.02], start=1):
+        m = {"rollout/invalid_action_rate": v}
+        seen.append(w.update(m, step))
+    # steps 1-3 build the mean; step 4: 0.10 vs 0.10; step 5: 0.19 < 2 x 0.10; step 6: 0.25 >= 2 x 0.118
+    assert seen[:5] == [None] * 5 and seen[6] is None
+    assert seen[5] is not None and "step 6" in seen[5] and "0.250" in seen[5] and "0.118" in seen[5]
+    assert abs(m["rollout/invalid_action_rate_running_mean"] - sum([0.10, 0.12, 0.08, 0.10, 0.19, 0.25, 0.02]) / 7) < 1e-12
+    quiet = RisingRate("rollout/invalid_action_rate")
+    assert all(quiet.update({"rollout/invalid_action_rate": v}, i) is None for i, v in enumerate([0.001, 0.001, 0.001, 0.004]))
+    assert quiet.update({}, 9) is None  # a step without the key (e.g. direct rollouts)

@@ -14,95 +14,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from agent_rl.config import TrainConfig
 from agent_rl.rollout import observation as O
-from agent_rl.rollout import prompts as P
-from agent_rl.rollout.engine import GenerateResult, Sampling
+from agent_rl.rollout import protocol as PR
+from agent_rl.rollout.protocol import SEARCH_R1 as P
+from agent_rl.rollout.engine import Sampling
 from agent_rl.rollout.manager import RolloutManager
 from agent_rl.rollout.observation import format_passages
-from agent_rl.rollout.retrieval_client import (RetrieverAuthError, RetrieverClient, RetrieverRequestError,
-                                               RetrieverUnavailable)
-from retriever_server.schemas import Document, ScoredDocument
-
-
-def make_cfg(max_turns=3, max_response_length=512, max_obs_length=256, n=1, **rollout) -> TrainConfig:
-    cfg = TrainConfig()
-    cfg.max_turns = max_turns
-    cfg.data.max_response_length = max_response_length
-    cfg.data.max_obs_length = max_obs_length
-    cfg.actor_rollout_ref.rollout.n = n
-    cfg.actor_rollout_ref.rollout.chat_template = False
-    for k, v in rollout.items():
-        setattr(cfg.actor_rollout_ref.rollout, k, v)
-    return cfg
-
-
-@dataclass
-class Q:
-    question: str
-    golden_answers: list[str] = field(default_factory=lambda: ["x"])
-    data_source: str = "test"
-
-
-# ----------------------------------------------------------------------------- fakes
-class ScriptedEngine:
-    """Plays a script of turn texts (a list, or a function of the decoded context). Each text is tokenized piece by piece ("|" separates
-    pieces), which gives NON-canonical ids like a real sampler can produce; logprobs are
-    distinct negative numbers. Records every request and result."""
-
-    def __init__(self, tok, script, max_model_len=4096, delay=0.0):
-        self.tok, self.max_model_len, self.delay = tok, max_model_len, delay
-        self.script = script if callable(script) else list(script)
-        self.calls: list[tuple[list[int], Sampling]] = []
-        self.results: list[GenerateResult] = []
-        self.in_flight = self.max_in_flight = 0
-        self._lp = 0
-
-    async def generate(self, prompt_ids, sampling):
-        self.calls.append((list(prompt_ids), sampling))
-        self.in_flight += 1
-        self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        await asyncio.sleep(self.delay)
-        self.in_flight -= 1
-        if callable(self.script):
-            text = self.script(self.tok.decode(prompt_ids))
-        else:
-            text = self.script.pop(0) if self.script else "rambling"
-        ids = [i for piece in text.split("|") for i in self.tok.encode(piece, add_special_tokens=False)]
-        ids = ids[: sampling.max_tokens]
-        lps = [-(self._lp + k + 1) / 1000 for k in range(len(ids))]
-        self._lp += len(ids)
-        full = self.tok.decode(ids)
-        stop = next((s for s in sampling.stop if s in full), None)
-        out = GenerateResult(ids, lps, "stop" if stop else "length", stop, full[: full.index(stop) + len(stop)] if stop else full)
-        self.results.append(out)
-        return out
-
-
-class FakeRetriever:
-    def __init__(self, fail=False, hang=False, delay=0.0):
-        self.fail, self.hang, self.delay = fail, hang, delay
-        self.queries: list[str] = []
-        self.in_flight = self.max_in_flight = 0
-
-    async def search(self, queries, topk):
-        self.queries += queries
-        self.in_flight += 1
-        self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        try:
-            if self.hang:
-                await asyncio.sleep(3600)
-            await asyncio.sleep(self.delay)
-            if self.fail:
-                raise RetrieverUnavailable("down")
-            return [self.docs(q, topk) for q in queries]
-        finally:
-            self.in_flight -= 1
-
-    @staticmethod
-    def docs(q, topk):
-        return [ScoredDocument(document=Document(id=str(i), contents=f'"{q} {i}"\nText about {q}, part {i}.'), score=1.0 / (i + 1))
-                for i in range(topk)]
+from agent_rl.rollout.retrieval_client import RetrieverAuthError, RetrieverClient, RetrieverRequestError
+from rollout_fakes import FakeRetriever, Q, ScriptedEngine, make_cfg
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +74,7 @@ def test_ids_masks_logprobs_are_exactly_engine_output_plus_observations(tok):
 def test_invalid_action_gets_search_r1_feedback_with_mask_zero(tok):
     eng = ScriptedEngine(tok, ["I am not sure.", "<answer> 42 </answer>"])
     traj = run(RolloutManager(eng, FakeRetriever(), make_cfg(), tokenizer=tok).run_trajectory([5], Sampling(), 3))
-    fb = P.encode_text(tok, P.FEEDBACK_INVALID)
+    fb = PR.encode_text(tok, PR.FEEDBACK_INVALID)
     r = eng.results
     assert traj.response_ids == r[0].token_ids + fb + r[1].token_ids
     assert traj.loss_mask == [1] * len(r[0].token_ids) + [0] * len(fb) + [1] * len(r[1].token_ids)
@@ -256,11 +175,11 @@ def test_direct_and_rag_modes(tok):
     mgr = RolloutManager(eng, ret, make_cfg(), tokenizer=tok)
     (t,), _ = run(mgr.rollout([Q("who is x")], n=1, mode="direct"))
     assert t.num_turns == 1 and ret.queries == [] and t.finish_reason == "max_turns"  # no search in direct mode
-    assert eng.calls[0][0] == P.build_prompt_ids(tok, "who is x", "base", "direct")
+    assert eng.calls[0][0] == P.prompt_ids(tok, "who is x", "base", "direct")
     (t,), _ = run(mgr.rollout([Q("who is y")], n=1, mode="rag"))
     assert ret.queries == ["who is y"] and t.finish_reason == "answer"
     docs = format_passages(FakeRetriever.docs("who is y", 3))
-    assert eng.calls[1][0] == P.build_prompt_ids(tok, "who is y", "base", "rag", docs)
+    assert eng.calls[1][0] == P.prompt_ids(tok, "who is y", "base", "rag", docs)
     with pytest.raises(ValueError, match="mode"):
         run(mgr.rollout([Q("q")], mode="cot"))
 
@@ -355,10 +274,10 @@ def test_real_engine_stops_at_answer_and_respects_length(aio, engine, tokenizer,
     cfg = make_cfg(max_turns=2, max_response_length=40, n=4, chat_template=True, max_tokens_per_turn=32)
     mgr = RolloutManager(engine, client, cfg)  # default: the engine's own tokenizer
     q = kb_questions[0].question
-    assert P.build_prompt_ids(mgr.tokenizer, q, "chat") == P.build_prompt_ids(tokenizer, q, "chat")
-    assert P.encode_text(mgr.tokenizer, P.FEEDBACK_INVALID) == P.encode_text(tokenizer, P.FEEDBACK_INVALID)
+    assert P.prompt_ids(mgr.tokenizer, q, "chat") == P.prompt_ids(tokenizer, q, "chat")
+    assert PR.encode_text(mgr.tokenizer, PR.FEEDBACK_INVALID) == PR.encode_text(tokenizer, PR.FEEDBACK_INVALID)
     trajs, m = aio(mgr.rollout(kb_questions[:2]))
-    assert [t.prompt_ids for t in trajs[::4]] == [P.build_prompt_ids(tokenizer, p.question, "chat") for p in kb_questions[:2]]
+    assert [t.prompt_ids for t in trajs[::4]] == [P.prompt_ids(tokenizer, p.question, "chat") for p in kb_questions[:2]]
     assert len(trajs) == 8 and all(len(t.response_ids) <= 40 for t in trajs)
     assert all(len(t.response_ids) == len(t.loss_mask) == len(t.rollout_logprobs) for t in trajs)
     assert all(t.num_turns <= 3 for t in trajs) and m["rollout/response_length_max"] <= 40

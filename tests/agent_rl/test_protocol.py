@@ -1,11 +1,12 @@
-"""Prompt templates and the action protocol (tokenizer only, fast)."""
+"""The action protocols: prompts, parsing, feedback, framing, reward views (tokenizer only, fast)."""
 
 from __future__ import annotations
 
 import pytest
 
 from agent_rl.rollout import observation as O
-from agent_rl.rollout import prompts as P
+from agent_rl.rollout import protocol as PR
+from agent_rl.rollout.protocol import SEARCH_R1 as P
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +31,9 @@ def test_base_template_is_search_r1_make_prefix_verbatim():
 
 
 def test_build_prompt_ids_base_and_chat(tok):
-    base = P.build_prompt_ids(tok, "who wrote hamlet", template="base")
+    base = P.prompt_ids(tok, "who wrote hamlet", template="base")
     assert tok.decode(base) == P.prompt_text("who wrote hamlet")
-    chat = P.build_prompt_ids(tok, "who wrote hamlet", template="chat")
+    chat = P.prompt_ids(tok, "who wrote hamlet", template="chat")
     text = tok.decode(chat)
     assert P.prompt_text("who wrote hamlet") in text
     assert text.endswith("<|im_start|>assistant\n")  # add_generation_prompt=True
@@ -49,10 +50,10 @@ def test_modes_and_bad_arguments(tok):
     assert "Doc 1(Title: X) y" in rag and "<search>" not in rag
     with pytest.raises(ValueError, match="docs_text"):
         P.prompt_text("q", mode="rag")
-    with pytest.raises(ValueError, match="unknown prompt mode"):
+    with pytest.raises(ValueError, match="rollout mode must be one of"):
         P.prompt_text("q", mode="cot")
     with pytest.raises(ValueError, match="unknown template"):
-        P.build_prompt_ids(tok, "q", template="llama")
+        P.prompt_ids(tok, "q", template="llama")
     with pytest.raises(ValueError, match="empty question"):
         P.prompt_text("   ")
 
@@ -81,7 +82,7 @@ def test_observation_format_and_token_truncation(tok):
 
 
 def test_feedback_text_is_search_r1s():
-    assert P.FEEDBACK_INVALID == (
+    assert PR.FEEDBACK_INVALID == (
         "\nMy previous action is invalid. If I want to search, I should put the query between <search> and "
         "</search>. If I want to give the final answer, I should put the answer between <answer> and </answer>. "
         "Let me try again.\n"
@@ -100,12 +101,16 @@ def test_feedback_text_is_search_r1s():
     ],
 )
 def test_parse_action(text, expected):
-    assert P.parse_action(text) == expected
+    a = P.parse(text)
+    got = {"tool": ("search", a.query), "answer": ("answer", a.content), "invalid": (None, "")}[a.kind]
+    assert got == expected
 
 
 def test_reward_never_reads_the_invalid_action_feedback_as_an_answer():
-    from agent_rl.rollout.prompts import FEEDBACK_INVALID, reward_view
+    from agent_rl.rollout.protocol import FEEDBACK_INVALID
     from agent_rl.rollout.reward import evaluate_response
+
+    reward_view = P.reward_view
 
     # A model that never answers: only the environment's feedback mentions <answer>.
     text = "<think>hmm</think> I am not sure." + FEEDBACK_INVALID + "still not sure"

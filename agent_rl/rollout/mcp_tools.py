@@ -1,0 +1,414 @@
+"""Tools served by an MCP server (the official `mcp` SDK, 2.x), as `agent_rl.rollout.tools.Tool`s.
+
+    async with McpServer(command=["python", "my_server.py"], name="kb") as server:
+        tools = await server.tools(include=["lookup"], timeout_s=30)
+        result = await tools[0].invoke({"query": "..."})
+
+`McpServer` is one connection: stdio (the client starts `command` as a child process and talks
+over its stdin/stdout) or streamable HTTP (`url`, e.g. "http://127.0.0.1:8000/mcp"). The SDK's
+context managers hold anyio cancel scopes that must be entered and left by one task, so one
+background asyncio task made by `start()` owns the connection for its whole life; tool calls
+from any number of tasks of the same loop share its session, and `start()` and `aclose()` may
+be awaited from different tasks.
+
+What a call can give (see `tools.Tool.invoke`):
+- the text items of the result joined with "\\n" (other items as "[image]", "[audio]", ...);
+- a result with isError=True, or a JSON-RPC "invalid params" error: `ToolInputError` with the
+  server's text (the policy's mistake, shown to it);
+- a dead connection (the server crashed or went away), a protocol error: `McpCallError`, an
+  ordinary tool error. Calls pending when the connection dies fail at once, never hang; later
+  calls fail at once too, until `start()` is awaited again, which reconnects.
+
+A stdio child gets the SDK's small default environment (HOME, LOGNAME, PATH, SHELL, TERM, USER)
+plus `env`, not the parent's whole environment; its stderr is forwarded to ours, prefixed with
+"[mcp:<name>]", and its last lines are quoted when the connection fails.
+
+`mcp` is imported inside the methods, so importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import os
+import shlex
+import sys
+from typing import Any
+
+from agent_rl.rollout.tools import Tool, ToolInputError
+
+STOP_GRACE_S = 10.0  # aclose(): time for a clean shutdown (stdio: stdin closed, child reaped) before cancelling
+STDERR_TAIL_LINES = 20
+MAX_TOOL_PAGES = 100
+
+
+class McpConnectError(ConnectionError):
+    """The MCP server could not be started, reached or initialized."""
+
+
+class McpCallError(RuntimeError):
+    """A tool call failed on the MCP side: lost connection, server crash, protocol error."""
+
+
+class _StderrTap:
+    """A pipe for a stdio child's stderr: lines forwarded to our stderr, the last ones kept."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
+        self._buf = b""
+        self.read_fd, self.write_fd = os.pipe()
+        os.set_blocking(self.read_fd, False)
+        self._loop = asyncio.get_running_loop()
+        try:
+            self._loop.add_reader(self.read_fd, self._drain)
+        except NotImplementedError:  # a Proactor loop (Windows)
+            os.close(self.read_fd)
+            os.close(self.write_fd)
+            raise
+
+    def close_write_end(self) -> None:
+        """Our copy of the write end; closed once the child has it, so its exit reads as EOF."""
+        if self.write_fd >= 0:
+            os.close(self.write_fd)
+            self.write_fd = -1
+
+    def _drain(self) -> None:
+        while self.read_fd >= 0:
+            try:
+                data = os.read(self.read_fd, 65536)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self._emit(self._buf, final=True)
+                self._buf = b""
+                self._loop.remove_reader(self.read_fd)
+                return
+            self._emit(data)
+
+    def _emit(self, data: bytes, final: bool = False) -> None:
+        *lines, self._buf = (self._buf + data).split(b"\n")
+        if final and self._buf:
+            lines.append(self._buf)
+            self._buf = b""
+        for raw in lines:
+            line = raw.decode("utf-8", "replace").rstrip()
+            if line:
+                self.tail.append(line)
+                with contextlib.suppress(Exception):
+                    sys.stderr.write(f"[mcp:{self.label}] {line}\n")
+
+    def text(self) -> str:
+        self._drain()  # whatever the child wrote before it died is in the pipe by now
+        return "\n".join(self.tail)
+
+    def close(self) -> None:
+        self.close_write_end()
+        if self.read_fd >= 0:
+            self._drain()
+            with contextlib.suppress(Exception):
+                self._loop.remove_reader(self.read_fd)
+            os.close(self.read_fd)
+            self.read_fd = -1
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in _leaves(e)]
+    return [exc]
+
+
+def _describe(exc: BaseException) -> str:
+    leaves = [e for e in _leaves(exc) if not isinstance(e, asyncio.CancelledError)] or [exc]
+    parts = []
+    for e in leaves[:3]:
+        text = str(e).strip()
+        parts.append(f"{type(e).__name__}: {text}" if text else type(e).__name__)
+    return "; ".join(parts)
+
+
+def _content_text(result: Any) -> str:
+    """The text the model reads from a CallToolResult."""
+    parts: list[str] = []
+    for item in result.content or []:
+        kind = getattr(item, "type", None)
+        if kind == "text":
+            parts.append(item.text)
+        elif kind == "resource":  # an embedded resource: its text if it has one
+            res = item.resource
+            text = getattr(res, "text", None)
+            parts.append(text if isinstance(text, str) else f"[resource {res.uri}]")
+        elif kind == "resource_link":
+            parts.append(f"[resource link {getattr(item, 'uri', '')}]")
+        else:
+            parts.append(f"[{kind or type(item).__name__}]")
+    if not parts and result.structured_content is not None:
+        return json.dumps(result.structured_content, ensure_ascii=False)
+    return "\n".join(parts)
+
+
+class McpServer:
+    """One MCP server connection: stdio (a command the client starts as a child process) or
+    streamable HTTP (a URL)."""
+
+    def __init__(self, *, command: list[str] | None = None, url: str | None = None,
+                 env: dict[str, str] | None = None, name: str = "mcp", connect_timeout_s: float = 30.0) -> None:
+        if (command is None) == (url is None):
+            raise ValueError("McpServer needs exactly one of command= (stdio) or url= (streamable HTTP)")
+        if command is not None and (isinstance(command, str) or not command or not all(isinstance(c, str) for c in command)):
+            raise ValueError(f"command must be a non-empty list of strings, got {command!r}")
+        if url is not None and env:
+            raise ValueError("env= applies to a stdio server (command=) only")
+        self.command = list(command) if command is not None else None
+        self.url = url
+        self.env = dict(env) if env else None
+        self.name = name
+        self.connect_timeout_s = connect_timeout_s
+        self._task: asyncio.Task | None = None
+        self._session: Any = None  # mcp.ClientSession while connected
+        self._stop: asyncio.Event | None = None
+        self._gone: asyncio.Future | None = None  # resolved (with the reason) when the connection ends
+        self._scope: Any = None  # the anyio CancelScope around the connection
+        self._lock: asyncio.Lock | None = None
+        self._stderr: _StderrTap | None = None
+
+    # ------------------------------------------------------------------ description
+    @property
+    def target(self) -> str:
+        return f"command: {shlex.join(self.command)}" if self.command is not None else f"url: {self.url}"
+
+    def __repr__(self) -> str:
+        return f"McpServer({self.name!r}, {self.target}, connected={self.connected})"
+
+    @property
+    def connected(self) -> bool:
+        return self._session is not None and self._gone is not None and not self._gone.done()
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Connect and initialize (a no-op when connected; reconnects after a lost connection).
+        Raises McpConnectError naming the command/url and why, at the latest after
+        connect_timeout_s."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self.connected:
+                return
+            await self._shutdown()  # the remains of a lost connection
+            loop = asyncio.get_running_loop()
+            ready: asyncio.Future = loop.create_future()
+            self._stop = asyncio.Event()
+            self._gone = loop.create_future()
+            self._task = loop.create_task(self._hold(ready, self._stop, self._gone), name=f"mcp:{self.name}")
+            try:
+                done, _ = await asyncio.wait({ready}, timeout=self.connect_timeout_s)
+            except BaseException:  # start() itself cancelled: leave nothing behind
+                await self._shutdown(grace_s=0.0)
+                if ready.done():
+                    ready.exception()  # retrieved: no "never retrieved" warning
+                raise
+            if not done:
+                tail = self._stderr_text()
+                await self._shutdown(grace_s=0.0)
+                if ready.done():
+                    ready.exception()
+                raise McpConnectError(
+                    f"MCP server {self.name!r} ({self.target}) did not connect within "
+                    f"{self.connect_timeout_s:g} s" + (f"; its stderr:\n{tail}" if tail else ""))
+            if ready.exception() is not None:
+                await self._shutdown(grace_s=0.0)
+                raise ready.exception()
+
+    async def _hold(self, ready: asyncio.Future, stop: asyncio.Event, gone: asyncio.Future) -> None:
+        """The background task: open the transport and session, initialize, then hold them
+        until `stop` (or a lost connection); every SDK context is entered and left here."""
+        reason = "closed"
+        try:
+            import anyio
+            import mcp
+
+            with anyio.CancelScope() as scope:
+                self._scope = scope
+                async with contextlib.AsyncExitStack() as stack:
+                    read, write = await stack.enter_async_context(self._transport())
+                    session = await stack.enter_async_context(mcp.ClientSession(
+                        read, write, client_info=mcp.types.Implementation(name="agent_rl", version="1")))
+                    await session.initialize()
+                    self._session = session
+                    ready.set_result(None)
+                    await stop.wait()
+            if not ready.done():
+                reason = "cancelled while connecting"
+        except Exception as e:  # noqa: BLE001 - reported through `ready` / `gone`
+            reason = _describe(e)
+            if not ready.done() and "Connection closed" in reason:
+                reason = f"the server closed the connection before initializing ({reason}; did it exit?)"
+        finally:
+            self._session = None
+            self._scope = None
+            if not ready.done():
+                tail = self._stderr_text()
+                ready.set_exception(McpConnectError(
+                    f"cannot connect to MCP server {self.name!r} ({self.target}): {reason}"
+                    + (f"; its stderr:\n{tail}" if tail else "")))
+            if not gone.done():
+                gone.set_result(reason)
+            if self._stderr is not None:
+                self._stderr.close()
+                self._stderr = None
+
+    def _transport(self) -> contextlib.AbstractAsyncContextManager:
+        if self.url is not None:
+            from mcp.client.streamable_http import streamable_http_client
+
+            return streamable_http_client(self.url)
+        return self._stdio_transport()
+
+    @contextlib.asynccontextmanager
+    async def _stdio_transport(self):
+        from mcp import StdioServerParameters, stdio_client
+
+        params = StdioServerParameters(command=self.command[0], args=self.command[1:], env=self.env)
+        try:
+            self._stderr = _StderrTap(self.name)
+            errlog: Any = self._stderr.write_fd
+        except NotImplementedError:  # no add_reader (Windows Proactor loop): plain inherited stderr
+            self._stderr = None
+            errlog = sys.stderr
+        try:
+            async with stdio_client(params, errlog=errlog) as streams:
+                if self._stderr is not None:
+                    self._stderr.close_write_end()
+                yield streams
+        finally:
+            if self._stderr is not None:
+                self._stderr.close_write_end()
+
+    def _stderr_text(self) -> str:
+        return self._stderr.text() if self._stderr is not None else ""
+
+    async def _shutdown(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Stop the background task: a clean exit first (stdio: close stdin, reap the child;
+        HTTP: end the session), cancelled after `grace_s`."""
+        task = self._task
+        if task is None:
+            return
+        if self._stop is not None:
+            self._stop.set()
+        if not task.done():
+            if grace_s > 0:
+                await asyncio.wait({task}, timeout=grace_s)
+            if not task.done():
+                if self._scope is not None:
+                    self._scope.cancel()
+                else:
+                    task.cancel()
+                await asyncio.wait({task})
+        with contextlib.suppress(BaseException):
+            task.result()
+        self._task = None
+
+    async def aclose(self) -> None:
+        """Close the connection (a stdio child is terminated); idempotent."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            await self._shutdown()
+
+    async def __aenter__(self) -> "McpServer":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # ------------------------------------------------------------------ tools
+    async def tools(self, include: list[str] | None = None, timeout_s: float = 120.0,
+                    max_concurrency: int = 64) -> list[Tool]:
+        """The server's tools as `Tool`s (name, description, inputSchema as parameters), in the
+        server's order, or in `include`'s order for only those names (an unknown name in
+        include raises ValueError listing the server's tools). Starts the connection if needed."""
+        if not self.connected:
+            await self.start()
+        listed = await self._list_tools()
+        by_name = {t.name: t for t in listed}
+        if include is not None:
+            unknown = [n for n in include if n not in by_name]
+            if unknown:
+                raise ValueError(f"MCP server {self.name!r} has no tool(s) {unknown}; "
+                                 f"its tools: {sorted(by_name)}")
+            listed = [by_name[n] for n in dict.fromkeys(include)]
+        return [Tool(name=t.name, description=t.description or "", parameters=dict(t.input_schema or {"type": "object"}),
+                     fn=self._tool_fn(t.name), timeout_s=timeout_s, max_concurrency=max_concurrency)
+                for t in listed]
+
+    async def _list_tools(self) -> list[Any]:
+        import mcp
+
+        out: list[Any] = []
+        cursor: str | None = None
+        for _ in range(MAX_TOOL_PAGES):
+            params = mcp.types.PaginatedRequestParams(cursor=cursor) if cursor else None
+            page = await self._request(lambda s: s.list_tools(params=params))
+            out.extend(page.tools)
+            cursor = page.next_cursor
+            if not cursor:
+                break
+        return out
+
+    def _tool_fn(self, tool_name: str):
+        async def call(**arguments: Any) -> str:
+            result = await self._request(lambda s: s.call_tool(tool_name, arguments))
+            text = _content_text(result)
+            if result.is_error:
+                raise ToolInputError(text or f"tool {tool_name} reported an error")
+            return text
+
+        call.__name__ = f"mcp_{tool_name}"
+        return call
+
+    async def _request(self, send):
+        """`send(session)` on the live session, failing at once when the connection ends."""
+        from mcp.shared.exceptions import MCPError
+        from mcp.types import CONNECTION_CLOSED, INVALID_PARAMS
+
+        session, gone = self._session, self._gone
+        if session is None or gone is None or gone.done():
+            why = gone.result() if gone is not None and gone.done() else "not started"
+            raise McpCallError(f"MCP server {self.name!r} is not connected ({why})")
+        call = asyncio.ensure_future(send(session))
+        try:
+            await asyncio.wait({call, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not call.done():
+                call.cancel()  # the SDK sends the server a courtesy cancel
+                call.add_done_callback(lambda f: f.cancelled() or f.exception())
+        if not call.done():
+            raise McpCallError(f"connection to MCP server {self.name!r} lost: {gone.result()}")
+        try:
+            return call.result()
+        except MCPError as e:
+            if e.code == INVALID_PARAMS:
+                raise ToolInputError(e.message) from None
+            if e.code == CONNECTION_CLOSED:
+                # stdio: the child's stdout ended. HTTP: this one request's stream may have ended
+                # (the SDK synthesizes the error) while the session lives on; it is only lost when
+                # the session's dispatcher closed (a private flag, read defensively).
+                if self.command is not None or getattr(getattr(session, "_dispatcher", None), "_closed", False):
+                    self._lost(gone, "connection closed")
+                raise McpCallError(f"connection to MCP server {self.name!r} lost: {e.message}") from None
+            raise McpCallError(f"MCP server {self.name!r} error {e.code}: {e.message}") from None
+
+    def _lost(self, gone: asyncio.Future, reason: str) -> None:
+        """The connection died under a call: fail the others now, let the holder clean up."""
+        if gone is not self._gone:  # an older connection's call; a new one is up
+            return
+        if not gone.done():
+            gone.set_result(reason)
+        if self._stop is not None:
+            self._stop.set()

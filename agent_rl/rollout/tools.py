@@ -1,0 +1,287 @@
+"""Tools the policy may call: a name, a JSON schema, an async function, limits and counters.
+
+A `Tool` is a plain async Python function `fn(**arguments) -> str` (the text the model reads)
+with an OpenAI/Hermes function schema. `invoke` is the one way the rollout calls a tool: it
+checks the arguments against the schema, holds the tool's own concurrency limit, applies its
+timeout and counts calls, errors and latency (`tool/<name>/...` metrics). What can happen:
+
+- the arguments are wrong (unknown or missing keys, wrong JSON types): `ToolArgumentError`,
+  the policy's mistake, shown to it as feedback and counted as `bad_args`;
+- the tool raised `ToolInputError` (e.g. the calculator got `1/0`, the retriever refused a
+  query): also the policy's mistake, shown as feedback, counted as `rejected`;
+- the tool failed (an outage, a timeout, any other exception): `ok=False`, counted as an
+  `error` (a timeout also as `timeout`); the trainer's failed-search rule applies to it;
+- `ToolFatalError` (e.g. the retriever refused our API key) is raised: every call would fail.
+
+Built-ins: `search` (the retriever, `search_tool`) and `calculator` (safe arithmetic). MCP
+servers add tools through `agent_rl.rollout.mcp_tools`. Standard library only.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import logging
+import math
+import operator
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+class ToolArgumentError(ValueError):
+    """The call's arguments do not match the tool's schema (the policy's mistake)."""
+
+
+class ToolInputError(ValueError):
+    """The tool refused this input as such (the policy's mistake, not an outage)."""
+
+
+class ToolFatalError(RuntimeError):
+    """Every call to this tool would fail the same way (e.g. a refused API key): stop the run."""
+
+
+@dataclass
+class ToolStats:
+    """Counters of one tool since it was made (the rollout reports differences per step)."""
+
+    calls: int = 0
+    errors: int = 0
+    timeouts: int = 0
+    bad_args: int = 0
+    rejected: int = 0
+    seconds: float = 0.0
+
+    def minus(self, before: "ToolStats") -> "ToolStats":
+        return ToolStats(*(getattr(self, f) - getattr(before, f) for f in _STAT_FIELDS))
+
+    def copy(self) -> "ToolStats":
+        return ToolStats(*(getattr(self, f) for f in _STAT_FIELDS))
+
+
+_STAT_FIELDS = ("calls", "errors", "timeouts", "bad_args", "rejected", "seconds")
+
+
+@dataclass
+class ToolResult:
+    """What one call produced: `text` is shown to the model; `ok` is False on a tool failure
+    (outage or timeout); `error` names the kind ("bad_args", "rejected", "error", "timeout")."""
+
+    text: str
+    ok: bool = True
+    error: str | None = None
+
+
+JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
+    "array": (list,), "object": (dict,), "null": (type(None),),
+}
+
+
+def check_arguments(schema: dict, arguments: Any) -> dict:
+    """`arguments` checked against a function's JSON schema (object, properties, required,
+    property types, additionalProperties=false); raises ToolArgumentError naming the problem."""
+    if not isinstance(arguments, dict):
+        raise ToolArgumentError(f"arguments must be a JSON object, got {type(arguments).__name__}")
+    props = schema.get("properties", {}) or {}
+    missing = [k for k in schema.get("required", []) or [] if k not in arguments]
+    if missing:
+        raise ToolArgumentError(f"missing required argument(s) {missing}")
+    if schema.get("additionalProperties") is False:
+        extra = sorted(set(arguments) - set(props))
+        if extra:
+            raise ToolArgumentError(f"unknown argument(s) {extra}; allowed: {sorted(props)}")
+    for k, v in arguments.items():
+        want = (props.get(k) or {}).get("type")
+        if want is None:
+            continue
+        kinds = [want] if isinstance(want, str) else list(want)
+        types = tuple(t for kind in kinds for t in JSON_TYPES.get(kind, (object,)))
+        bool_bad = isinstance(v, bool) and "boolean" not in kinds  # JSON true is not a number
+        if not isinstance(v, types) or bool_bad:
+            raise ToolArgumentError(f"argument {k!r} must be {'/'.join(kinds)}, got {type(v).__name__}")
+    return arguments
+
+
+@dataclass
+class Tool:
+    """One callable tool. `fn(**arguments)` returns the text the model reads."""
+
+    name: str
+    description: str
+    parameters: dict
+    fn: Callable[..., Awaitable[str]]
+    timeout_s: float = 120.0
+    max_concurrency: int = 64
+    failure_text: str | None = None
+    """Shown when the tool fails (None: "Tool <name> failed: <why>.")."""
+    fatal: tuple[type[BaseException], ...] = (ToolFatalError,)
+    """Exceptions raised through `invoke` (every later call would fail the same way)."""
+    stats: ToolStats = field(default_factory=ToolStats)
+    _sem: asyncio.Semaphore | None = field(default=None, repr=False)
+    _sem_loop: Any = field(default=None, repr=False)
+
+    def _semaphore(self) -> asyncio.Semaphore:
+        """One semaphore per tool (so concurrent rollouts share its limit), remade only when
+        the tool is used from another event loop (a semaphore belongs to one loop)."""
+        loop = asyncio.get_running_loop()
+        if self._sem is None or self._sem_loop is not loop:
+            self._sem, self._sem_loop = asyncio.Semaphore(self.max_concurrency), loop
+        return self._sem
+
+    def schema(self) -> dict:
+        """The OpenAI/Hermes function schema chat templates render (`tools=[...]`)."""
+        return {"type": "function",
+                "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+
+    async def invoke(self, arguments: Any) -> ToolResult:
+        """Check, limit, time and count one call; never raises except ToolFatalError."""
+        self.stats.calls += 1
+        try:
+            args = check_arguments(self.parameters, arguments)
+        except ToolArgumentError as e:
+            self.stats.bad_args += 1
+            return ToolResult(f"Invalid arguments for tool {self.name}: {e}", ok=True, error="bad_args")
+        async with self._semaphore():
+            t0 = time.perf_counter()
+            try:
+                text = await asyncio.wait_for(self.fn(**args), self.timeout_s)
+            except self.fatal:
+                raise
+            except ToolInputError as e:
+                self.stats.rejected += 1
+                return ToolResult(str(e), ok=True, error="rejected")
+            except (asyncio.TimeoutError, TimeoutError):
+                self.stats.errors += 1
+                self.stats.timeouts += 1
+                log.warning("tool %s timed out after %g s (arguments %.80r)", self.name, self.timeout_s, args)
+                return ToolResult(self.failure_text or f"Tool {self.name} failed: timed out after {self.timeout_s:g} s.",
+                                  ok=False, error="timeout")
+            except Exception as e:  # noqa: BLE001 - any failure of a tool is an error observation
+                self.stats.errors += 1
+                log.warning("tool %s failed (arguments %.80r): %r", self.name, args, e)
+                return ToolResult(self.failure_text or f"Tool {self.name} failed: {type(e).__name__}.", ok=False, error="error")
+            finally:
+                self.stats.seconds += time.perf_counter() - t0
+        return ToolResult(str(text))
+
+
+def tool_metrics(delta: dict[str, ToolStats]) -> dict[str, float]:
+    """`tool/<name>/calls|errors|timeouts|bad_args|rejected|latency_mean_s` for one step."""
+    out: dict[str, float] = {}
+    for name, s in delta.items():
+        out[f"tool/{name}/calls"] = float(s.calls)
+        out[f"tool/{name}/errors"] = float(s.errors)
+        out[f"tool/{name}/timeouts"] = float(s.timeouts)
+        out[f"tool/{name}/bad_args"] = float(s.bad_args)
+        out[f"tool/{name}/rejected"] = float(s.rejected)
+        ran = s.calls - s.bad_args
+        out[f"tool/{name}/latency_mean_s"] = s.seconds / ran if ran > 0 else 0.0
+    return out
+
+
+# ----------------------------------------------------------------------------- calculator
+_BINOPS: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+}
+_UNARY: dict[type, Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+_FUNCS: dict[str, Callable[..., Any]] = {
+    "sqrt": math.sqrt, "log": math.log, "exp": math.exp, "abs": abs, "round": round,
+    "min": min, "max": max, "floor": math.floor, "ceil": math.ceil,
+}
+_CONSTS = {"pi": math.pi, "e": math.e}
+MAX_EXPRESSION_CHARS = 200
+MAX_POWER = 1000
+
+
+def _eval(node: ast.AST) -> float | int:
+    if isinstance(node, ast.Expression):
+        return _eval(node.body)
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return node.value
+    if isinstance(node, ast.Name) and node.id in _CONSTS:
+        return _CONSTS[node.id]
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        a, b = _eval(node.left), _eval(node.right)
+        if isinstance(node.op, ast.Pow) and (abs(b) > MAX_POWER or abs(a) > 10**6):
+            raise ToolInputError(f"exponent too large (|base| <= 1e6, |exponent| <= {MAX_POWER})")
+        return _BINOPS[type(node.op)](a, b)
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        return _UNARY[type(node.op)](_eval(node.operand))
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS
+            and not node.keywords):
+        return _FUNCS[node.func.id](*(_eval(a) for a in node.args))
+    raise ToolInputError(f"not allowed in an expression: {type(node).__name__}")
+
+
+def calculate(expression: str) -> str:
+    """The value of an arithmetic expression: numbers, + - * / // % **, parentheses, pi, e and
+    sqrt log exp abs round min max floor ceil. Nothing else is evaluated (no names, attributes
+    or calls beyond these), so the policy cannot run code through it."""
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        raise ToolInputError(f"expression longer than {MAX_EXPRESSION_CHARS} characters")
+    try:
+        tree = ast.parse(expression.strip(), mode="eval")
+    except SyntaxError:
+        raise ToolInputError(f"not an arithmetic expression: {expression[:60]!r}") from None
+    try:
+        value = _eval(tree)
+    except ToolInputError:
+        raise
+    except (ArithmeticError, ValueError, TypeError) as e:
+        raise ToolInputError(f"cannot evaluate {expression[:60]!r}: {e}") from None
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        value = int(value)
+    return str(value)
+
+
+def calculator_tool(timeout_s: float = 5.0, max_concurrency: int = 64) -> Tool:
+    async def calculator(expression: str) -> str:
+        return calculate(expression)
+
+    return Tool(
+        name="calculator",
+        description="Evaluate an arithmetic expression (+ - * / // % **, parentheses, sqrt, log, exp, "
+                    "abs, round, min, max, floor, ceil, pi, e) and return its value.",
+        parameters={"type": "object", "properties": {"expression": {"type": "string", "description":
+                    "The expression, e.g. (1969 - 1879) * 2"}}, "required": ["expression"],
+                    "additionalProperties": False},
+        fn=calculator, timeout_s=timeout_s, max_concurrency=max_concurrency,
+    )
+
+
+def search_tool(fn: Callable[[str], Awaitable[str]], timeout_s: float = 120.0, max_concurrency: int = 64,
+                failure_text: str | None = None, fatal: tuple[type[BaseException], ...] = (ToolFatalError,)) -> Tool:
+    """The retriever as a tool: `fn(query) -> passages text` (the rollout manager supplies it;
+    it raises ToolInputError for a query the server refused, a `fatal` error for a refused key)."""
+
+    async def search(query: str) -> str:
+        return await fn(query)
+
+    return Tool(
+        name="search",
+        description="Search Wikipedia passages. Returns the top passages for the query.",
+        parameters={"type": "object", "properties": {"query": {"type": "string", "description":
+                    "What to look up, e.g. a name or a short question"}}, "required": ["query"],
+                    "additionalProperties": False},
+        fn=search, timeout_s=timeout_s, max_concurrency=max_concurrency, failure_text=failure_text, fatal=fatal,
+    )
+
+
+BUILTINS = ("search", "calculator")
+
+
+async def _unconnected_search(query: str) -> str:
+    raise RuntimeError("this search tool describes the schema only (no retriever connected)")
+
+
+def builtin_tool(name: str) -> Tool:
+    """A built-in tool by name, for its schema (search is not connected to a retriever here)."""
+    if name == "search":
+        return search_tool(_unconnected_search)
+    if name == "calculator":
+        return calculator_tool()
+    raise ValueError(f"unknown built-in tool {name!r}; built-ins: {', '.join(BUILTINS)}")

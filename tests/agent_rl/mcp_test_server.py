@@ -1,0 +1,59 @@
+"""A tiny real MCP server for the MCP tool tests (mcp 2.x `MCPServer`, formerly FastMCP).
+
+    python tests/agent_rl/mcp_test_server.py stdio
+    python tests/agent_rl/mcp_test_server.py http PORT     # streamable HTTP on 127.0.0.1:PORT/mcp
+
+Tools: `capital(country)` (unknown country -> an is_error result naming it), `add(a, b)` and
+`sleep(seconds)`. When MCP_TEST_PID_FILE is set, the process writes its pid there at start.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import anyio
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+CAPITALS = {"France": "Paris", "Japan": "Tokyo", "Kenya": "Nairobi", "Peru": "Lima"}
+
+server = MCPServer("agent-rl-test", log_level="WARNING")
+
+
+@server.tool()
+def capital(country: str) -> str:
+    """The capital city of a country."""
+    if country not in CAPITALS:
+        # ToolError: its message reaches the client (other exceptions are masked as a crash)
+        raise ToolError(f"unknown country {country!r}; known: {sorted(CAPITALS)}")
+    return CAPITALS[country]
+
+
+@server.tool()
+def add(a: float, b: float) -> float:
+    """The sum a + b."""
+    return a + b
+
+
+@server.tool()
+async def sleep(seconds: float) -> str:
+    """Sleep for `seconds`, then say so."""
+    await anyio.sleep(seconds)
+    return f"slept {seconds:g} s"
+
+
+def main(argv: list[str]) -> None:
+    if pid_file := os.environ.get("MCP_TEST_PID_FILE"):
+        with open(pid_file, "w") as f:
+            f.write(str(os.getpid()))
+    if argv[:1] == ["stdio"]:
+        server.run("stdio")
+    elif len(argv) == 2 and argv[0] == "http":
+        server.run("streamable-http", host="127.0.0.1", port=int(argv[1]))
+    else:
+        sys.exit("usage: mcp_test_server.py stdio | http PORT")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,249 @@
+"""MCP tools against a real MCP server process (tests/agent_rl/mcp_test_server.py): stdio and
+streamable HTTP, argument checks, isError results, timeouts, a server killed mid-call, a server
+that exits before initializing."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent_rl.rollout.mcp_tools import McpCallError, McpConnectError, McpServer
+from agent_rl.rollout.tools import ToolResult
+
+SERVER = Path(__file__).with_name("mcp_test_server.py")
+STDIO = [sys.executable, str(SERVER), "stdio"]
+
+
+def _counting(tool):
+    """Wrap tool.fn to record the calls that reach the server."""
+    seen: list[dict] = []
+    fn = tool.fn
+
+    async def counted(**arguments):
+        seen.append(arguments)
+        return await fn(**arguments)
+
+    tool.fn = counted
+    return seen
+
+
+@pytest.mark.timeout(60)
+def test_stdio_tools_calls_errors_and_stats():
+    async def main():
+        async with McpServer(command=STDIO, name="test") as server:
+            assert server.connected
+            tools = await server.tools(timeout_s=20)
+            assert [t.name for t in tools] == ["capital", "add", "sleep"]
+            by = {t.name: t for t in tools}
+            cap, add = by["capital"], by["add"]
+            assert cap.description == "The capital city of a country."
+            assert cap.parameters["type"] == "object"
+            assert cap.parameters["properties"]["country"]["type"] == "string"
+            assert cap.parameters["required"] == ["country"]
+            assert add.parameters["properties"]["a"]["type"] == "number"
+            assert sorted(add.parameters["required"]) == ["a", "b"]
+            assert cap.schema()["function"]["name"] == "capital"
+            assert cap.timeout_s == 20
+
+            assert await cap.invoke({"country": "France"}) == ToolResult("Paris")
+            bad = await cap.invoke({"country": "Atlantis"})
+            assert bad.ok and bad.error == "rejected"
+            assert "unknown country 'Atlantis'" in bad.text
+
+            seen = _counting(add)
+            r = await add.invoke({"a": 2, "b": 3.5})
+            assert r.ok and r.error is None and float(r.text) == 5.5
+            missing = await add.invoke({"a": 2})
+            assert missing.error == "bad_args" and "missing" in missing.text and "'b'" in missing.text
+            wrong = await add.invoke({"a": "two", "b": 1})
+            assert wrong.error == "bad_args" and "'a'" in wrong.text
+            assert seen == [{"a": 2, "b": 3.5}]  # bad arguments never reached the server
+
+            # many concurrent calls from many tasks share the one session
+            results = await asyncio.gather(*(add.invoke({"a": i, "b": 0.5}) for i in range(24)))
+            assert [float(r.text) for r in results] == [i + 0.5 for i in range(24)]
+
+            assert (cap.stats.calls, cap.stats.rejected, cap.stats.errors, cap.stats.bad_args) == (2, 1, 0, 0)
+            assert (add.stats.calls, add.stats.bad_args, add.stats.errors, add.stats.rejected) == (27, 2, 0, 0)
+            assert add.stats.seconds > 0
+        assert not server.connected
+        await server.aclose()  # idempotent
+        after = await add.invoke({"a": 1, "b": 1})
+        assert not after.ok and after.error == "error"
+
+    asyncio.run(main())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def http_server():
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, str(SERVER), "http", str(port)])
+    try:
+        deadline = time.monotonic() + 40
+        while True:
+            assert proc.poll() is None, f"MCP HTTP server exited with {proc.returncode}"
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "MCP HTTP server did not listen within 40 s"
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/mcp", proc
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+@pytest.mark.timeout(60)
+def test_streamable_http(http_server):
+    url, proc = http_server
+
+    async def main():
+        async with McpServer(url=url, name="web") as server:
+            only_add = await server.tools(include=["add"])
+            assert [t.name for t in only_add] == ["add"]
+            assert (await only_add[0].invoke({"a": 40, "b": 2})).text == "42.0"
+            with pytest.raises(ValueError, match="nope") as ei:
+                await server.tools(include=["add", "nope"])
+            assert "capital" in str(ei.value) and "sleep" in str(ei.value)  # lists the server's tools
+
+            by = {t.name: t for t in await server.tools(timeout_s=30)}
+            assert set(by) == {"capital", "add", "sleep"}
+            assert await by["capital"].invoke({"country": "Japan"}) == ToolResult("Tokyo")
+            bad = await by["capital"].invoke({"country": "Mars"})
+            assert bad.error == "rejected" and "Mars" in bad.text
+            assert (await by["add"].invoke({"a": 1})).error == "bad_args"
+
+            # the server dies mid-call: the pending call and the next one fail at once
+            pending = asyncio.create_task(by["sleep"].invoke({"seconds": 30}))
+            await asyncio.sleep(0.5)
+            assert not pending.done()
+            proc.kill()
+            t0 = time.monotonic()
+            r = await asyncio.wait_for(pending, 10)
+            assert not r.ok and r.error == "error"
+            r2 = await asyncio.wait_for(by["add"].invoke({"a": 1, "b": 1}), 10)
+            assert not r2.ok and r2.error == "error"
+            assert time.monotonic() - t0 < 5
+        assert not server.connected
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(60)
+def test_timeout_then_next_call_works():
+    async def main():
+        server = McpServer(command=STDIO, name="slow")
+        await asyncio.create_task(server.start())  # start, calls and aclose from different tasks
+        sleep, add = await asyncio.create_task(server.tools(include=["sleep", "add"], timeout_s=0.5))
+        t0 = time.monotonic()
+        r = await sleep.invoke({"seconds": 5})
+        assert time.monotonic() - t0 < 3
+        assert not r.ok and r.error == "timeout"
+        assert (sleep.stats.timeouts, sleep.stats.errors) == (1, 1)
+        assert await add.invoke({"a": 1, "b": 2}) == ToolResult("3.0")
+        assert await sleep.invoke({"seconds": 0.1}) == ToolResult("slept 0.1 s")
+        assert server.connected
+        await asyncio.create_task(server.aclose())
+        assert not server.connected
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(60)
+def test_stdio_server_killed_mid_call(tmp_path):
+    pid_file = tmp_path / "pid"
+
+    async def main():
+        server = McpServer(command=STDIO, env={"MCP_TEST_PID_FILE": str(pid_file)}, name="doomed")
+        await server.start()
+        sleep, add = await server.tools(include=["sleep", "add"], timeout_s=30)
+        pid = int(pid_file.read_text())
+        os.kill(pid, 0)  # the server process is alive
+        pending = [asyncio.create_task(sleep.invoke({"seconds": 30})) for _ in range(3)]
+        await asyncio.sleep(0.5)
+        assert not any(p.done() for p in pending)
+
+        os.kill(pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        results = await asyncio.wait_for(asyncio.gather(*pending), 10)
+        assert all(not r.ok and r.error == "error" for r in results)
+        assert time.monotonic() - t0 < 5
+        assert not server.connected
+        later = await asyncio.wait_for(add.invoke({"a": 1, "b": 1}), 10)
+        assert not later.ok and later.error == "error"
+        with pytest.raises(McpCallError, match="doomed"):
+            await add.fn(a=1, b=1)
+        assert sleep.stats.errors == 3
+
+        t1 = time.monotonic()
+        await asyncio.wait_for(server.aclose(), 15)
+        assert time.monotonic() - t1 < 10
+
+        # start() again reconnects (a new server process) and the same Tool objects work again
+        await server.start()
+        assert int(pid_file.read_text()) != pid
+        assert await add.invoke({"a": 2, "b": 2}) == ToolResult("4.0")
+        await server.aclose()
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(60)
+def test_start_fails_clearly():
+    async def main():
+        cmd = [sys.executable, "-c", "import sys; sys.stderr.write('boom: no config file\\n'); sys.exit(3)"]
+        server = McpServer(command=cmd, name="broken", connect_timeout_s=20)
+        t0 = time.monotonic()
+        with pytest.raises(McpConnectError) as ei:
+            await server.start()
+        assert time.monotonic() - t0 < 10
+        msg = str(ei.value)
+        assert "broken" in msg and sys.executable in msg and "boom: no config file" in msg
+        assert not server.connected
+        await server.aclose()
+
+        # a process that never answers: McpConnectError after connect_timeout_s (+ stopping it)
+        mute = McpServer(command=[sys.executable, "-c", "import time; time.sleep(60)"], name="mute",
+                         connect_timeout_s=1.0)
+        t0 = time.monotonic()
+        with pytest.raises(McpConnectError, match=r"mute.*did not connect within 1 s"):
+            await mute.start()
+        assert 1.0 <= time.monotonic() - t0 < 8
+        await mute.aclose()
+
+        with pytest.raises(McpConnectError, match="No such file"):
+            await McpServer(command=["/nonexistent/mcp-server"], name="missing").start()
+        port = _free_port()  # nothing listens there
+        with pytest.raises(McpConnectError, match=f"127.0.0.1:{port}"):
+            await McpServer(url=f"http://127.0.0.1:{port}/mcp", connect_timeout_s=10).start()
+
+    asyncio.run(main())
+
+
+def test_constructor_checks_and_lazy_import():
+    with pytest.raises(ValueError, match="exactly one"):
+        McpServer()
+    with pytest.raises(ValueError, match="exactly one"):
+        McpServer(command=STDIO, url="http://127.0.0.1:1/mcp")
+    with pytest.raises(ValueError, match="env"):
+        McpServer(url="http://127.0.0.1:1/mcp", env={"A": "1"})
+    out = subprocess.run([sys.executable, "-c", "import sys, agent_rl.rollout.mcp_tools; "
+                          "print('mcp' in sys.modules)"], capture_output=True, text=True, timeout=60,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

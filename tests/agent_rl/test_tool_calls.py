@@ -1,0 +1,308 @@
+"""Native tool calls (protocol=hermes), tools beside search (calculator, MCP), the per-turn
+protocol metrics, and the two latent bugs the protocol module removed: the reward reading the
+invalid-action feedback outside the trainer, and a tool-call limit that did not hold across
+concurrent `rollout()` calls (evaluation)."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent_rl.rollout import protocol as PR
+from agent_rl.rollout.engine import Sampling
+from agent_rl.rollout.manager import RolloutManager, rollout_metrics
+from agent_rl.rollout.reward import evaluate_response
+from agent_rl.rollout.tools import ToolInputError, builtin_tool, calculate, calculator_tool, check_arguments
+from rollout_fakes import FakeRetriever, Q, ScriptedEngine, make_cfg
+
+ROOT = Path(__file__).resolve().parents[2]
+QWEN_TEMPLATE = ROOT / "tests" / "fixtures" / "qwen2_5_chat_template.jinja"  # Qwen2.5-Instruct's, verbatim
+
+
+@pytest.fixture(scope="module")
+def tok(model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+@pytest.fixture(scope="module")
+def qwen_tok(model_dir):
+    """The embedded tokenizer (ChatML ids: <|im_start|>, <|im_end|>) with Qwen2.5's chat template,
+    which has a tool role and renders tools itself."""
+    from transformers import AutoTokenizer
+
+    t = AutoTokenizer.from_pretrained(str(model_dir))
+    t.chat_template = QWEN_TEMPLATE.read_text()
+    return t
+
+
+def hermes_cfg(tools=("search",), **kw):
+    cfg = make_cfg(chat_template=True, protocol="hermes", **kw)
+    cfg.actor_rollout_ref.rollout.tools = [type(cfg.actor_rollout_ref.rollout.tools[0])(name=n) for n in tools]
+    return cfg
+
+
+def call(name, **arguments):
+    return PR.HermesToolCalls().write_call(name, arguments)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+# ----------------------------------------------------------------------------- parsing
+@pytest.mark.parametrize("text,kind,tool,args,error", [
+    ('<think>x</think>\n<tool_call>\n{"name": "search", "arguments": {"query": "a b"}}\n</tool_call>',
+     "tool", "search", {"query": "a b"}, None),
+    ('<tool_call>{"name": "search", "arguments": "{\\"query\\": \\"q\\"}"}</tool_call>', "tool", "search", {"query": "q"}, None),
+    ("<answer> Paris </answer>", "answer", None, None, None),
+    ('<tool_call>{"name": "search", "arguments": {"query": "q"</tool_call>', "invalid", None, None, "malformed JSON"),
+    ('<tool_call>{"name": "browse", "arguments": {}}</tool_call>', "invalid", "browse", None, "unknown tool 'browse'"),
+    ('<tool_call>["search"]</tool_call>', "invalid", None, None, "must be a JSON object"),
+    ("I think the answer is Paris.", "invalid", None, None, None),
+])
+def test_hermes_parse(text, kind, tool, args, error):
+    a = PR.HermesToolCalls().parse(text, ("search", "calculator"))
+    assert (a.kind, a.tool) == (kind, tool)
+    if args is not None:
+        assert a.arguments == args
+    if error is None:
+        assert a.error is None
+    else:
+        assert error in a.error
+    if kind == "answer":
+        assert a.content == "Paris"
+
+
+def test_search_r1_protocol_offers_only_search():
+    with pytest.raises(ValueError, match="protocol=hermes"):
+        PR.SEARCH_R1.check_tools(["search", "calculator"])
+    with pytest.raises(ValueError, match="unknown protocol"):
+        PR.get_protocol("xml")
+
+
+# ----------------------------------------------------------------------------- templates
+def test_qwen_template_frames_and_prompt(qwen_tok):
+    p = PR.HermesToolCalls().bind(qwen_tok, [builtin_tool("search"), builtin_tool("calculator")])
+    assert p.native  # the model's own template renders tools and tool messages
+    assert p.observation_frame() == ("<|im_end|>\n<|im_start|>user\n<tool_response>\n",
+                                     "\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    prompt = qwen_tok.decode(p.prompt_ids(qwen_tok, "who wrote hamlet", "chat"))
+    assert prompt.startswith("<|im_start|>system\nYou are Qwen")
+    assert json.dumps(builtin_tool("calculator").schema()) in prompt
+    assert prompt.endswith("Question: who wrote hamlet?\n<|im_end|>\n<|im_start|>assistant\n")
+    with pytest.raises(ValueError, match="chat template"):
+        p.prompt_ids(qwen_tok, "q", "base")
+
+
+def test_fallback_template_for_a_model_without_a_tool_role(tok):
+    assert not PR.template_has_tools(tok)  # the embedded SmolLM2 template
+    with pytest.raises(ValueError, match="no tool role"):
+        PR.HermesToolCalls("model").bind(tok, [builtin_tool("search")])
+    p = PR.HermesToolCalls().bind(tok, [builtin_tool("search")])
+    assert not p.native
+    prompt = tok.decode(p.prompt_ids(tok, "who wrote hamlet", "chat"))
+    assert prompt.startswith("<|im_start|>system\nYou are a helpful assistant.\n\n# Tools")
+    assert '"name": "search"' in prompt and "<tool_call></tool_call> XML tags" in prompt
+    # a tool message is a user message holding <tool_response>, as Qwen2.5 renders it
+    assert p.observation_frame() == ("<|im_end|>\n<|im_start|>user\n<tool_response>\n",
+                                     "\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_native_rollout_is_the_templates_conversation_token_for_token(qwen_tok):
+    """The trajectory's ids are the ids of the conversation the chat template renders: prompt,
+    the model's turn, the tool message (from the template, mask 0), the next turn; earlier turns
+    are never re-tokenised (the sampled ids stay as the engine split them)."""
+    turn1 = '<think> look it up </think>\n|<tool_call>|\n{"name": "search", "arguments": {"query": "hamlet author"}}\n</tool_call>'
+    turn2 = "<think> found </think>\n<answer> Shakespeare </answer>"
+    eng = ScriptedEngine(qwen_tok, [turn1, turn2])
+    mgr = RolloutManager(eng, FakeRetriever(), hermes_cfg(), tokenizer=qwen_tok)
+    (t,), m = run(mgr.rollout([Q("who wrote hamlet", ["Shakespeare"])], n=1))
+    r = eng.results
+    assert t.finish_reason == "answer" and t.num_searches == 1 and t.num_tool_calls == 1 and t.num_invalid == 0
+    docs = "".join(f"Doc {i + 1}(Title: \"hamlet author {i}\") Text about hamlet author, part {i}.\n" for i in range(3))
+    head, tail = mgr.protocol.observation_frame()
+    obs_ids = PR.encode_text(qwen_tok, head) + PR.encode_text(qwen_tok, docs.strip()) + PR.encode_text(qwen_tok, tail)
+    assert t.response_ids == r[0].token_ids + obs_ids + r[1].token_ids
+    assert t.loss_mask == [1] * len(r[0].token_ids) + [0] * len(obs_ids) + [1] * len(r[1].token_ids)
+    # the same conversation, rendered by the template as a whole
+    msgs = [{"role": "user", "content": PR.HERMES_INSTRUCTION.format(question="who wrote hamlet?")},
+            {"role": "assistant", "content": r[0].text}, {"role": "tool", "content": docs.strip()}]
+    whole = mgr.protocol.render(msgs) + r[1].text
+    assert qwen_tok.decode(t.prompt_ids + t.response_ids, skip_special_tokens=False) == whole
+    # the reward reads Search-R1's grammar: a well-formed search, retrieved text, the answer
+    assert "<search>" in t.reward_text and "<information>" in t.reward_text and "<|im_start|>" not in t.reward_text
+    res = PR.score_trajectory(t, ["Shakespeare"], None)
+    assert res.valid_format and res.answer == "Shakespeare" and res.score == 1.0
+    assert evaluate_response(t.reward_text, ["hamlet author 1"]).retrieval_hit
+    assert m["tool/search/calls"] == 1 and m["rollout/tool_calls_mean"] == 1
+
+
+def test_a_turn_that_closes_its_message_has_the_end_token_once(qwen_tok):
+    eos = qwen_tok.convert_tokens_to_ids("<|im_end|>")
+
+    class ClosingEngine(ScriptedEngine):  # the model ends its message with <|im_end|> after the call
+        async def generate(self, prompt_ids, sampling):
+            out = await super().generate(prompt_ids, sampling)
+            if out.text.endswith("</tool_call>"):
+                out.token_ids.append(eos)
+                out.logprobs.append(-0.5)
+            return out
+
+    turn1 = '<tool_call>\n{"name": "search", "arguments": {"query": "q"}}\n</tool_call>'
+    eng = ClosingEngine(qwen_tok, [turn1, "<answer> x </answer>"])
+    mgr = RolloutManager(eng, FakeRetriever(), hermes_cfg(), tokenizer=qwen_tok)
+    (t,), _ = run(mgr.rollout([Q("q")], n=1))
+    n0 = len(eng.results[0].token_ids)
+    assert eng.results[0].token_ids[-1] == eos
+    assert t.response_ids[n0] != eos  # the frame's <|im_end|> was not appended a second time
+    assert qwen_tok.decode(t.response_ids[: n0 + 3], skip_special_tokens=False).count("<|im_end|>") == 1
+
+
+def test_malformed_unknown_and_bad_arguments_get_feedback_and_are_counted(tok):
+    turns = ['<tool_call>{"name": "search", "arguments": {"query": </tool_call>',
+             '<tool_call>{"name": "browse", "arguments": {"url": "x"}}</tool_call>',
+             '<tool_call>{"name": "search", "arguments": {"q": "x"}}</tool_call>',
+             "no action here",
+             "<answer> x </answer>"]
+    eng = ScriptedEngine(tok, turns)
+    mgr = RolloutManager(eng, FakeRetriever(), hermes_cfg(max_turns=5), tokenizer=tok)
+    (t,), m = run(mgr.rollout([Q("q")], n=1))
+    text = tok.decode(t.response_ids, skip_special_tokens=False)
+    assert "Error: malformed JSON in the tool call" in text
+    assert "Error: unknown tool 'browse'; available: search" in text
+    assert "Invalid arguments for tool search: missing required argument(s) ['query']" in text
+    assert "neither a tool call nor an answer" in text
+    assert (t.num_invalid, t.num_bad_tool_calls, t.num_tool_calls, t.finish_reason) == (4, 3, 1, "answer")
+    assert m["rollout/bad_tool_calls"] == 3 and m["tool/search/bad_args"] == 1 and m["tool/search/calls"] == 1
+    assert abs(m["rollout/invalid_action_rate"] - 4 / 5) < 1e-9
+    # the feedback never reaches the reward
+    assert "Error" not in t.reward_text and "neither" not in t.reward_text
+
+
+# ----------------------------------------------------------------------------- calculator
+@pytest.mark.parametrize("expr,value", [("(1969 - 1879) * 2", "180"), ("2 ** 10", "1024"), ("7 / 2", "3.5"),
+                                        ("sqrt(16) + abs(-3)", "7"), ("max(3, 9, 4) // 2", "4"), ("-2.5 * 4", "-10")])
+def test_calculator_values(expr, value):
+    assert calculate(expr) == value
+
+
+@pytest.mark.parametrize("expr", ["__import__('os').system('true')", "().__class__", "open('x')", "10 ** 100000",
+                                  "1 / 0", "x + 1", "lambda: 1", "2 +", "[1, 2]", "a" * 300])
+def test_calculator_refuses_everything_else(expr):
+    with pytest.raises(ToolInputError):
+        calculate(expr)
+
+
+def test_tool_arguments_are_checked_against_the_schema():
+    schema = calculator_tool().parameters
+    assert check_arguments(schema, {"expression": "1"}) == {"expression": "1"}
+    for bad, why in [({}, "missing"), ({"expression": 1}, "must be string"), ({"expression": "1", "x": 2}, "unknown"),
+                     ("1+1", "JSON object")]:
+        with pytest.raises(ValueError, match=why):
+            check_arguments(schema, bad)
+
+
+# ----------------------------------------------------------------------------- MCP + calculator
+def test_mcp_served_tool_and_calculator_in_one_rollout(tok, tmp_path):
+    """A real MCP server process (stdio, started by the manager from the config) and the
+    calculator, called by native tool calls in one trajectory; metrics per tool."""
+    cfg = hermes_cfg(tools=("search", "calculator"), max_turns=4)
+    ToolConfig = type(cfg.actor_rollout_ref.rollout.tools[0])
+    server = [sys.executable, str(ROOT / "tests" / "agent_rl" / "mcp_test_server.py"), "stdio"]
+    cfg.actor_rollout_ref.rollout.tools.append(ToolConfig(name="geo", mcp_command=server, include=["capital", "add"]))
+    turns = [call("capital", country="France"), call("calculator", expression="(1969 - 1879) * 2"),
+             call("capital", country="Atlantis"), "<answer> Paris </answer>"]
+    eng = ScriptedEngine(tok, turns)
+    mgr = RolloutManager(eng, FakeRetriever(), cfg, tokenizer=tok)
+
+    async def go():
+        try:
+            return await mgr.rollout([Q("capital of France?", ["Paris"])], n=1)
+        finally:
+            await mgr.aclose()
+
+    (t,), m = run(go())
+    assert set(mgr.tools) == {"search", "calculator", "capital", "add"}
+    text = tok.decode(t.response_ids, skip_special_tokens=False)
+    assert "<tool_response>\nParis\n</tool_response>" in text
+    assert "<tool_response>\n180\n</tool_response>" in text
+    assert "Atlantis" in text.split("<tool_response>")[3]  # the server's error, shown to the model
+    assert (t.num_tool_calls, t.num_searches, t.num_tool_failures, t.finish_reason) == (3, 0, 0, "answer")
+    assert m["tool/capital/calls"] == 2 and m["tool/capital/rejected"] == 1 and m["tool/calculator/calls"] == 1
+    assert m["tool/capital/latency_mean_s"] > 0 and m["rollout/answered_without_search"] == 1.0
+    # the prompt offered every tool, the MCP server's among them
+    prompt = tok.decode(t.prompt_ids)
+    assert '"name": "capital"' in prompt and '"name": "calculator"' in prompt
+
+
+# ----------------------------------------------------------------------------- metrics
+def test_repeated_queries_and_answers_without_search_are_counted(tok):
+    turns = ["<search> Paris </search>", "<search>  paris </search>", "<search> Lyon </search>", "<answer> x </answer>",
+             "<answer> y </answer>"]
+    eng = ScriptedEngine(tok, turns)
+    mgr = RolloutManager(eng, FakeRetriever(), make_cfg(max_turns=4), tokenizer=tok)
+    (a,), _ = run(mgr.rollout([Q("q")], n=1))
+    (b,), _ = run(mgr.rollout([Q("q")], n=1))
+    assert (a.num_searches, a.num_repeated_queries, b.num_searches) == (3, 1, 0)
+    m = rollout_metrics([a, b], 1.0)
+    assert abs(m["rollout/repeated_query_rate"] - 1 / 3) < 1e-9
+    assert m["rollout/answered_without_search"] == 0.5
+
+
+# ----------------------------------------------------------------------------- the latent bugs
+def test_the_tool_call_limit_holds_across_concurrent_rollouts(tok):
+    """Evaluation calls rollout([question]) concurrently; max_concurrent_tool_calls must bound
+    the retriever calls of all of them (the limit was made per rollout() call)."""
+    ret = FakeRetriever(delay=0.05)
+    eng = ScriptedEngine(tok, lambda ctx: "<answer> x </answer>" if "Doc 1(Title" in ctx else "<search> q </search>")
+    mgr = RolloutManager(eng, ret, make_cfg(max_concurrent_tool_calls=2), tokenizer=tok)
+
+    async def one(i):  # questions start one after another, as evaluation's workers pick them up
+        await asyncio.sleep(0.02 * i)
+        return await mgr.rollout([Q(f"q{i}")], n=1, greedy=True)
+
+    async def go():
+        return await asyncio.gather(*(one(i) for i in range(8)))
+
+    out = run(go())
+    assert len(ret.queries) == 8 and all(t.finish_reason == "answer" for (t,), _ in out)
+    assert ret.max_in_flight == 2
+
+
+def test_every_reward_goes_through_the_protocols_view():
+    """Rewards read `score_trajectory` (the protocol's view, feedback removed), never raw
+    response text: only reward.py and protocol.py call evaluate_response (benchmarks/cold_start
+    scored raw text, reading Search-R1's feedback as the answer "and")."""
+    callers = []
+    for p in [*ROOT.glob("agent_rl/**/*.py"), *ROOT.glob("benchmarks/*.py"), *ROOT.glob("scripts/*.py")]:
+        if p.name in ("reward.py", "protocol.py"):
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "evaluate_response":
+                callers.append(f"{p.relative_to(ROOT)}:{node.lineno}")
+    assert callers == []
+
+
+def test_score_trajectory_never_reads_the_feedback_as_an_answer(tok):
+    eng = ScriptedEngine(tok, ["I am not sure.", "still not sure", "nope"])
+    mgr = RolloutManager(eng, FakeRetriever(), make_cfg(max_turns=2), tokenizer=tok)
+    (t,), _ = run(mgr.rollout([Q("q", ["and"])], n=1))
+    assert PR.FEEDBACK_INVALID.strip() in t.response_text
+    assert evaluate_response(t.response_text, ["and"]).score == 1.0  # the trap
+    assert PR.score_trajectory(t, ["and"], None).score == 0.0
+
+
+def test_sampling_stops_at_the_protocols_action_ends(tok):
+    eng = ScriptedEngine(tok, ["<answer> x </answer>"])
+    run(RolloutManager(eng, FakeRetriever(), hermes_cfg(), tokenizer=tok).rollout([Q("q")], n=1))
+    assert eng.calls[0][1].stop == ("</tool_call>", "</answer>")
+    eng = ScriptedEngine(tok, ["<answer> x </answer>"])
+    run(RolloutManager(eng, FakeRetriever(), make_cfg(), tokenizer=tok).rollout([Q("q")], n=1))
+    assert eng.calls[0][1].stop == ("</search>", "</answer>") == Sampling().stop
