@@ -319,6 +319,8 @@ def train_and_evaluate(args: argparse.Namespace, work: Path, base_url: str, t_st
     demos = work / "demos" / f"kb_train{'_' + args.protocol if native else ''}.parquet"
     sft_dir, rl_dir = runs / "sft", runs / "grpo"
     proto = [f"actor_rollout_ref.rollout.protocol={args.protocol}"]
+    if native:  # a call's JSON costs ~20 tokens more than <search> q </search>: the same turns must fit
+        proto.append(f"actor_rollout_ref.rollout.max_tokens_per_turn={NATIVE_TOKENS_PER_TURN}")
     sp, cal = calibrate(work)
     budget_s = 60 * (args.budget_minutes or default_budget_minutes(sp, time.time() - t_start))
     left = lambda: budget_s - (time.time() - t_start)  # noqa: E731
@@ -367,6 +369,10 @@ def train_and_evaluate(args: argparse.Namespace, work: Path, base_url: str, t_st
         print(f"\n[demo] GRPO skipped: {rl_s / 60:.1f} minutes left for it on this host "
               "(--rl-minutes N or a larger --budget-minutes to run it)", flush=True)
     return write_report(runs, evals, rl_dir if "SFT+RL" in evals else None, plan, kb / "test.parquet")
+
+
+NATIVE_TOKENS_PER_TURN = 96
+"""max_tokens_per_turn of the demo's native tool-call runs (the tag protocol's config has 64)."""
 
 
 def evaluate(label: str, model: Path, base_url: str, kb: Path, runs: Path, limit: int, modes: tuple[str, ...],

@@ -199,7 +199,14 @@ class RayTrainer:
             consumed += ids
             for k in lost:  # counted over every collection of the step, the failed ones too
                 lost[k] += metrics.get(k, 0.0)
-            if metrics.get("rollout/failed_search_share", 0.0) > r.outage_share:
+            shares = tool_error_shares(metrics)
+            metrics.update({f"tool/{name}/error_share": v for name, v in shares.items()})
+            down = sorted(name for name, v in shares.items() if v > r.outage_share)
+            for name in down:
+                if name != "search":  # the outage rule per tool: only the retriever has a /health to wait on
+                    log.warning("step %d: tool %s failed in %.0f%% of its calls (> retriever.outage_share=%g); its "
+                                "trajectories are left out", self.step, name, 100 * shares[name], r.outage_share)
+            if metrics.get("rollout/failed_search_share", 0.0) > r.outage_share and ("search" in down or not shares):
                 log.warning("step %d: %.0f%% of the trajectories had a failed search; waiting up to %.0f s for "
                             "the retriever's /health", self.step, 100 * metrics["rollout/failed_search_share"],
                             r.outage_wait_s)
@@ -210,8 +217,9 @@ class RayTrainer:
                     metrics.update(lost)
                 metrics["rollout/collect_attempts"] = float(attempt)
                 return trajs, consumed, metrics
-        raise RuntimeError(f"step {self.step}: every trajectory of {OUTAGE_ATTEMPTS} collections had a failed search "
-                           f"although the retriever answered /health in between ({cfg.retriever.url})")
+        raise RuntimeError(f"step {self.step}: every trajectory of {OUTAGE_ATTEMPTS} collections had a failed tool "
+                           f"call (tools failing in more than retriever.outage_share of their calls: "
+                           f"{', '.join(down) or 'none'}; the retriever answered /health in between: {cfg.retriever.url})")
 
     def _advantages(self, batch: TokenBatch, mask: torch.Tensor) -> tuple[TokenBatch, dict[str, float]]:
         """Token rewards -> (optional in-reward KL) -> advantages and returns, all on `mask`."""
@@ -428,6 +436,16 @@ def collect_groups(
 def check_filter_metric(name: str) -> None:
     if name not in ("score", "acc"):
         raise ValueError(f"algorithm.filter_metric must be score or acc, got {name!r}")
+
+
+def tool_error_shares(metrics: dict[str, float]) -> dict[str, float]:
+    """errors / calls of each tool called in a rollout (from its `tool/<name>/*` metrics)."""
+    out = {}
+    for key, calls in metrics.items():
+        if key.startswith("tool/") and key.endswith("/calls") and calls > 0:
+            name = key[len("tool/"):-len("/calls")]
+            out[name] = metrics.get(f"tool/{name}/errors", 0.0) / calls
+    return out
 
 
 def drop_failed_searches(groups: list[list[Trajectory]], whole_group: bool) -> tuple[list[list[Trajectory]], dict]:
