@@ -314,3 +314,15 @@ def test_the_outage_rule_reads_each_tools_error_share():
     m = {"tool/search/calls": 8.0, "tool/search/errors": 2.0, "tool/kb/calls": 4.0, "tool/kb/errors": 4.0,
          "tool/calculator/calls": 0.0, "tool/calculator/errors": 0.0, "rollout/tool_failures": 6.0}
     assert tool_error_shares(m) == {"search": 0.25, "kb": 1.0}  # a tool not called has no share
+
+
+def test_hermes_reward_view_reads_a_saved_decoded_response():
+    """A response saved as text (special tokens skipped: the template's role words remain) is
+    read as the same grammar `reward_text` gives a live rollout."""
+    text = ('<think> look </think>\n<tool_call>\n{"name": "search", "arguments": {"query": "q"}}\n</tool_call>\nuser\n'
+            "<tool_response>\nDoc 1(Title: X) Paris is the capital.\n</tool_response>\nassistant\n"
+            "<think> found </think>\n<answer> Paris </answer>")
+    view = PR.HermesToolCalls().reward_view(text)
+    assert "user" not in view and "assistant" not in view
+    res = evaluate_response(view, ["Paris"], structure_format_score=0.2)
+    assert res.valid_format and res.retrieval_hit and res.answer == "Paris"
