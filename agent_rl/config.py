@@ -341,15 +341,18 @@ class RewardConfig:
 
 
 @dataclass
-class TrainerConfig:
+class RunConfig:
+    """The run fields RL (`trainer` of TrainConfig) and SFT (`trainer` of SFTConfig) share;
+    `agent_rl.training.run.Run` reads them."""
+
     project_name: str = "agent_rl"
     """Run grouping name (logs)."""
-    experiment_name: str = "demo"
+    experiment_name: str = "run"
     """Run name."""
     total_epochs: int = 1
-    """Epochs over the training prompts."""
+    """Epochs over the training data."""
     total_training_steps: int | None = None
-    """Stop after this many steps (None: epochs decide)."""
+    """Stop after this many optimizer steps (None: epochs decide)."""
     max_time_s: float | None = None
     """Training time budget of the run in seconds, summed over resumed attempts: stop before a
     step that would end past it (judged by the mean step time so far, or by the longest step of
@@ -357,31 +360,40 @@ class TrainerConfig:
     re-run whose budget is spent does nothing. None: no limit. Worker start-up, model load and
     saving come on top."""
     save_freq: int = -1
-    """Checkpoint every K steps (-1: only at the end)."""
+    """Checkpoint every K steps (-1: none in between); one is always saved when the run stops
+    (last step or time budget), so a re-run continues it or finds it finished."""
     test_freq: int = -1
-    """Validate every K steps (-1: never during training)."""
-    val_before_train: bool = False
-    """Validate once before the first step."""
+    """Validate every K steps (-1: RL never during training; SFT at the end, if val files are given)."""
     default_local_dir: str = "runs/${trainer.experiment_name}"
-    """Checkpoint and log directory."""
+    """Run directory: metrics, checkpoints (and SFT's final model in `<dir>/model`)."""
     logger: list[str] = field(default_factory=lambda: ["console", "tensorboard", "jsonl"])
     """Metric sinks: console, tensorboard, jsonl, wandb."""
     resume_mode: str = "auto"
     """auto (resume from the latest checkpoint if any) | disable."""
+    resume_from_path: str | None = None
+    """Resume from this checkpoint directory (global_step_K) instead of the run's latest."""
+    max_ckpt_to_keep: int | None = 2
+    """Keep only the newest K run checkpoints (None: keep all). veRL: max_actor_ckpt_to_keep."""
     n_gpus_per_node: int = 0
     """GPUs per node (0: CPU)."""
     nnodes: int = 1
     """Nodes."""
     num_actor_workers: int = 1
-    """Data-parallel actor workers (torch.distributed: gloo on CPU, NCCL on GPU)."""
+    """Data-parallel actor workers (torch.distributed: gloo on CPU, NCCL on GPU); SFT with 1 runs the actor in its own process."""
     ray_address: str | None = None
     """Ray cluster address (None: start a local cluster; "auto": join a running one)."""
     torch_threads: int = 0
     """Threads for torch in trainer processes (0: all cores)."""
-    max_ckpt_to_keep: int | None = 2
-    """Keep only the newest K run checkpoints (None: keep all). veRL: max_actor_ckpt_to_keep."""
-    resume_from_path: str | None = None
-    """Resume from this checkpoint directory (global_step_K) instead of the run's latest."""
+
+
+@dataclass
+class TrainerConfig(RunConfig):
+    """Loop, checkpoints, logging of an RL run."""
+
+    experiment_name: str = "demo"
+    """Run name."""
+    val_before_train: bool = False
+    """Validate once before the first step."""
     retriever_health_timeout_s: float = 300.0
     """How long agent-rl-train waits for the retriever's /health before giving up."""
 
@@ -688,44 +700,17 @@ class SFTDataConfig:
 
 
 @dataclass
-class SFTTrainerConfig:
-    project_name: str = "agent_rl"
-    """Run grouping name (logs)."""
+class SFTTrainerConfig(RunConfig):
+    """Loop, checkpoints, logging of an SFT run (the run fields are RL's: `RunConfig`)."""
+
     experiment_name: str = "sft"
     """Run name."""
-    total_epochs: int = 1
-    """Epochs over the demonstrations."""
-    total_training_steps: int | None = None
-    """Stop after this many optimizer steps (None: epochs decide)."""
-    max_time_s: float | None = None
-    """Training time budget in seconds: stop (and save) before a step that would end past it,
-    judged by the mean step time so far (None: no limit; model load and save come on top).
-    The run's budget: time trained before a resume counts."""
-    save_freq: int = -1
-    """Resumable checkpoint every K steps (-1: none in between); one is always saved when the
-    run stops (last step or time budget), so a re-run continues it or finds it finished."""
-    test_freq: int = -1
-    """Validation loss on data.val_files every K steps (-1: only at the end, if val files are given)."""
     default_local_dir: str = "runs/sft/${trainer.experiment_name}"
     """Run directory: metrics, checkpoints and the final HF model in `<dir>/model`."""
-    logger: list[str] = field(default_factory=lambda: ["console", "tensorboard", "jsonl"])
-    """Metric sinks: console, tensorboard, jsonl, wandb."""
-    log_freq: int = 1
-    """Log metrics every K steps (the progress bar updates every step)."""
-    resume_mode: str = "auto"
-    """auto (resume from the run's latest checkpoint if any) | disable."""
-    resume_from_path: str | None = None
-    """A checkpoint directory to resume from instead of the run's latest (as in RL)."""
     max_ckpt_to_keep: int | None = 1
     """Keep only the newest K checkpoints (None: all)."""
-    n_gpus_per_node: int = 0
-    """GPUs per node (0: CPU)."""
-    num_actor_workers: int = 1
-    """Data-parallel workers: 1 runs the actor in this process; more start Ray workers (gloo/NCCL)."""
-    ray_address: str | None = None
-    """Ray cluster address when num_actor_workers > 1 (None: start a local cluster)."""
-    torch_threads: int = 0
-    """Threads for torch (0: all cores)."""
+    log_freq: int = 1
+    """Log metrics every K steps (the progress bar updates every step)."""
 
 
 @dataclass

@@ -98,7 +98,7 @@ def make_actor(cfg: SFTConfig, total_steps: int) -> Any:
     from agent_rl.training.ray_workers import WorkerGroup, init_ray
 
     init_ray(cfg.trainer.ray_address)
-    # WorkerGroup reads trainer.torch_threads / n_gpus_per_node, which SFTTrainerConfig has too
+    # WorkerGroup reads the run fields (trainer.torch_threads, n_gpus_per_node, nnodes): RunConfig
     return WorkerGroup(cfg, factory, cfg.trainer.num_actor_workers)
 
 
@@ -146,9 +146,8 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path | None = None,
     import torch
 
     from agent_rl.training.batch import TokenBatch
-    from agent_rl.training.checkpoint import CheckpointManager
     from agent_rl.training.metrics import MetricsLogger
-    from agent_rl.training.trainer import out_of_time, resume_checkpoint
+    from agent_rl.training.run import Run
 
     d, tr = cfg.data, cfg.trainer
     run_dir = Path(run_dir or tr.default_local_dir)
@@ -166,17 +165,14 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path | None = None,
     print(f"[sft] {len(train)} demonstrations ({skipped} longer than {d.max_length} tokens skipped), "
           f"{len(val)} for validation; {total} steps of {bs}", flush=True)
 
-    checkpoints = CheckpointManager(run_dir / "checkpoints", tr.max_ckpt_to_keep)
-    latest = resume_checkpoint(tr, checkpoints)
-    step, trained_s = 0, 0.0
+    run = Run(tr, run_dir, total, "sft")
+    latest = run.resume_path()
     model_dir = run_dir / "model"
     clear_partial_model(model_dir)
     if latest is not None:
-        state = CheckpointManager.read_state(latest)
-        step, trained_s = int(state["step"]), float(state.get("trained_s", 0.0))
-        if (step >= total or out_of_time(trained_s, step, tr.max_time_s)) and model_finished(model_dir):
-            print(f"[sft] {latest} has finished ({step}/{total} steps, {trained_s:.0f}s of trainer.max_time_s="
-                  f"{tr.max_time_s}): nothing to do; model: {model_dir}", flush=True)
+        reason = run.finished(run.checkpoints.read_state(latest))
+        if reason is not None and model_finished(model_dir):
+            print(f"[sft] {latest} has finished ({reason}): nothing to do; model: {model_dir}", flush=True)
             return model_dir
     elif tr.resume_mode == "auto" and model_finished(model_dir):
         # a model saved by a run without checkpoints: training again would overwrite it
@@ -188,44 +184,38 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path | None = None,
               flush=True)
     actor = make_actor(cfg, total)
     if latest is not None:
-        checkpoints.load(latest)
+        run.restore(latest)
         actor.call_all("load", str(latest / "actor"))
-        print(f"[sft] resumed from {latest} at step {step} ({trained_s:.0f}s trained)", flush=True)
+        print(f"[sft] resumed from {latest} at step {run.step} ({run.trained_s:.0f}s trained)", flush=True)
     console = "console" in tr.logger
     logger = MetricsLogger(run_dir, [s for s in tr.logger if s != "console"], to_dict(cfg), tr.project_name,
-                           tr.experiment_name, resume_step=step)
-
-    def save_checkpoint(k: int) -> None:
-        checkpoints.save(k, {"trained_s": trained_s}, to_dict(cfg), lambda p: actor.call_all("save", str(p / "actor")))
+                           tr.experiment_name, resume_step=run.step)
 
     from tqdm import tqdm
 
-    t_start, first_step = time.perf_counter(), step
+    t_start, first_step = time.perf_counter(), run.step
     try:
-        with tqdm(total=total, initial=step, desc="sft", unit="step", dynamic_ncols=True) as bar:
-            while step < total and not out_of_time(trained_s, step, tr.max_time_s):
-                t_iter = time.perf_counter()
-                epoch, i = divmod(step, steps_per_epoch)
+        with tqdm(total=total, initial=run.step, desc="sft", unit="step", dynamic_ncols=True) as bar:
+            while run.running():
+                epoch, i = divmod(run.step, steps_per_epoch)
+                step = run.begin_step()
                 order = epoch_order(len(train), epoch, d.shuffle, d.seed)
                 batch = TokenBatch.from_trajectories([train[j] for j in order[i * bs : (i + 1) * bs]])
                 t0 = time.perf_counter()
                 metrics = actor.update("update_sft", batch)
                 dt = time.perf_counter() - t0
-                step += 1
                 metrics.update({
                     "sft/tokens_per_s": batch.num_tokens / dt,
                     "sft/sampled_tokens": float(batch.loss_mask.sum()),
                     "sft/epoch": step / steps_per_epoch,
                     "timing/step": dt,
                 })
-                # stop before a step that would end past the budget (mean step time of the
-                # run, resumed parts included: the budget is the run's, not the process's)
-                stopping = step == total or out_of_time(trained_s + time.perf_counter() - t_iter, step, tr.max_time_s)
-                if val and ((tr.test_freq > 0 and step % tr.test_freq == 0) or stopping):
+                # validation at the run's last step counts in its time (the budget is the run's)
+                if val and ((tr.test_freq > 0 and step % tr.test_freq == 0) or run.stopping(extra_s=run.elapsed())):
                     metrics["sft/val_loss"] = validation_loss(actor, val, bs)
-                trained_s += time.perf_counter() - t_iter
-                metrics["training/elapsed_s"] = trained_s
-                if step % tr.log_freq == 0 or stopping:
+                run.end_step()
+                metrics["training/elapsed_s"] = run.trained_s
+                if step % tr.log_freq == 0 or run.stopping():
                     logger.log(metrics, step)
                     if console:
                         bar.write(f"step {step} | " + " | ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items())))
@@ -233,18 +223,15 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path | None = None,
                 bar.update(1)
                 if on_step is not None:
                     on_step(step, metrics)
-                # a checkpoint every save_freq steps and whenever the run stops: a re-run
-                # continues it (a larger budget or more steps) or finds it finished
-                if (tr.save_freq > 0 and step % tr.save_freq == 0) or stopping:
-                    save_checkpoint(step)
-        if step < total:
-            print(f"\n[sft] time budget trainer.max_time_s={tr.max_time_s:g}: stopping at step {step}/{total} "
-                  f"after {trained_s:.0f}s of training (another step would end past it)", flush=True)
-        save_final_model(lambda d: actor.call_all("save", d), model_dir, {"step": step, "trained_s": trained_s})
+                if run.save_due():
+                    run.save({}, to_dict(cfg), lambda p: actor.call_all("save", str(p / "actor")))
+        if (msg := run.stop_message()) is not None:
+            print("\n" + msg, flush=True)
+        save_final_model(lambda d: actor.call_all("save", d), model_dir, {"step": run.step, "trained_s": run.trained_s})
     finally:
         logger.close()
         actor.shutdown()
-    print(f"[sft] {step - first_step} steps in {time.perf_counter() - t_start:.0f}s; model: {model_dir}\n"
+    print(f"[sft] {run.step - first_step} steps in {time.perf_counter() - t_start:.0f}s; model: {model_dir}\n"
           f"[sft] start RL from it with actor_rollout_ref.model.path={model_dir}", flush=True)
     return model_dir
 

@@ -33,6 +33,7 @@ from agent_rl.training.batch import TokenBatch
 from agent_rl.training.checkpoint import STATE, CheckpointManager
 from agent_rl.training.data import Prompt, PromptLoader, drop_overlong, load_prompts
 from agent_rl.training.metrics import MetricsLogger, RisingRate
+from agent_rl.training.run import Run, finished_reason, resume_checkpoint
 from agent_rl.types import Trajectory
 
 
@@ -74,16 +75,14 @@ class RayTrainer:
         self.run_dir = Path(run_dir or cfg.trainer.default_local_dir)
         self.loader = PromptLoader(load_train_prompts(cfg), cfg.data.train_batch_size, cfg.data.shuffle, cfg.data.seed)
         self.total_steps = cfg.trainer.total_training_steps or cfg.trainer.total_epochs * self.loader.steps_per_epoch
-        self.step = 0
-        self.trained_s = 0.0  # wall seconds of training steps, summed over resumed attempts
+        self.run = Run(cfg.trainer, self.run_dir, self.total_steps, "train")
+        self.checkpoints = self.run.checkpoints
         self.invalid_watch = RisingRate("rollout/invalid_action_rate")
-        self.longest_step_s = 0.0  # of this attempt: how long the next step may take (time budget)
         self.adv_fn = algos.get_adv_estimator(cfg.algorithm.adv_estimator)
         check_filter_metric(cfg.algorithm.filter_metric)  # before the engine starts
         self.kl_ctrl = algos.make_kl_controller(cfg.algorithm.kl_ctrl)
         self.use_critic = algos.needs_critic(cfg.algorithm.adv_estimator)
         self.use_ref = cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
-        self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", cfg.trainer.max_ckpt_to_keep)
         torch.manual_seed(cfg.data.seed)
 
         self.rollout = make_rollout_worker(cfg, retriever)
@@ -107,13 +106,16 @@ class RayTrainer:
         )
 
     # ------------------------------------------------------------------ the loop
+    @property
+    def step(self) -> int:
+        return self.run.step
+
     def fit(self, on_step: Callable[[int, dict], None] | None = None) -> None:
         cfg = self.cfg
         if cfg.trainer.val_before_train and self.step == 0:
             self.metrics.log(self.validate(), step=0)
-        while self.step < self.total_steps and not self._out_of_time():
-            t_iter = time.monotonic()
-            self.step += 1
+        while self.run.running():
+            self.run.begin_step()
             t = StepTimer()
             with t("step"):
                 # 1. rollout + reward (group filtering may draw extra prompts)
@@ -150,27 +152,20 @@ class RayTrainer:
             metrics.update(t.metrics())
             metrics["perf/tokens_per_s"] = batch.num_tokens / t.seconds["step"]
             metrics["training/epoch"] = float(self.loader.pos.epoch)
-            step_s = time.monotonic() - t_iter
-            self.longest_step_s = max(self.longest_step_s, step_s)
-            self.trained_s += step_s
-            metrics["training/elapsed_s"] = self.trained_s
+            self.run.end_step()
+            metrics["training/elapsed_s"] = self.run.trained_s
             warning = self.invalid_watch.update(metrics, self.step)
             if warning:
                 log.warning(warning)
                 print(f"[train] warning: {warning}", flush=True)
             # 5. log before the checkpoint: a run killed after checkpoint K has logged K
             self.metrics.log(metrics, self.step, extra={"prompt_ids": prompt_ids})
-            if self._save_due() or self._out_of_time():
+            if self.run.save_due():
                 self.save()
             if on_step is not None:
                 on_step(self.step, metrics)
-        if self.step < self.total_steps:  # stopped by the clock
-            print(f"[train] time budget trainer.max_time_s={cfg.trainer.max_time_s:g}: stopping at step "
-                  f"{self.step}/{self.total_steps} after {self.trained_s:.0f}s of training (another step takes "
-                  f"~{self.trained_s / max(1, self.step):.0f}s, the longest {self.longest_step_s:.0f}s)", flush=True)
-
-    def _out_of_time(self) -> bool:
-        return out_of_time(self.trained_s, self.step, self.cfg.trainer.max_time_s, self.longest_step_s)
+        if (msg := self.run.stop_message()) is not None:  # stopped by the clock
+            print(msg, flush=True)
 
     # ------------------------------------------------------------------ step pieces
     def _needs_old_log_probs(self, num_sequences: int) -> bool:
@@ -262,31 +257,25 @@ class RayTrainer:
         return out
 
     # ------------------------------------------------------------------ checkpoints
-    def _save_due(self) -> bool:
-        freq = self.cfg.trainer.save_freq
-        return self.step == self.total_steps or (freq > 0 and self.step % freq == 0)
-
     def save(self) -> Path:
         def save_workers(d: Path) -> None:
             self.actor.call_all("save", str(d / "actor"))
             if self.critic is not None:
                 self.critic.call_all("save", str(d / "critic"))
 
-        state = {"data": self.loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict(), "trained_s": self.trained_s}
-        return self.checkpoints.save(self.step, state, to_dict(self.cfg), save_workers)
+        return self.run.save({"data": self.loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict()},
+                             to_dict(self.cfg), save_workers)
 
     def _maybe_resume(self) -> None:
-        path = resume_checkpoint(self.cfg.trainer, self.checkpoints)
+        path = self.run.resume_path()
         if path is None:
             return
-        state = self.checkpoints.load(path)
+        state = self.run.restore(path)
         self.actor.call_all("load", str(path / "actor"))
         if self.critic is not None:
             self.critic.call_all("load", str(path / "critic"))
         self.loader.load_state_dict(state["data"])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
-        self.step = int(state["step"])
-        self.trained_s = float(state.get("trained_s", 0.0))  # checkpoints from before the time budget: 0
         self.sync.push()  # the engine started from the base model
         print(f"[train] resumed from {path} at step {self.step}", flush=True)
 
@@ -305,25 +294,6 @@ class RayTrainer:
 
 
 # ----------------------------------------------------------------------------- helpers
-def out_of_time(trained_s: float, step: int, budget: float | None, longest_step_s: float = 0.0) -> bool:
-    """trainer.max_time_s: True when the next step, at the run's mean step time or at
-    `longest_step_s` if longer, would end past the budget (or the budget is spent: a re-run of a
-    finished run does nothing). GRPO's steps vary with the group filter's rounds (60-175 s on
-    real data), so the mean alone let a run end 22 s past a 60-minute budget."""
-    mean_step = trained_s / step if step else 0.0
-    return budget is not None and trained_s + max(mean_step, longest_step_s) > budget
-
-
-def resume_checkpoint(tr, checkpoints: CheckpointManager) -> Path | None:
-    """The checkpoint a run resumes from (`tr`: the trainer config): trainer.resume_from_path,
-    else the newest in `checkpoints`; None with trainer.resume_mode=disable or none saved."""
-    if tr.resume_mode == "disable":
-        return None
-    if tr.resume_mode != "auto":
-        raise ValueError(f"trainer.resume_mode must be auto or disable, got {tr.resume_mode!r}")
-    return Path(tr.resume_from_path) if tr.resume_from_path else checkpoints.latest()
-
-
 def finished_run(cfg: TrainConfig) -> str | None:
     """Why the run that `cfg` would resume has nothing left to do (its latest checkpoint has
     spent trainer.max_time_s or reached trainer.total_training_steps), or None. Read from the
@@ -333,14 +303,8 @@ def finished_run(cfg: TrainConfig) -> str | None:
     path = resume_checkpoint(tr, CheckpointManager(Path(tr.default_local_dir) / "checkpoints"))
     if path is None or not (path / STATE).is_file():
         return None
-    state = CheckpointManager.read_state(path)
-    step, trained_s = int(state["step"]), float(state.get("trained_s", 0.0))
-    if tr.total_training_steps and step >= tr.total_training_steps:
-        return f"{path} is at step {step} of trainer.total_training_steps={tr.total_training_steps}"
-    if out_of_time(trained_s, step, tr.max_time_s):
-        return (f"{path} has trained {trained_s:.0f}s of trainer.max_time_s={tr.max_time_s:g} "
-                f"({step} steps; another would end past it)")
-    return None
+    reason = finished_reason(CheckpointManager.read_state(path), tr, tr.total_training_steps)
+    return None if reason is None else f"{path}: {reason} (another step would end past it)"
 
 
 def load_train_prompts(cfg: TrainConfig) -> list[Prompt]:

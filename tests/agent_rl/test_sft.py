@@ -289,3 +289,57 @@ def test_sft_config_file_loads_with_overrides():
     assert cfg.actor_rollout_ref.actor.state_masking
     with pytest.raises(ValueError, match="unknown config key"):
         load_config(SFTConfig, ROOT_CFG, ["trainer.epochs=2"])
+
+
+def test_sft_with_two_ray_workers_matches_one_worker(demo_file, tiny_policy, tmp_path):
+    """SFT data-parallel over 2 Ray workers (gloo, CPU) runs through the same run lifecycle as
+    RL (trainer.nnodes and the other run fields are RL's: RunConfig) and takes the same steps
+    as one worker: step 1's loss and gradient norm are the whole batch's, and so is step 2's
+    loss after the first update. fp32, so only summation order differs."""
+    import ray
+
+    def train(workers: int) -> list[dict]:
+        run_dir = tmp_path / f"run{workers}"
+        cfg = _sft_cfg(tiny_policy, demo_file, run_dir, "trainer.total_training_steps=2", "data.train_data_num=8",
+                       "data.train_batch_size=4", "data.shuffle=false", "actor_rollout_ref.actor.bf16_autocast=false",
+                       "actor_rollout_ref.actor.optim.lr=1e-4", f"trainer.num_actor_workers={workers}")
+        try:
+            model_dir = sft.run_sft(cfg)
+        finally:
+            if workers > 1:
+                ray.shutdown()
+        assert (model_dir / "model.safetensors").is_file() and sft.model_finished(model_dir)
+        return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+    one, two = train(1), train(2)
+    assert [r["step"] for r in two] == [1, 2]
+    for a, b in zip(one, two):
+        assert b["sft/loss"] == pytest.approx(a["sft/loss"], rel=1e-4)
+        assert b["sft/sampled_tokens"] == a["sft/sampled_tokens"]
+    # step 2's loss is measured after the first update: equal only if that update was
+    assert two[0]["sft/grad_norm"] == pytest.approx(one[0]["sft/grad_norm"], rel=1e-4)
+    assert two[1]["sft/grad_norm"] == pytest.approx(one[1]["sft/grad_norm"], rel=1e-3)
+
+
+def test_every_run_field_the_workers_read_exists_in_sft():
+    """WorkerGroup, placement and the run lifecycle read `cfg.trainer.<field>` of whichever
+    config they get; SFT passes its own (a missing field, like trainer.nnodes on ea14a9d, would
+    fail only on GPUs, where the placement reads it)."""
+    import ast
+    import dataclasses
+
+    from agent_rl.config import RunConfig, SFTTrainerConfig
+
+    root = Path(__file__).resolve().parents[2] / "agent_rl" / "training"
+    read = set()
+    for p in (root / "ray_workers.py", root / "run.py"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+                    and node.value.attr == "trainer"):
+                read.add(node.attr)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "tr":
+                read.add(node.attr)
+    sft_fields = {f.name for f in dataclasses.fields(SFTTrainerConfig)}
+    assert {"nnodes", "n_gpus_per_node", "torch_threads"} <= read
+    assert read <= sft_fields, read - sft_fields
+    assert {f.name for f in dataclasses.fields(RunConfig)} <= sft_fields

@@ -213,7 +213,7 @@ def test_time_budget_stops_with_a_checkpoint_and_a_rerun_continues_the_clock(tin
 
 
 def _budget(trained_s: float, step: int, budget: float | None, longest: float = 0.0):
-    from agent_rl.training.trainer import out_of_time
+    from agent_rl.training.run import out_of_time
 
     return out_of_time(trained_s, step, budget, longest)
 

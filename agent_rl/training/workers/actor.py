@@ -14,7 +14,6 @@ there, as veRL does), so the driver can skip `compute_log_probs` (`needs_old_log
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from pathlib import Path
 
@@ -24,18 +23,10 @@ from agent_rl.config import ActorRolloutRefConfig
 from agent_rl.training.algos import agg_loss, get_policy_loss, kl_loss
 from agent_rl.training.algos.masked import masked_mean
 from agent_rl.training.checkpoint import safe_torch_load
-from agent_rl.training.batch import TokenBatch, micro_batches, split_mini_batches
+from agent_rl.training.batch import TokenBatch
 from agent_rl.training.workers import dist, model_io
 from agent_rl.training.workers.forward import pack, packed_hidden, token_logprobs, unpack_responses
-from agent_rl.training.workers.step import (
-    LossFn,
-    Normalizers,
-    Optim,
-    combine_metrics,
-    equalise,
-    mean_metrics,
-    normalizers,
-)
+from agent_rl.training.workers.step import LossFn, Normalizers, Optim, UpdateLoop, UpdateLoopWorker
 
 STATE_FILE = "actor_state.pt"
 """Optimizer, scheduler and update counter, beside the HF weights of a saved actor."""
@@ -63,7 +54,7 @@ class LogProbModel(torch.nn.Module):
         return token_logprobs(hidden[pk.pred_index], head, pk.targets, self.autocast or head.dtype, with_entropy)
 
 
-class ActorWorker:
+class ActorWorker(UpdateLoopWorker):
     """Policy (and reference policy) of one data-parallel rank.
 
     `cfg.model` picks the weights and LoRA, `cfg.actor` the update, `cfg.rollout.n` turns
@@ -94,8 +85,9 @@ class ActorWorker:
         self.optim = Optim([p for p in self.model.parameters() if p.requires_grad], a.optim, total_steps,
                            a.grad_clip, fsdp=self.fsdp)
         self.policy_loss = get_policy_loss(a.policy_loss)
-        self.num_updates = 0
-        """Completed `update_policy` / `train_step` calls (scheduler steps)."""
+        self.loop = UpdateLoop(self.model, self.optim, fsdp=self.fsdp, world_size=world_size,
+                               state_masking=a.state_masking, use_dynamic_bsz=a.use_dynamic_bsz,
+                               max_token_len=a.ppo_max_token_len_per_gpu, micro_batch_size=a.ppo_micro_batch_size_per_gpu)
 
     # ------------------------------------------------------------------ forward
     def _forward(self, model: torch.nn.Module, mb: TokenBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,18 +98,10 @@ class ActorWorker:
         width = mb.loss_mask.shape[1]
         return unpack_responses(logp, pk.resp_lens, width), unpack_responses(ent, pk.resp_lens, width)
 
-    @torch.no_grad()
     def _log_probs(self, model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
         r = self.cfg.ref
-        local = dataclasses.replace(batch, index=torch.arange(len(batch)))
-        out = torch.zeros(len(batch), batch.loss_mask.shape[1])
-        parts = micro_batches(local, self.cfg.actor.use_dynamic_bsz, r.log_prob_max_token_len_per_gpu,
-                              r.log_prob_micro_batch_size_per_gpu)
-        for mb, real in equalise(parts, local, self.fsdp):
-            logp, _ = self._forward(model, mb, with_entropy=False)
-            if real:
-                out[mb.index, : logp.shape[1]] = logp.float().cpu()
-        return out
+        return self.loop.per_token(batch, lambda mb: self._forward(model, mb, with_entropy=False)[0],
+                                   r.log_prob_max_token_len_per_gpu, r.log_prob_micro_batch_size_per_gpu)
 
     def compute_log_probs(self, batch: TokenBatch) -> torch.Tensor:
         """(B, R) float32 log-probs of every response token under the current policy."""
@@ -166,9 +150,7 @@ class ActorWorker:
             raise ValueError("update_policy: batch.advantages is None (the driver sets them before the update)")
         if a.use_kl_loss and batch.ref_logprobs is None:
             raise ValueError("update_policy: use_kl_loss is on but batch.ref_logprobs is None")
-        mini_size = a.ppo_mini_batch_size * self.cfg.rollout.n
         (total,) = dist.all_reduce_sum([float(len(batch))])
-        n_mini = max(1, -(-int(total) // mini_size))
         reuse_old = batch.old_logprobs is None and not self.needs_old_log_probs(int(total))
         if batch.old_logprobs is None and not reuse_old:
             batch = batch.with_fields(old_logprobs=self.compute_log_probs(batch))
@@ -179,15 +161,9 @@ class ActorWorker:
         # gradient is the same. GRPO groups whose samples all got the same reward are such
         # sequences (on the demo's KB, a third to a half of them once SFT answers well).
         skip_zero_adv = a.entropy_coeff == 0 and not a.use_kl_loss
-        rows = []
-        for epoch in range(a.ppo_epochs):
-            seed = self.num_updates * a.ppo_epochs + epoch
-            for mini in split_mini_batches(batch, mini_size, a.shuffle, seed, num_mini_batches=n_mini):
-                active = None
-                if skip_zero_adv:
-                    active = (mini.advantages * mini.mask(a.state_masking)).abs().sum(dim=1) > 0
-                rows.append(self._train_mini_batch(mini, loss_fn, "actor", active))
-        return self._end_update(rows, "actor")
+        active = (lambda mini: (mini.advantages * mini.mask(a.state_masking)).abs().sum(dim=1) > 0) if skip_zero_adv else None
+        return self.loop.epochs(batch, loss_fn, "actor", epochs=a.ppo_epochs,
+                                mini_size=a.ppo_mini_batch_size * self.cfg.rollout.n, shuffle=a.shuffle, active=active)
 
     def _ppo_loss(self, mb: TokenBatch, norm: Normalizers, reuse_old: bool) -> tuple[torch.Tensor, dict[str, float]]:
         a = self.cfg.actor
@@ -226,50 +202,12 @@ class ActorWorker:
         `loss_fn(micro_batch, normalizers) -> (loss, metrics)` runs the forward itself
         (`self._forward`) and aggregates with the given mini-batch normalisers.
         """
-        return self._end_update([self._train_mini_batch(batch, loss_fn, prefix)], prefix)
-
-    def _train_mini_batch(self, mini: TokenBatch, loss_fn: LossFn, prefix: str,
-                          active: torch.Tensor | None = None) -> dict[str, float]:
-        results = self._backward(mini, loss_fn, active)
-        grad_norm = self.optim.step()
-        out = {f"{prefix}/{k}": v for k, v in combine_metrics(results).items()}
-        out[f"{prefix}/grad_norm"] = grad_norm
-        if active is not None:
-            out[f"{prefix}/skipped_sequences"] = float(len(mini) - int(active.sum()))
-        return out
+        return self.loop.end([self.loop.mini_batch(batch, loss_fn, prefix)], prefix)
 
     def _backward(self, mini: TokenBatch, loss_fn: LossFn,
                   active: torch.Tensor | None = None) -> list[tuple[float, dict[str, float]]]:
-        """Accumulate this rank's share of the mini-batch gradient over its micro-batches;
-        returns (token share, metrics) per micro-batch. `active` (bool per sequence): run only
-        those (the others contribute no gradient); the loss normalisers count the whole mini-batch."""
-        a = self.cfg.actor
-        self.model.train()
-        norm = normalizers(mini.mask(a.state_masking))
-        run = mini
-        if active is not None and not bool(active.all()):
-            run = mini.select(active.nonzero().flatten())
-        # nothing left: the optimizer step sees zero gradients (under FSDP, equalise still runs
-        # this rank's share of the collective forwards with zero-weight copies)
-        parts = micro_batches(run, a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu,
-                              a.ppo_micro_batch_size_per_gpu) if len(run) else []
-        results = []
-        for mb, real in equalise(parts, mini, self.fsdp):
-            loss, metrics = loss_fn(mb, norm)
-            # FSDP averages gradients over ranks; the loss shares are built to be summed
-            scale = (self.world_size if self.fsdp else 1.0) if real else 0.0
-            (loss * scale).backward()
-            if real:
-                share = float(mb.mask(a.state_masking).sum()) / max(norm.tokens, 1)
-                results.append((share, metrics))
-        return results
-
-    def _end_update(self, rows: list[dict[str, float]], prefix: str) -> dict[str, float]:
-        metrics = mean_metrics(rows)
-        metrics[f"{prefix}/lr"] = self.optim.lr
-        self.optim.end_update()
-        self.num_updates += 1
-        return metrics
+        """This rank's share of the mini-batch gradient (`UpdateLoop.backward`)."""
+        return self.loop.backward(mini, loss_fn, active)
 
     # ------------------------------------------------------------------ weights
     def named_weights_for_sync(self) -> list[tuple[str, torch.Tensor]]:

@@ -7,7 +7,6 @@ aligned with the responses like every other per-token field (veRL does the same)
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -17,10 +16,10 @@ from torch import nn
 from agent_rl.config import TrainConfig
 from agent_rl.training.algos import value_loss
 from agent_rl.training.checkpoint import safe_torch_load
-from agent_rl.training.batch import TokenBatch, micro_batches, split_mini_batches
+from agent_rl.training.batch import TokenBatch
 from agent_rl.training.workers import dist, model_io
 from agent_rl.training.workers.forward import pack, packed_hidden, unpack_responses
-from agent_rl.training.workers.step import Normalizers, Optim, combine_metrics, equalise, mean_metrics, normalizers
+from agent_rl.training.workers.step import Normalizers, Optim, UpdateLoop, UpdateLoopWorker
 
 STATE_FILE = "critic_state.pt"
 """Optimizer, scheduler and update counter of a saved critic."""
@@ -48,7 +47,7 @@ class ValueModel(nn.Module):
         return self.value_head(hidden[pk.pred_index].float()).squeeze(-1)
 
 
-class CriticWorker:
+class CriticWorker(UpdateLoopWorker):
     """Value function of one data-parallel rank. Built from the whole `TrainConfig`: its
     `critic` section, the model path (critic.model_path or the policy's), rollout.n."""
 
@@ -75,67 +74,39 @@ class CriticWorker:
             dist.wrap_fsdp(self.model, dist.decoder_layer_types(self.model.trunk), autocast,
                            fp32_modules=(self.model.value_head,))
         self.optim = Optim(list(self.model.parameters()), self.cfg.optim, total_steps, self.cfg.grad_clip, fsdp=self.fsdp)
-        self.num_updates = 0
+        c = self.cfg
+        self.loop = UpdateLoop(self.model, self.optim, fsdp=self.fsdp, world_size=world_size,
+                               state_masking=self.state_masking, use_dynamic_bsz=c.use_dynamic_bsz,
+                               max_token_len=c.ppo_max_token_len_per_gpu, micro_batch_size=c.ppo_micro_batch_size_per_gpu)
 
     def _values(self, mb: TokenBatch) -> torch.Tensor:
         pk = pack(mb.input_ids.to(self.device), mb.seq_lens, mb.prompt_lens)
         return unpack_responses(self.model(pk), pk.resp_lens, mb.loss_mask.shape[1])
 
-    @torch.no_grad()
     def compute_values(self, batch: TokenBatch) -> torch.Tensor:
         """(B, R) float32 values of every response position (0 in padding)."""
         self.model.eval()
-        local = dataclasses.replace(batch, index=torch.arange(len(batch)))
-        out = torch.zeros(len(batch), batch.loss_mask.shape[1])
-        parts = micro_batches(local, self.cfg.use_dynamic_bsz, self.cfg.forward_max_token_len_per_gpu,
-                              self.cfg.ppo_micro_batch_size_per_gpu)
-        for mb, real in equalise(parts, local, self.fsdp):
-            v = self._values(mb)
-            if real:
-                out[mb.index, : v.shape[1]] = v.cpu()
-        return out
+        return self.loop.per_token(batch, self._values, self.cfg.forward_max_token_len_per_gpu,
+                                   self.cfg.ppo_micro_batch_size_per_gpu)
 
     def update_critic(self, batch: TokenBatch) -> dict[str, float]:
         """Clipped value regression to `returns` (needs `values` = old values, `returns`);
-        epochs x mini-batches like the actor. Returns `critic/*` metrics of the whole batch."""
+        epochs x mini-batches like the actor (`UpdateLoop`). Returns `critic/*` metrics of the
+        whole batch."""
         if batch.values is None or batch.returns is None:
             raise ValueError("update_critic: batch.values (old values) and batch.returns must be set")
         c = self.cfg
-        mini_size = c.ppo_mini_batch_size * self.n
-        (total,) = dist.all_reduce_sum([float(len(batch))])
-        n_mini = max(1, -(-int(total) // mini_size))
-        rows = []
-        for epoch in range(c.ppo_epochs):
-            seed = self.num_updates * c.ppo_epochs + epoch
-            for mini in split_mini_batches(batch, mini_size, c.shuffle, seed, num_mini_batches=n_mini):
-                rows.append(self._train_mini_batch(mini))
-        metrics = mean_metrics(rows)
-        metrics["critic/lr"] = self.optim.lr
-        self.optim.end_update()
-        self.num_updates += 1
-        return metrics
+        return self.loop.epochs(batch, self._value_loss, "critic", epochs=c.ppo_epochs,
+                                mini_size=c.ppo_mini_batch_size * self.n, shuffle=c.shuffle)
 
-    def _train_mini_batch(self, mini: TokenBatch) -> dict[str, float]:
-        c = self.cfg
-        self.model.train()
+    def _value_loss(self, mb: TokenBatch, norm: Normalizers) -> tuple[torch.Tensor, dict[str, float]]:
         # the value loss covers the tokens the advantages were computed on (state masking:
         # observation tokens are not the policy's decisions)
-        norm: Normalizers = normalizers(mini.mask(self.state_masking))
-        results = []
-        parts = micro_batches(mini, c.use_dynamic_bsz, c.ppo_max_token_len_per_gpu, c.ppo_micro_batch_size_per_gpu)
-        for mb, real in equalise(parts, mini, self.fsdp):
-            values = self._values(mb)
-            mbd = mb.to(self.device)
-            loss, metrics = value_loss(values, mbd.values, mbd.returns, mbd.mask(self.state_masking), c.cliprange_value,
-                                       c.loss_agg_mode, global_tokens=norm.tokens, global_seqs=norm.seqs)
-            scale = (self.world_size if self.fsdp else 1.0) if real else 0.0
-            (loss * scale).backward()
-            if real:
-                results.append((float(mb.mask(self.state_masking).sum()) / max(norm.tokens, 1), metrics))
-        grad_norm = self.optim.step()
-        out = {f"critic/{k}": v for k, v in combine_metrics(results).items()}
-        out["critic/grad_norm"] = grad_norm
-        return out
+        c = self.cfg
+        values = self._values(mb)
+        mbd = mb.to(self.device)
+        return value_loss(values, mbd.values, mbd.returns, mbd.mask(self.state_masking), c.cliprange_value,
+                          c.loss_agg_mode, global_tokens=norm.tokens, global_seqs=norm.seqs)
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str) -> None:

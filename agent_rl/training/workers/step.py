@@ -1,5 +1,6 @@
-"""What the actor and the critic share: AdamW with warm-up, one optimizer step over
-micro-batches with exact gradient accumulation across micro-batches and ranks, metrics.
+"""What the actor and the critic share: AdamW with warm-up, the update loop (`UpdateLoop`:
+epochs x mini-batches, one optimizer step over micro-batches with exact gradient accumulation
+across micro-batches and ranks, the no-grad per-token forward), metrics.
 
 Exactness: every micro-batch loss is aggregated with the normalisers (sampled tokens,
 non-empty sequences) of the whole mini-batch over all ranks, so summing micro-batch
@@ -14,6 +15,7 @@ each rank returns the metrics of the whole mini-batch.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +24,7 @@ import torch
 from torch import nn
 
 from agent_rl.config import OptimConfig
-from agent_rl.training.batch import TokenBatch
+from agent_rl.training.batch import TokenBatch, micro_batches, split_mini_batches
 from agent_rl.training.workers import dist
 
 
@@ -136,3 +138,110 @@ def mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
     """Mean of each key over mini-batches (and epochs)."""
     keys = {k for r in rows for k in r}
     return {k: sum(r[k] for r in rows if k in r) / sum(1 for r in rows if k in r) for k in sorted(keys)}
+
+
+class UpdateLoop:
+    """The update loop the actor and the critic share; each supplies only its loss (and its
+    forward for the no-grad pass):
+
+    - `per_token(batch, forward, ...)`: a no-grad forward over micro-batches, (B, R) float32
+      per response token (log-probs, values), 0 in padding;
+    - `epochs(batch, loss_fn, ...)`: PPO epochs x mini-batches, one optimizer step each. The
+      number of mini-batches is ceil(sequences present on all ranks / mini-batch size in
+      sequences), so a batch short of a few sequences (trajectories left out for a failed
+      tool call) is not padded with an extra, tiny step; every rank takes the same number;
+    - `mini_batch(mini, loss_fn, ...)`: micro-batch accumulation with the mini-batch's
+      normalisers (exact, see the module docstring), then the optimizer step;
+    - `end(rows, prefix)`: the metrics of the update, the scheduler step, `num_updates`.
+    """
+
+    def __init__(self, model: nn.Module, optim: Optim, *, fsdp: bool, world_size: int, state_masking: bool,
+                 use_dynamic_bsz: bool, max_token_len: int, micro_batch_size: int):
+        self.model, self.optim = model, optim
+        self.fsdp, self.world_size, self.state_masking = fsdp, world_size, state_masking
+        self.use_dynamic_bsz, self.max_token_len, self.micro_batch_size = use_dynamic_bsz, max_token_len, micro_batch_size
+        self.num_updates = 0
+        """Completed updates (scheduler steps): seeds the mini-batch shuffle, saved in checkpoints."""
+
+    @torch.no_grad()
+    def per_token(self, batch: TokenBatch, forward: Callable[[TokenBatch], torch.Tensor], max_token_len: int,
+                  micro_batch_size: int) -> torch.Tensor:
+        local = dataclasses.replace(batch, index=torch.arange(len(batch)))
+        out = torch.zeros(len(batch), batch.loss_mask.shape[1])
+        parts = micro_batches(local, self.use_dynamic_bsz, max_token_len, micro_batch_size)
+        for mb, real in equalise(parts, local, self.fsdp):
+            v = forward(mb)
+            if real:
+                out[mb.index, : v.shape[1]] = v.float().cpu()
+        return out
+
+    def epochs(self, batch: TokenBatch, loss_fn: LossFn, prefix: str, *, epochs: int, mini_size: int, shuffle: bool,
+               active: Callable[[TokenBatch], torch.Tensor] | None = None) -> dict[str, float]:
+        """`epochs` passes over this rank's shard in mini-batches of about `mini_size`
+        sequences. `active(mini)` (bool per sequence): only those run a forward/backward (the
+        others would add exactly no gradient); the normalisers still count them."""
+        (total,) = dist.all_reduce_sum([float(len(batch))])
+        n_mini = max(1, -(-int(total) // mini_size))
+        rows = []
+        for epoch in range(epochs):
+            seed = self.num_updates * epochs + epoch
+            for mini in split_mini_batches(batch, mini_size, shuffle, seed, num_mini_batches=n_mini):
+                rows.append(self.mini_batch(mini, loss_fn, prefix, active(mini) if active is not None else None))
+        return self.end(rows, prefix)
+
+    def mini_batch(self, mini: TokenBatch, loss_fn: LossFn, prefix: str,
+                   active: torch.Tensor | None = None) -> dict[str, float]:
+        """One optimizer step on `mini`; `prefix/*` metrics of the whole mini-batch (all ranks)."""
+        results = self.backward(mini, loss_fn, active)
+        grad_norm = self.optim.step()
+        out = {f"{prefix}/{k}": v for k, v in combine_metrics(results).items()}
+        out[f"{prefix}/grad_norm"] = grad_norm
+        if active is not None:
+            out[f"{prefix}/skipped_sequences"] = float(len(mini) - int(active.sum()))
+        return out
+
+    def backward(self, mini: TokenBatch, loss_fn: LossFn,
+                 active: torch.Tensor | None = None) -> list[tuple[float, dict[str, float]]]:
+        """Accumulate this rank's share of the mini-batch gradient over its micro-batches;
+        returns (token share, metrics) per micro-batch. `active`: run only those sequences."""
+        self.model.train()
+        norm = normalizers(mini.mask(self.state_masking))
+        run = mini
+        if active is not None and not bool(active.all()):
+            run = mini.select(active.nonzero().flatten())
+        # nothing left: the optimizer step sees zero gradients (under FSDP, equalise still runs
+        # this rank's share of the collective forwards with zero-weight copies)
+        parts = micro_batches(run, self.use_dynamic_bsz, self.max_token_len, self.micro_batch_size) if len(run) else []
+        results = []
+        for mb, real in equalise(parts, mini, self.fsdp):
+            loss, metrics = loss_fn(mb, norm)
+            # FSDP averages gradients over ranks; the loss shares are built to be summed
+            scale = (self.world_size if self.fsdp else 1.0) if real else 0.0
+            (loss * scale).backward()
+            if real:
+                share = float(mb.mask(self.state_masking).sum()) / max(norm.tokens, 1)
+                results.append((share, metrics))
+        return results
+
+    def end(self, rows: list[dict[str, float]], prefix: str) -> dict[str, float]:
+        metrics = mean_metrics(rows)
+        metrics[f"{prefix}/lr"] = self.optim.lr
+        self.optim.end_update()
+        self.num_updates += 1
+        return metrics
+
+
+class UpdateLoopWorker:
+    """A worker whose updates run on `self.loop` (an UpdateLoop): its update count, which seeds
+    the mini-batch order and is saved in its checkpoints."""
+
+    loop: UpdateLoop
+
+    @property
+    def num_updates(self) -> int:
+        """Completed updates (scheduler steps)."""
+        return self.loop.num_updates
+
+    @num_updates.setter
+    def num_updates(self, value: int) -> None:
+        self.loop.num_updates = value
