@@ -12,13 +12,15 @@ from pathlib import Path
 @contextmanager
 def kb_retriever(prefix: str, n_entities: int = 200) -> Iterator[tuple[Path, str]]:
     """Generate a KB (seed 0) in a fresh temp dir, serve a BM25 index of it in its own
-    process; yields (work dir with kb/, base URL) and stops the server on exit."""
+    process; yields (work dir with kb/, base URL), stops the server on exit and removes the
+    work dir with what the benchmark wrote there (train.py's GRPO runs: ~2 GB of checkpoints)."""
     from data_prep.synthetic import generate_kb
 
-    work = Path(tempfile.mkdtemp(prefix=prefix))
-    generate_kb(work / "kb", seed=0, n_entities=n_entities)
-    with serve_index(work / "index", work / "kb" / "corpus.jsonl", kind="bm25") as url:
-        yield work, url
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        work = Path(tmp)
+        generate_kb(work / "kb", seed=0, n_entities=n_entities)
+        with serve_index(work / "index", work / "kb" / "corpus.jsonl", kind="bm25") as url:
+            yield work, url
 
 
 @contextmanager
