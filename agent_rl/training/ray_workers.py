@@ -28,9 +28,12 @@ from agent_rl.config import TrainConfig
 
 
 def init_ray(address: str | None) -> None:
-    """Join a running cluster (`address`, e.g. "auto") or start a local one for this process."""
+    """Join a running cluster (`address`, e.g. "auto") or start a local one for this process;
+    nothing when this process is already connected (a caller that started Ray itself)."""
     import ray
 
+    if ray.is_initialized():
+        return
     env = {k: os.environ[k] for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM") if k in os.environ}
     runtime_env = {"env_vars": env}
     if address:

@@ -298,6 +298,8 @@ def test_sft_with_two_ray_workers_matches_one_worker(demo_file, tiny_policy, tmp
     loss after the first update. fp32, so only summation order differs."""
     import ray
 
+    was_up = ray.is_initialized()  # an earlier test's cluster is used, and left up
+
     def train(workers: int) -> list[dict]:
         run_dir = tmp_path / f"run{workers}"
         cfg = _sft_cfg(tiny_policy, demo_file, run_dir, "trainer.total_training_steps=2", "data.train_data_num=8",
@@ -306,7 +308,7 @@ def test_sft_with_two_ray_workers_matches_one_worker(demo_file, tiny_policy, tmp
         try:
             model_dir = sft.run_sft(cfg)
         finally:
-            if workers > 1:
+            if workers > 1 and not was_up:
                 ray.shutdown()
         assert (model_dir / "model.safetensors").is_file() and sft.model_finished(model_dir)
         return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
