@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import dataclasses
 import logging
 import math
 import operator
@@ -55,13 +56,10 @@ class ToolStats:
     seconds: float = 0.0
 
     def minus(self, before: "ToolStats") -> "ToolStats":
-        return ToolStats(*(getattr(self, f) - getattr(before, f) for f in _STAT_FIELDS))
+        return ToolStats(**{f.name: getattr(self, f.name) - getattr(before, f.name) for f in dataclasses.fields(self)})
 
     def copy(self) -> "ToolStats":
-        return ToolStats(*(getattr(self, f) for f in _STAT_FIELDS))
-
-
-_STAT_FIELDS = ("calls", "errors", "timeouts", "bad_args", "rejected", "seconds")
+        return dataclasses.replace(self)
 
 
 @dataclass
