@@ -396,6 +396,23 @@ class TrainerConfig(RunConfig):
     """Validate once before the first step."""
     retriever_health_timeout_s: float = 300.0
     """How long agent-rl-train waits for the retriever's /health before giving up."""
+    mode: str = "sync"
+    """How rollout and update overlap (veRL's sync / one-step-off / fully async trainers):
+    sync (generate step k's batch with step k-1's weights, then update: on-policy, the engine
+    idles during the update) | one_step_off (step k+1's batch is generated with step k-1's
+    weights while step k updates; the weights are swapped when that batch is done: staleness
+    exactly 1) | async (groups generate continuously, up to trainer.max_staleness batches
+    ahead; new weights reach trajectories in flight at their next turn: partial rollouts).
+    The off-policy modes need actor_rollout_ref.actor.tis_cap: the loss reweights each token
+    from the policy version that sampled it to the trainer's."""
+    max_staleness: int = 1
+    """async: how many policy versions a trained trajectory's oldest token may lag the
+    trainer's (veRL max_off_policy_threshold, SkyRL max_staleness_steps); it is also how many
+    batches are generated ahead."""
+    staleness_policy: str = "wait"
+    """async: wait (train groups in submission order; the bound holds by construction) | drop
+    (train groups in the order they finish, so a slow multi-search group does not hold the
+    step; groups past the bound are dropped and counted as async/dropped_stale)."""
 
 
 @dataclass
@@ -554,6 +571,8 @@ CHOICES: dict[str, tuple] = {
     "algorithm.filter_metric": ("score", "acc"),
     "reward.kind": ("em", "subem", "f1"),
     "trainer.resume_mode": ("auto", "disable"),
+    "trainer.mode": ("sync", "one_step_off", "async"),
+    "trainer.staleness_policy": ("wait", "drop"),
 }
 SINKS = ("console", "tensorboard", "jsonl", "wandb")
 # (low, high, low inclusive): None is open
@@ -579,6 +598,7 @@ RANGES: dict[str, tuple] = {
     "trainer.total_epochs": (1, None, True), "trainer.nnodes": (1, None, True),
     "trainer.num_actor_workers": (1, None, True), "trainer.n_gpus_per_node": (0, None, True),
     "trainer.torch_threads": (0, None, True), "trainer.log_freq": (1, None, True),
+    "trainer.max_staleness": (1, None, True),
 }
 
 
@@ -615,6 +635,10 @@ def check_settings(cfg: Any) -> None:
     if found and set(sinks) - set(SINKS):
         problems.append(f"trainer.logger has unknown sink(s) {sorted(set(sinks) - set(SINKS))}; allowed: {', '.join(SINKS)}")
     problems += tool_problems(cfg)
+    found, mode = _get(cfg, "trainer.mode")
+    if found and mode in ("one_step_off", "async") and _get(cfg, "actor_rollout_ref.actor.tis_cap")[1] is None:
+        problems.append(f"trainer.mode={mode} needs actor_rollout_ref.actor.tis_cap (e.g. 2.0): the loss reweights "
+                        "tokens sampled by an older policy version with it")
     if problems:
         raise ConfigError("; ".join(problems))
 

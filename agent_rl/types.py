@@ -37,11 +37,20 @@ class Trajectory:
     num_repeated_queries: int = 0  # searches repeating an earlier query of the same trajectory
     reward_text: str | None = None
     """The response as its protocol shows it to rewards (agent_rl.rollout.protocol.score_trajectory)."""
+    policy_versions: list[int] = field(default_factory=list)
+    """Per response token: the policy version (trainer step) whose weights sampled it, -1 on
+    appended context; empty when not recorded. An asynchronous run's trajectory may span
+    several versions (partial rollouts); `rollout_logprobs` are each token's own version's."""
+
+    def staleness(self, version: int) -> int:
+        """How many policy versions the oldest sampled token lags `version` (0 if none recorded)."""
+        sampled = [v for v in self.policy_versions if v >= 0]
+        return version - min(sampled) if sampled else 0
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)
-        if len(self.loss_mask) != n or len(self.rollout_logprobs) != n:
+        if len(self.loss_mask) != n or len(self.rollout_logprobs) != n or len(self.policy_versions) not in (0, n):
             raise ValueError(
                 f"Trajectory lengths disagree: response_ids={n}, loss_mask={len(self.loss_mask)}, "
-                f"rollout_logprobs={len(self.rollout_logprobs)}"
+                f"rollout_logprobs={len(self.rollout_logprobs)}, policy_versions={len(self.policy_versions)}"
             )

@@ -30,12 +30,13 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol
 
 from agent_rl.config import ToolConfig, TrainConfig
 from agent_rl.rollout import observation as O
 from agent_rl.rollout.engine import GenerateResult, Sampling
+from agent_rl.rollout.gate import PolicyGate
 from agent_rl.rollout.protocol import Action, ActionProtocol, Segment, encode_text, get_mode, get_protocol, repeated
 from agent_rl.rollout.retrieval_client import RetrieverAuthError, RetrieverRequestError
 from agent_rl.rollout.tools import Tool, ToolInputError, ToolStats, calculator_tool, search_tool, tool_metrics
@@ -64,6 +65,8 @@ class _State:
     response_ids: list[int]
     loss_mask: list[int]
     logprobs: list[float]
+    versions: list[int] = field(default_factory=list)
+    """Per response token: the policy version that sampled it (-1: appended context)."""
     segments: list[Segment] = field(default_factory=list)
     queries: list[str] = field(default_factory=list)
     turns: int = 0
@@ -76,17 +79,24 @@ class _State:
     obs_truncated: int = 0
     rejected: int = 0
 
-    def append_sampled(self, ids: list[int], logprobs: list[float], text: str) -> None:
+    def append_sampled(self, ids: list[int], logprobs: list[float], text: str, version: int = 0) -> None:
         self.response_ids += ids
         self.loss_mask += [1] * len(ids)
         self.logprobs += logprobs
+        self.versions += [version] * len(ids)
         self.segments.append(("sampled", text))
 
     def append_context(self, ids: list[int], kind: str, text: str) -> None:
         self.response_ids += ids
         self.loss_mask += [0] * len(ids)
         self.logprobs += [0.0] * len(ids)
+        self.versions += [-1] * len(ids)
         self.segments.append((kind, text))
+
+    def copy(self) -> _State:
+        """A copy to keep (lists copied): what a checkpoint saves of a trajectory in flight."""
+        return replace(self, **{f.name: list(getattr(self, f.name)) for f in fields(self)
+                                if isinstance(getattr(self, f.name), list)})
 
 
 class RolloutManager:
@@ -101,6 +111,8 @@ class RolloutManager:
     def __init__(self, engine: Engine, retriever: Any, cfg: TrainConfig, tokenizer: Any = None,
                  tools: Sequence[Tool] = ()) -> None:
         self.engine = engine
+        self.gate = PolicyGate(engine)
+        """Every generation goes through it: policy versions per token, weight swaps between turns."""
         self.search: SearchFn | None = getattr(retriever, "search", retriever)
         self.tokenizer = tokenizer if tokenizer is not None else engine.get_tokenizer()
         self.cfg = cfg
@@ -190,12 +202,7 @@ class RolloutManager:
             if not self.tools:
                 raise ValueError(f"mode {mode!r} needs a tool (a retriever, or tools in the config)")
         n = self.rcfg.n if n is None else n
-        sampling = Sampling(
-            temperature=0.0 if greedy else self.rcfg.temperature,
-            top_p=1.0 if greedy else self.rcfg.top_p,
-            max_tokens=self.rcfg.max_tokens_per_turn,
-            stop=self.protocol.stop,
-        )
+        sampling = self.sampling(greedy)
         max_turns = self.max_turns if m.tools else 0
         traj_sem = asyncio.Semaphore(self.rcfg.max_concurrent_trajectories)
         before = self.tool_stats()
@@ -221,6 +228,15 @@ class RolloutManager:
         metrics.update(tool_metrics({k: v.minus(before.get(k, ToolStats())) for k, v in after.items()}))
         return trajs, metrics
 
+    def sampling(self, greedy: bool = False) -> Sampling:
+        """Sampling settings of a turn (greedy: temperature 0, evaluation)."""
+        return Sampling(
+            temperature=0.0 if greedy else self.rcfg.temperature,
+            top_p=1.0 if greedy else self.rcfg.top_p,
+            max_tokens=self.rcfg.max_tokens_per_turn,
+            stop=self.protocol.stop,
+        )
+
     async def run_trajectory(
         self,
         prompt_ids: list[int],
@@ -228,11 +244,19 @@ class RolloutManager:
         max_turns: int,
         group_id: int = 0,
         meta: Any = None,
+        state: _State | None = None,
+        on_turn: Callable[[_State], None] | None = None,
     ) -> Trajectory:
-        """One trajectory: up to max_turns turns with tools, then one last turn without."""
-        st = _State(list(prompt_ids), [], [], [])
+        """One trajectory: up to max_turns turns with tools, then one last turn without.
+
+        `state`: continue a trajectory saved at the start of a turn (a checkpoint's, see
+        `on_turn`) instead of starting from `prompt_ids`. `on_turn(copy)`: called with a copy of
+        the state at the start of every turn (what a checkpoint saves of a trajectory in flight)."""
+        st = state.copy() if state is not None else _State(list(prompt_ids), [], [], [])
         finish = "max_turns"
-        for turn in range(max_turns + 1):
+        for turn in range(st.turns, max_turns + 1):
+            if on_turn is not None:
+                on_turn(st.copy())
             budget = min(
                 self.max_response_length - len(st.response_ids),
                 self.engine.max_model_len - len(st.prompt_ids) - len(st.response_ids),
@@ -240,13 +264,13 @@ class RolloutManager:
             if budget <= 0:
                 finish = "length"
                 break
-            out = await self.engine.generate(
+            out, version = await self.gate.generate(
                 st.prompt_ids + st.response_ids, replace(sampling, max_tokens=min(sampling.max_tokens, budget))
             )
             st.turns += 1
             # vLLM cuts `text` right after the stop string; the ids may run a few characters on
             # (a token spanning the end of the tag). Parse the text, keep the ids.
-            st.append_sampled(out.token_ids, out.logprobs, out.text)
+            st.append_sampled(out.token_ids, out.logprobs, out.text, version)
             action = self.protocol.parse(out.text, self.tools)
             if action.kind == "answer":
                 finish = "answer"
@@ -276,6 +300,7 @@ class RolloutManager:
             response_ids=st.response_ids,
             loss_mask=st.loss_mask,
             rollout_logprobs=st.logprobs,
+            policy_versions=st.versions,
             group_id=group_id,
             num_turns=st.turns,
             num_searches=st.searches,

@@ -27,7 +27,6 @@ counts towards `keep`, so pruning never leaves nothing to resume from.
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import shutil

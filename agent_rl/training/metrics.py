@@ -175,3 +175,15 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
+
+
+def reward_metrics(results: list, kind: str) -> dict[str, float]:
+    """reward/* of a collection from its RewardResults: mean reward, the task metric (`kind`), format flags."""
+    n = max(1, len(results))
+    return {
+        "reward/mean": sum(r.score for r in results) / n,
+        f"reward/{kind}": sum(r.metric for r in results) / n,
+        "reward/valid_format": sum(r.valid_format for r in results) / n,
+        "reward/retrieval_hit": sum(r.retrieval_hit for r in results) / n,
+        "reward/has_answer": sum(r.answer is not None for r in results) / n,
+    }

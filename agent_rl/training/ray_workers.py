@@ -91,7 +91,7 @@ class RolloutWorker:
 
         self.cfg = cfg
         torch.set_num_threads(torch_threads(cfg))
-        self.engine = self.manager = self.client = None
+        self.engine = self.manager = self.client = self.stream = None
         self.retriever = retriever
         """Optional object with `async search(queries, topk)` used instead of the HTTP client."""
 
@@ -125,13 +125,40 @@ class RolloutWorker:
         if self.client is not None:
             await self.client.wait_healthy(timeout)
 
-    async def load_weights(self, weights: Any, transport: str = "object_store") -> float:
-        """Load named tensors (resolved from the object store by Ray) into the running engine."""
+    async def load_weights(self, weights: Any, transport: str = "object_store", version: int | None = None) -> float:
+        """Load named tensors (resolved from the object store by Ray) into the running engine,
+        between turns (`PolicyGate.swap`: turns being generated finish first); the policy
+        version becomes `version` (the trainer's step)."""
         from agent_rl.training.weight_sync import get_transport
 
-        return await self.engine.load_weights(get_transport(transport).load(weights))
+        return await self.manager.gate.swap(lambda: self.engine.load_weights(get_transport(transport).load(weights)),
+                                            version)
+
+    # -------------------------------------------------- rollouts ahead of the trainer (stream)
+    def _stream(self) -> Any:
+        if self.stream is None:
+            from agent_rl.rollout.stream import RolloutStream
+
+            self.stream = RolloutStream(self.manager, self.cfg.actor_rollout_ref.rollout.n)
+        return self.stream
+
+    async def stream_submit(self, items: list) -> None:
+        """Start groups: (key, prompt, SavedGroup or None) each."""
+        for key, prompt, saved in items:
+            await self._stream().submit(key, prompt, saved)
+
+    async def stream_take(self, keys: list[int] | None = None, count: int = 0) -> tuple[list, dict[str, float]]:
+        return await self._stream().take(keys, count)
+
+    async def stream_drain(self) -> None:
+        await self._stream().drain()
+
+    async def stream_snapshot(self) -> list:
+        return await self._stream().snapshot()
 
     async def shutdown(self) -> None:
+        if self.stream is not None:
+            await self.stream.aclose()
         if self.manager is not None:
             await self.manager.aclose()  # MCP servers' connections
         if self.engine is not None:

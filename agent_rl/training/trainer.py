@@ -16,6 +16,7 @@ for truncated importance sampling (`actor.tis_cap`).
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import math
 import time
@@ -32,12 +33,15 @@ from agent_rl.training import algos
 from agent_rl.training.batch import TokenBatch
 from agent_rl.training.checkpoint import STATE, CheckpointManager
 from agent_rl.training.data import Prompt, PromptLoader, drop_overlong, load_prompts
-from agent_rl.training.metrics import MetricsLogger, RisingRate
+from agent_rl.training.metrics import MetricsLogger, RisingRate, reward_metrics
 from agent_rl.training.run import Run, finished_reason, resume_checkpoint
 from agent_rl.types import Trajectory
 
 
 log = logging.getLogger(__name__)
+
+ROLLOUTS = "rollouts.json"
+"""In an ahead mode's checkpoint: the groups submitted and not trained (agent_rl.training.ahead)."""
 
 OUTAGE_ATTEMPTS = 3
 """Collections of one step, each after a wait for the retriever's /health, before giving up."""
@@ -95,6 +99,12 @@ class RayTrainer:
 
             self.critic = WorkerGroup(cfg, functools.partial(CriticWorker, cfg, self.total_steps), n_workers, "critic")
         self.sync = WeightSync(self.actor, self.rollout, "cuda_ipc" if cfg.trainer.n_gpus_per_node > 0 else "object_store")
+        self.ahead = None
+        """one_step_off | async: rollouts submitted ahead of the trainer (agent_rl.training.ahead)."""
+        if cfg.trainer.mode != "sync":
+            from agent_rl.training.ahead import AheadCollector
+
+            self.ahead = AheadCollector(self.rollout, self.loader, cfg, self.total_steps)
         self._maybe_resume()
         self.metrics = MetricsLogger(
             self.run_dir,
@@ -118,8 +128,14 @@ class RayTrainer:
             self.run.begin_step()
             t = StepTimer()
             with t("step"):
-                # 1. rollout + reward (group filtering may draw extra prompts)
-                trajs, prompt_ids, metrics = self._collect(t)
+                # 1. rollout + reward (group filtering may draw extra prompts); one_step_off |
+                #    async: groups generated ahead, during the updates before
+                if self.ahead is not None:
+                    trajs, prompt_ids, metrics = self.ahead.collect(self.step, t, functools.partial(
+                        score_trajectories, reward_cfg=cfg.reward))
+                    self._outage_rule(metrics, t)  # the groups generating now wait for a retriever that is down
+                else:
+                    trajs, prompt_ids, metrics = self._collect(t)
                 batch = TokenBatch.from_trajectories(trajs)
                 mask = batch.mask(cfg.actor_rollout_ref.actor.state_masking)
                 # 2. log-probs of the policy that sampled (recomputed), the reference, values
@@ -141,8 +157,11 @@ class RayTrainer:
                         metrics.update(self.critic.update("update_critic", batch))
                 with t("update_actor"):
                     metrics.update(self.actor.update("update_policy", batch))
+                if self.ahead is not None:
+                    with t("drain"):
+                        self.ahead.before_push()
                 with t("sync"):
-                    self.sync.push()
+                    self.sync.push(self.step)
             # validation is timed on its own, outside "step": perf/tokens_per_s measures training
             if cfg.trainer.test_freq > 0 and (self.step % cfg.trainer.test_freq == 0 or self.step == self.total_steps):
                 with t("validate"):
@@ -194,19 +213,7 @@ class RayTrainer:
             consumed += ids
             for k in lost:  # counted over every collection of the step, the failed ones too
                 lost[k] += metrics.get(k, 0.0)
-            shares = tool_error_shares(metrics)
-            metrics.update({f"tool/{name}/error_share": v for name, v in shares.items()})
-            down = sorted(name for name, v in shares.items() if v > r.outage_share)
-            for name in down:
-                if name != "search":  # the outage rule per tool: only the retriever has a /health to wait on
-                    log.warning("step %d: tool %s failed in %.0f%% of its calls (> retriever.outage_share=%g); its "
-                                "trajectories are left out", self.step, name, 100 * shares[name], r.outage_share)
-            if metrics.get("rollout/failed_search_share", 0.0) > r.outage_share and ("search" in down or not shares):
-                log.warning("step %d: %.0f%% of the trajectories had a failed search; waiting up to %.0f s for "
-                            "the retriever's /health", self.step, 100 * metrics["rollout/failed_search_share"],
-                            r.outage_wait_s)
-                with t("retriever_wait"):
-                    ray.get(self.rollout.wait_retriever.remote(r.outage_wait_s))
+            down = self._outage_rule(metrics, t)
             if trajs:
                 if drop:
                     metrics.update(lost)
@@ -215,6 +222,29 @@ class RayTrainer:
         raise RuntimeError(f"step {self.step}: every trajectory of {OUTAGE_ATTEMPTS} collections had a failed tool "
                            f"call (tools failing in more than retriever.outage_share of their calls: "
                            f"{', '.join(down) or 'none'}; the retriever answered /health in between: {cfg.retriever.url})")
+
+    def _outage_rule(self, metrics: dict[str, float], t: StepTimer) -> list[str]:
+        """The outage rule per tool on a collection's metrics: tools failing in more than
+        retriever.outage_share of their calls are named (their trajectories were left out with
+        retriever.skip_failed_searches); when that many trajectories had a failed search, wait
+        for the retriever's /health (only the retriever has one). Returns the tools down."""
+        import ray
+
+        r = self.cfg.retriever
+        shares = tool_error_shares(metrics)
+        metrics.update({f"tool/{name}/error_share": v for name, v in shares.items()})
+        down = sorted(name for name, v in shares.items() if v > r.outage_share)
+        for name in down:
+            if name != "search":
+                log.warning("step %d: tool %s failed in %.0f%% of its calls (> retriever.outage_share=%g); its "
+                            "trajectories are left out", self.step, name, 100 * shares[name], r.outage_share)
+        if metrics.get("rollout/failed_search_share", 0.0) > r.outage_share and ("search" in down or not shares):
+            log.warning("step %d: %.0f%% of the trajectories had a failed search; waiting up to %.0f s for "
+                        "the retriever's /health", self.step, 100 * metrics["rollout/failed_search_share"],
+                        r.outage_wait_s)
+            with t("retriever_wait"):
+                ray.get(self.rollout.wait_retriever.remote(r.outage_wait_s))
+        return down
 
     def _advantages(self, batch: TokenBatch, mask: torch.Tensor) -> tuple[TokenBatch, dict[str, float]]:
         """Token rewards -> (optional in-reward KL) -> advantages and returns, all on `mask`."""
@@ -262,6 +292,8 @@ class RayTrainer:
             self.actor.call_all("save", str(d / "actor"))
             if self.critic is not None:
                 self.critic.call_all("save", str(d / "critic"))
+            if self.ahead is not None:  # the groups not trained yet, with their trajectories in flight
+                (d / ROLLOUTS).write_text(json.dumps(self.ahead.state()))
 
         return self.run.save({"data": self.loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict()},
                              to_dict(self.cfg), save_workers)
@@ -276,7 +308,9 @@ class RayTrainer:
             self.critic.call_all("load", str(path / "critic"))
         self.loader.load_state_dict(state["data"])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
-        self.sync.push()  # the engine started from the base model
+        self.sync.push(self.step)  # the engine started from the base model
+        if self.ahead is not None and (path / ROLLOUTS).is_file():
+            self.ahead.restore(json.loads((path / ROLLOUTS).read_text()))
         print(f"[train] resumed from {path} at step {self.step}", flush=True)
 
     def shutdown(self) -> None:
@@ -439,17 +473,6 @@ def score_trajectories(trajs: list[Trajectory], prompts: list[Prompt], reward_cf
     for tr, r in zip(trajs, results):
         tr.reward = r.score
     return results
-
-
-def reward_metrics(results: list, kind: str) -> dict[str, float]:
-    n = max(1, len(results))
-    return {
-        "reward/mean": sum(r.score for r in results) / n,
-        f"reward/{kind}": sum(r.metric for r in results) / n,
-        "reward/valid_format": sum(r.valid_format for r in results) / n,
-        "reward/retrieval_hit": sum(r.retrieval_hit for r in results) / n,
-        "reward/has_answer": sum(r.answer is not None for r in results) / n,
-    }
 
 
 def group_trajectories(trajs: list[Trajectory]) -> list[list[Trajectory]]:

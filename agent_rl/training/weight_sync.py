@@ -132,11 +132,12 @@ class WeightSync:
         self.last_seconds = 0.0
         self.last_engine_seconds = 0.0
 
-    def push(self) -> float:
+    def push(self, version: int | None = None) -> float:
+        """`version`: the policy version the engine's weights then have (the trainer's step)."""
         import ray
 
         t0 = time.perf_counter()
         weights_ref = self.actor_group.export_weights(self.transport)  # ObjectRef
-        self.last_engine_seconds = ray.get(self.rollout.load_weights.remote(weights_ref, self.transport))
+        self.last_engine_seconds = ray.get(self.rollout.load_weights.remote(weights_ref, self.transport, version))
         self.last_seconds = time.perf_counter() - t0
         return self.last_seconds

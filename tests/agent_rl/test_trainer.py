@@ -156,6 +156,27 @@ def test_ppo_two_steps_change_weights_and_log_finite_metrics(tiny_kb, retriever,
     assert (run_dir / "checkpoints" / "global_step_2" / "critic").is_dir()
 
 
+def kill_after_first_checkpoint(cmd: list[str], run_dir: Path, log: Path) -> dict:
+    """Run the trainer CLI `cmd` and SIGKILL it as soon as its step-1 checkpoint is complete
+    (the next step is under way); returns the environment to run it again with."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.time() + 600
+            pointer = run_dir / "checkpoints" / "latest"
+            while not (pointer.exists() and pointer.read_text() == "global_step_1"):
+                assert proc.poll() is None, f"trainer exited early:\n{log.read_text()[-3000:]}"
+                assert time.time() < deadline, "no step-1 checkpoint within 10 minutes"
+                time.sleep(0.2)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    return env
+
+
 @pytest.mark.slow
 def test_killed_run_resumes_from_its_checkpoint_on_the_same_data_order(grpo_run, tiny_kb, retriever, tmp_path):
     ray = _ray()
@@ -163,21 +184,7 @@ def test_killed_run_resumes_from_its_checkpoint_on_the_same_data_order(grpo_run,
     cmd = [sys.executable, "-m", "agent_rl.training.cli", "--config", "configs/train/demo_grpo_cpu.yaml",
            *overrides(tiny_kb, retriever, run_dir, "grpo"),
            f"trainer.ray_address={ray.get_runtime_context().gcs_address}"]  # join the test's cluster
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    log1 = (tmp_path / "first.log").open("w")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log1, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.time() + 600
-        pointer = run_dir / "checkpoints" / "latest"
-        while not (pointer.exists() and pointer.read_text() == "global_step_1"):
-            assert proc.poll() is None, f"trainer exited early:\n{(tmp_path / 'first.log').read_text()[-3000:]}"
-            assert time.time() < deadline, "no step-1 checkpoint within 10 minutes"
-            time.sleep(0.2)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    env = kill_after_first_checkpoint(cmd, run_dir, tmp_path / "first.log")
     assert (run_dir / "checkpoints" / "latest").read_text() == "global_step_1"
     before = read_jsonl(run_dir)
     assert [r["step"] for r in before] == [1]  # killed during step 2
@@ -498,3 +505,53 @@ def test_a_retriever_killed_mid_run_does_not_teach_the_policy(tiny_kb, few_shot_
     if two["rollout/collect_attempts"] == 1:
         assert two["batch/num_sequences"] == two["rollout/num_trajectories"] - two["rollout/dropped_for_failed_search"]
     assert rows[3]["rollout/failed_search_trajectories"] == 0 and rows[3]["rollout/tool_failures"] == 0
+
+
+# ----------------------------------------------------------------------------- rollouts ahead
+AHEAD = ["actor_rollout_ref.actor.tis_cap=2.0", "trainer.max_staleness=1"]
+
+
+@pytest.mark.slow
+def test_one_step_off_trains_step_k_on_the_batch_generated_during_update_k_minus_1(tiny_kb, retriever, tmp_path, model_dir):
+    run_dir = run_in_process("grpo", tiny_kb, retriever, tmp_path / "one_step_off", ["trainer.mode=one_step_off", *AHEAD])
+    rows = [r for r in read_jsonl(run_dir) if r["step"] > 0]
+    assert [r["step"] for r in rows] == [1, 2]
+    # step 1 trains what version 0 sampled; step 2 the batch version 0 sampled during update 1
+    assert (rows[0]["async/staleness_max"], rows[1]["async/staleness_mean"], rows[1]["async/staleness_max"]) == (0, 1, 1)
+    assert rows[1]["async/staleness/1"] == rows[1]["batch/num_sequences"]
+    assert rows[0]["async/partial_trajectories"] == rows[1]["async/partial_trajectories"] == 0  # swaps wait for the batch
+    assert all("timing/drain" in r and "actor/tis_weight_mean" in r and "async/engine_idle_s" in r for r in rows)
+    assert rows[0]["prompt_ids"] != rows[1]["prompt_ids"]
+    assert (_weights(run_dir / "checkpoints" / "global_step_2" / "actor") - _weights(model_dir)).abs().max() > 0
+
+
+@pytest.mark.slow
+def test_async_run_killed_mid_step_continues_its_trajectories_and_trains_every_prompt_once(tiny_kb, retriever, tmp_path):
+    """trainer.mode=async, 6 prompts, 3 steps of 2: killed with SIGKILL during step 2 (after
+    step 1's checkpoint), started again: the groups the checkpoint held in flight are
+    continued (their sampled tokens are trained, not regenerated) and every prompt of the
+    epoch is trained exactly once."""
+    ray = _ray()
+    run_dir = tmp_path / "async"
+    cmd = [sys.executable, "-m", "agent_rl.training.cli", "--config", "configs/train/demo_grpo_cpu.yaml",
+           *overrides(tiny_kb, retriever, run_dir, "grpo"), "trainer.mode=async", *AHEAD,
+           "data.train_data_num=6", "trainer.total_training_steps=null", "trainer.total_epochs=1",
+           f"trainer.ray_address={ray.get_runtime_context().gcs_address}"]
+    env = kill_after_first_checkpoint(cmd, run_dir, tmp_path / "first.log")
+    before = read_jsonl(run_dir)
+    assert [r["step"] for r in before] == [1]
+    saved = json.loads((run_dir / "checkpoints" / "global_step_1" / "rollouts.json").read_text())["groups"]
+    assert len(saved) == 2  # the next batch, generating during update 1
+    kept_tokens = sum(sum(t["loss_mask"]) for g in saved for t in g["done"] + g["live"])
+    assert kept_tokens > 0
+
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "continuing 2 groups from the checkpoint" in out.stdout and f"{kept_tokens} sampled tokens kept" in out.stdout
+    rows = read_jsonl(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[0] == before[0]
+    assert rows[1]["async/resumed_sampled_tokens"] == kept_tokens
+    assert rows[1]["prompt_ids"] == [g["prompt"]["id"] for g in saved]
+    trained = [p for r in rows for p in r["prompt_ids"]]
+    assert len(trained) == 6 and len(set(trained)) == 6  # each prompt of the epoch once
+    assert all(r["async/staleness_max"] <= 1 for r in rows)

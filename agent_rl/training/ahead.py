@@ -1,0 +1,197 @@
+"""Driver side of `trainer.mode` one_step_off | async: rollouts submitted ahead of the trainer.
+
+The loader's prompts are submitted to the rollout worker's stream (`agent_rl.rollout.stream`)
+with keys in submission order, up to `ahead` batches beyond the one being trained
+(one_step_off: 1; async: trainer.max_staleness). A step takes `train_batch_size` groups:
+
+- in submission order (one_step_off, and async with staleness_policy=wait): a group submitted
+  at policy version v is trained by version v + ahead at the latest, so its staleness is
+  within the bound by construction;
+- in the order they finish (async, staleness_policy=drop): a slow group (three searches, one
+  slow tool) does not hold the step; a group whose oldest token lags the trainer by more than
+  trainer.max_staleness versions is dropped and counted.
+
+Group filtering, the failed-search rule and the outage wait apply to the taken groups as in
+sync mode (agent_rl.training.trainer.collect_groups); a dropped or filtered group is replaced
+by the next one. A checkpoint holds `state()`: the next key and every group submitted and not
+trained, with its trajectories in flight (`SavedGroup`); `restore` submits them again first,
+so a resumed run trains each prompt once and continues, not regenerates, what was sampled.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from typing import Any
+
+import torch
+
+from agent_rl.rollout.manager import rollout_metrics
+from agent_rl.training import algos
+from agent_rl.training.data import PromptLoader
+from agent_rl.training.metrics import reward_metrics
+from agent_rl.types import Trajectory
+
+log = logging.getLogger(__name__)
+
+
+class AheadCollector:
+    """`worker`: the RolloutWorker actor handle; `get`: how a call's result is awaited
+    (ray.get; tests pass a plain worker object and the identity)."""
+
+    def __init__(self, worker: Any, loader: PromptLoader, cfg: Any, total_steps: int, get: Any = None) -> None:
+        tr = cfg.trainer
+        self.worker, self.loader, self.cfg, self.total_steps = worker, loader, cfg, total_steps
+        if get is None:
+            import ray
+
+            get = ray.get
+        self.get = get
+        self.ahead = 1 if tr.mode == "one_step_off" else tr.max_staleness
+        self.fifo = tr.mode == "one_step_off" or tr.staleness_policy == "wait"
+        self.max_staleness = self.ahead
+        self.batch = cfg.data.train_batch_size
+        self.next_key = 0
+        self.outstanding: list[tuple[int, Any]] = []
+        """(key, prompt) submitted and not taken, in submission order."""
+        self.resumed_tokens = 0
+        """Sampled tokens of continued groups not trained yet (logged once they are)."""
+        self._resumed_keys: dict[int, int] = {}
+
+    # ------------------------------------------------------------------ submission
+    def _cap(self, step: int, kept: int) -> int:
+        """Groups that may be outstanding: `ahead` batches beyond the current one, and no more
+        than the run still trains (the last steps do not run into the next epoch; a dropped or
+        filtered group frees its place for the next prompt)."""
+        return min(self.batch * (1 + self.ahead), (self.total_steps - step + 1) * self.batch - kept)
+
+    def top_up(self, step: int, kept: int = 0) -> None:
+        need = self._cap(step, kept) - len(self.outstanding)
+        if need <= 0:
+            return
+        items = []
+        for p in self.loader.take(need):
+            items.append((self.next_key, p, None))
+            self.outstanding.append((self.next_key, p))
+            self.next_key += 1
+        self.get(self.worker.stream_submit.remote(items))
+
+    # ------------------------------------------------------------------ one step's groups
+    def collect(self, step: int, t: Any, score: Any) -> tuple[list[Trajectory], list[str], dict[str, float]]:
+        """Groups for step `step` (the engine holds version step-1). `score(trajs, prompts)`
+        sets rewards and returns the RewardResults. Returns (trajectories with group ids 0..G-1,
+        ids of every prompt consumed, metrics)."""
+        cfg, a = self.cfg, self.cfg.algorithm
+        version = step - 1
+        kept: list[list[Trajectory]] = []
+        consumed: list[str] = []
+        metrics: dict[str, float] = {}
+        counts: Counter[str] = Counter()
+        staleness: list[int] = []
+        results_all: list[Any] = []
+        seen: list[Trajectory] = []
+        rounds = 0
+        wait_s = 0.0
+        drop_failed = ("group" if algos.uses_groups(a.adv_estimator) else "trajectory") \
+            if cfg.retriever.skip_failed_searches else None
+        max_rounds = 1 + (a.max_filter_rounds if a.filter_groups else 0) + 4 * self.ahead
+        while len(kept) < self.batch:
+            rounds += 1
+            if rounds > max_rounds:
+                break
+            self.top_up(step, len(kept))
+            want = self.batch - len(kept)
+            t0 = time.perf_counter()
+            with t("gen"):
+                if self.fifo:
+                    keys = [k for k, _ in self.outstanding[:want]]
+                    groups, tool_m = self.get(self.worker.stream_take.remote(keys, 0))
+                else:
+                    groups, tool_m = self.get(self.worker.stream_take.remote(None, min(want, len(self.outstanding))))
+            wait_s += time.perf_counter() - t0
+            for k, v in tool_m.items():
+                metrics[k] = metrics.get(k, 0.0) + v
+            taken = {g.key for g in groups}
+            self.outstanding = [(k, p) for k, p in self.outstanding if k not in taken]
+            for g in groups:
+                consumed.append(g.prompt.id)
+                trajs = g.trajectories
+                self.resumed_tokens += self._resumed_keys.pop(g.key, 0)
+                lag = max(tr.staleness(version) for tr in trajs)
+                if lag > self.max_staleness:
+                    counts["async/dropped_stale"] += 1
+                    continue
+                with t("reward"):
+                    results = score(trajs, [g.prompt])
+                results_all += results
+                seen += trajs
+                counts["rollout/failed_search_trajectories"] += sum(tr.num_tool_failures > 0 for tr in trajs)
+                if drop_failed is not None and any(tr.num_tool_failures > 0 for tr in trajs):
+                    n_before = len(trajs)
+                    trajs = [] if drop_failed == "group" else [tr for tr in trajs if tr.num_tool_failures == 0]
+                    counts["rollout/dropped_for_failed_search"] += n_before - len(trajs)
+                    if not trajs:
+                        continue
+                if a.filter_groups:
+                    value = [r.metric if a.filter_metric == "acc" else r.score for r in results[: len(trajs)]]
+                    if not algos.filter_groups(torch.tensor(value), [0] * len(value)).kept_groups:
+                        counts["filter/dropped_groups"] += 1
+                        continue
+                staleness += [tr.staleness(version) for tr in trajs]
+                kept.append(trajs)
+        if not kept:
+            raise RuntimeError(f"step {step}: no group to train on after {rounds - 1} takes (dropped for staleness: "
+                               f"{counts['async/dropped_stale']}, filtered: {counts['filter/dropped_groups']}, "
+                               f"failed searches: {counts['rollout/dropped_for_failed_search']})")
+        metrics.update(rollout_metrics(seen, wait_s))
+        metrics.update(reward_metrics(results_all, cfg.reward.kind))
+        metrics.update({k: float(v) for k, v in counts.items()})
+        metrics.setdefault("async/dropped_stale", 0.0)
+        metrics["rollout/failed_search_share"] = counts["rollout/failed_search_trajectories"] / max(len(seen), 1)
+        metrics["async/trainer_wait_s"] = wait_s
+        metrics["async/policy_version"] = float(version)
+        metrics["async/staleness_mean"] = sum(staleness) / len(staleness)
+        metrics["async/staleness_max"] = float(max(staleness))
+        for lag, n in Counter(staleness).items():
+            metrics[f"async/staleness/{lag}"] = float(n)
+        trained = [tr for g in kept for tr in g]
+        metrics["async/partial_trajectories"] = float(sum(len({v for v in tr.policy_versions if v >= 0}) > 1
+                                                          for tr in trained))
+        metrics["async/resumed_sampled_tokens"] = float(self.resumed_tokens)
+        self.resumed_tokens = 0
+        sources = Counter(g[0].data_source or "unknown" for g in kept)
+        metrics.update({f"batch/groups/{src}": float(n) for src, n in sources.items()})
+        for gid, g in enumerate(kept):
+            for tr in g:
+                tr.group_id = gid
+        return trained, consumed, metrics
+
+    def before_push(self) -> None:
+        """one_step_off: the batch generated during the update finishes on the weights it
+        started with, then the swap; async swaps at once (between turns: partial rollouts)."""
+        if self.cfg.trainer.mode == "one_step_off":
+            self.get(self.worker.stream_drain.remote())
+
+    # ------------------------------------------------------------------ checkpoints
+    def state(self) -> dict:
+        """What a checkpoint keeps (JSON): the next key and the groups not trained, with
+        their trajectories in flight."""
+        saved = self.get(self.worker.stream_snapshot.remote())
+        return {"next_key": self.next_key, "groups": [g.to_dict() for g in saved]}
+
+    def restore(self, state: dict) -> None:
+        """Submit the checkpoint's groups again, in their order, continuing what they sampled."""
+        from agent_rl.rollout.stream import SavedGroup
+        from agent_rl.training.data import Prompt
+
+        self.next_key = int(state["next_key"])
+        groups = [SavedGroup.from_dict(d, lambda p: Prompt(**p)) for d in state["groups"]]
+        self.outstanding = [(g.key, g.prompt) for g in groups]
+        self._resumed_keys = {g.key: g.sampled_tokens for g in groups}
+        if groups:
+            self.get(self.worker.stream_submit.remote([(g.key, g.prompt, g) for g in groups]))
+        live = sum(len(g.live) for g in groups)
+        done = sum(len(g.done) for g in groups)
+        print(f"[train] continuing {len(groups)} groups from the checkpoint: {done} trajectories finished, {live} in "
+              f"flight, {sum(self._resumed_keys.values())} sampled tokens kept", flush=True)
