@@ -50,14 +50,12 @@ class AheadCollector:
         self.get = get
         self.ahead = 1 if tr.mode == "one_step_off" else tr.max_staleness
         self.fifo = tr.mode == "one_step_off" or tr.staleness_policy == "wait"
-        self.max_staleness = self.ahead
         self.batch = cfg.data.train_batch_size
         self.next_key = 0
         self.outstanding: list[tuple[int, Any]] = []
         """(key, prompt) submitted and not taken, in submission order."""
-        self.resumed_tokens = 0
-        """Sampled tokens of continued groups not trained yet (logged once they are)."""
         self._resumed_keys: dict[int, int] = {}
+        """Continued groups not trained yet -> their sampled tokens from the checkpoint (logged once trained)."""
 
     # ------------------------------------------------------------------ submission
     def _cap(self, step: int, kept: int) -> int:
@@ -93,6 +91,7 @@ class AheadCollector:
         seen: list[Trajectory] = []
         rounds = 0
         wait_s = 0.0
+        resumed_tokens = 0
         drop_failed = ("group" if algos.uses_groups(a.adv_estimator) else "trajectory") \
             if cfg.retriever.skip_failed_searches else None
         max_rounds = 1 + (a.max_filter_rounds if a.filter_groups else 0) + 4 * self.ahead
@@ -117,13 +116,14 @@ class AheadCollector:
             for g in groups:
                 consumed.append(g.prompt.id)
                 trajs = g.trajectories
-                self.resumed_tokens += self._resumed_keys.pop(g.key, 0)
+                resumed_tokens += self._resumed_keys.pop(g.key, 0)
                 lag = max(tr.staleness(version) for tr in trajs)
-                if lag > self.max_staleness:
+                if lag > self.ahead:
                     counts["async/dropped_stale"] += 1
                     continue
                 with t("reward"):
                     results = score(trajs, [g.prompt])
+                value = {id(tr): r.metric if a.filter_metric == "acc" else r.score for tr, r in zip(trajs, results)}
                 results_all += results
                 seen += trajs
                 counts["rollout/failed_search_trajectories"] += sum(tr.num_tool_failures > 0 for tr in trajs)
@@ -134,8 +134,8 @@ class AheadCollector:
                     if not trajs:
                         continue
                 if a.filter_groups:
-                    value = [r.metric if a.filter_metric == "acc" else r.score for r in results[: len(trajs)]]
-                    if not algos.filter_groups(torch.tensor(value), [0] * len(value)).kept_groups:
+                    rewards = torch.tensor([value[id(tr)] for tr in trajs])
+                    if not algos.filter_groups(rewards, [0] * len(trajs)).kept_groups:
                         counts["filter/dropped_groups"] += 1
                         continue
                 staleness += [tr.staleness(version) for tr in trajs]
@@ -158,8 +158,7 @@ class AheadCollector:
         trained = [tr for g in kept for tr in g]
         metrics["async/partial_trajectories"] = float(sum(len({v for v in tr.policy_versions if v >= 0}) > 1
                                                           for tr in trained))
-        metrics["async/resumed_sampled_tokens"] = float(self.resumed_tokens)
-        self.resumed_tokens = 0
+        metrics["async/resumed_sampled_tokens"] = float(resumed_tokens)
         sources = Counter(g[0].data_source or "unknown" for g in kept)
         metrics.update({f"batch/groups/{src}": float(n) for src, n in sources.items()})
         for gid, g in enumerate(kept):
