@@ -78,6 +78,13 @@ class OptimConfig:
     """Fraction of total steps for linear warm-up."""
     lr_warmup_steps: int = -1
     """Warm-up steps; overrides the ratio when >= 0."""
+    warmup_style: str = "constant"
+    """After warm-up: constant, or cosine decay to min_lr_ratio * lr at the run's last step
+    (trainer.total_training_steps, else the epochs' steps)."""
+    min_lr_ratio: float = 0.0
+    """The cosine's floor as a fraction of lr."""
+    num_cycles: float = 0.5
+    """Cosine periods over the decay (0.5: one half-wave from lr down to the floor)."""
     weight_decay: float = 0.01
     """AdamW weight decay."""
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
@@ -549,6 +556,7 @@ KL_KINDS = ("kl", "abs", "mse", "low_var_kl", "k1", "k2", "k3")
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 STRATEGIES = ("auto", "fsdp", "replicas")
 ON_OFF_AUTO = ("auto", "true", "false")
+WARMUP_STYLES = ("constant", "cosine")
 # Fixed sets (tests/agent_rl/test_config.py checks them against the code that uses them); the
 # registered algorithms (adv_estimator, policy_loss: users may register more) are checked by
 # agent-rl-train against agent_rl.training.algos before anything starts.
@@ -573,6 +581,8 @@ CHOICES: dict[str, tuple] = {
     "trainer.resume_mode": ("auto", "disable"),
     "trainer.mode": ("sync", "one_step_off", "async"),
     "trainer.staleness_policy": ("wait", "drop"),
+    "actor_rollout_ref.actor.optim.warmup_style": WARMUP_STYLES,
+    "critic.optim.warmup_style": WARMUP_STYLES,
 }
 SINKS = ("console", "tensorboard", "jsonl", "wandb")
 # (low, high, low inclusive): None is open
@@ -586,6 +596,8 @@ RANGES: dict[str, tuple] = {
     "actor_rollout_ref.rollout.max_concurrent_tool_calls": (1, None, True),
     "actor_rollout_ref.rollout.gpu_memory_utilization": (0, 1, False),
     "actor_rollout_ref.actor.optim.lr": (0, None, True), "critic.optim.lr": (0, None, True),
+    "actor_rollout_ref.actor.optim.min_lr_ratio": (0, 1, True), "critic.optim.min_lr_ratio": (0, 1, True),
+    "actor_rollout_ref.actor.optim.num_cycles": (0, None, False), "critic.optim.num_cycles": (0, None, False),
     "actor_rollout_ref.actor.ppo_mini_batch_size": (1, None, True),
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": (1, None, True),
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": (1, None, True),

@@ -85,6 +85,10 @@ evaluation runs: the base model in agent / rag / direct generated 190 (151 agent
 direct) and prefilled 440 prompt tokens (prefill ~2.4x faster); an SFT model's agent mode took
 ~100 s for 200 questions at 190 tok/s calibrated (AVX-512 EPYC, bf16); SFT+RL is evaluated in
 agent mode only."""
+EVAL_MAX_NUM_SEQS = 128
+"""The evaluation engine's batch: every question in flight decodes together (the RL config's 32
+leaves the engine's step overhead unshared: 200 SFT questions 145 s at 32, 124 s at 128 on the
+AVX-512 EPYC, bf16)."""
 EVAL_OVERHEAD_S = 20
 """An evaluation's process start and retriever check (the engine load comes on top)."""
 RL_TOKENS_PER_STEP = 16 * 170
@@ -104,7 +108,9 @@ RL_SHARE = 0.4
 MIN_SFT_STEPS, MIN_RL_STEPS = 12, 6
 """The least of each that shows something: SFT that follows the format, GRPO with a trend."""
 BUDGET_MINUTES = (19.0, 33.0)
-"""The default budget: the first where the host is fast enough, up to the second where it is not."""
+"""The default budget: the first on a host with native bf16 (README: the demo ends within 20
+minutes there; a slower such host compares on fewer questions before it drops GRPO) and on any
+host fast enough; up to the second where a host without native bf16 needs that long."""
 
 
 @dataclass
@@ -161,9 +167,12 @@ def needed_s(sp: Speeds, eval_limit: int = EVAL_LIMIT, base_eval_limit: int = BA
             + MIN_SFT_STEPS * sp.sft_step_s + MIN_RL_STEPS * sp.rl_step_s)
 
 
-def default_budget_minutes(sp: Speeds, spent_s: float) -> float:
-    """BUDGET_MINUTES[0] where the minimal plan fits, else as much as it needs up to BUDGET_MINUTES[1]."""
+def default_budget_minutes(sp: Speeds, spent_s: float, native_bf16: bool = False) -> float:
+    """BUDGET_MINUTES[0] on a host with native bf16 or where the minimal plan fits, else as much
+    as it needs up to BUDGET_MINUTES[1]."""
     lo, hi = BUDGET_MINUTES
+    if native_bf16:
+        return lo
     return min(hi, max(lo, (spent_s + needed_s(sp)) / 60 + 0.5))
 
 
@@ -236,8 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=0, help="retriever port (0: a free port)")
     ap.add_argument("--budget-minutes", type=float, default=None,
                     help="wall-time budget of the whole demo: after a short calibration the stages below are sized "
-                         f"to end inside it on this host (default: {BUDGET_MINUTES[0]:g}, or up to "
-                         f"{BUDGET_MINUTES[1]:g} where the host needs that long for {MIN_SFT_STEPS} SFT and "
+                         f"to end inside it on this host (default: {BUDGET_MINUTES[0]:g}; on a host without native "
+                         f"bf16 up to {BUDGET_MINUTES[1]:g} where it needs that long for {MIN_SFT_STEPS} SFT and "
                          f"{MIN_RL_STEPS} GRPO steps)")
     ap.add_argument("--demos", type=int, default=None, help="training questions to build demonstrations from (default: planned)")
     ap.add_argument("--sft-minutes", type=float, default=None, help="SFT time budget (default: planned)")
@@ -322,7 +331,8 @@ def train_and_evaluate(args: argparse.Namespace, work: Path, base_url: str, t_st
     if native:  # a call's JSON costs ~20 tokens more than <search> q </search>: the same turns must fit
         proto.append(f"actor_rollout_ref.rollout.max_tokens_per_turn={NATIVE_TOKENS_PER_TURN}")
     sp, cal = calibrate(work)
-    budget_s = 60 * (args.budget_minutes or default_budget_minutes(sp, time.time() - t_start))
+    native_bf16 = bool(cal.get("hardware", {}).get("native_bf16"))
+    budget_s = 60 * (args.budget_minutes or default_budget_minutes(sp, time.time() - t_start, native_bf16))
     left = lambda: budget_s - (time.time() - t_start)  # noqa: E731
     eval_limit = args.eval_limit or EVAL_LIMIT
 
@@ -382,7 +392,8 @@ def evaluate(label: str, model: Path, base_url: str, kb: Path, runs: Path, limit
     out = runs / f"eval_{label.lower().replace('+', '_')}"
     run([PY, "-m", "agent_rl.evaluation.evaluate", "--model", str(model), "--config", TRAIN_CFG, "--retriever-url", base_url,
          "--data", str(kb / "test.parquet"), "--mode", *modes, "--limit", str(limit),
-         "--out", str(out), "--no-progress", *overrides], f"evaluate {label} ({' / '.join(modes)}, {limit} questions)")
+         "--out", str(out), "--no-progress", f"actor_rollout_ref.rollout.max_num_seqs={EVAL_MAX_NUM_SEQS}", *overrides],
+        f"evaluate {label} ({' / '.join(modes)}, {limit} questions)")
     return out
 
 

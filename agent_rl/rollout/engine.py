@@ -177,6 +177,19 @@ def _kernel_scan_guard() -> Iterator[None]:
         sys.modules.update(hidden)
 
 
+def engine_prompt(prompt_ids: list[int]) -> Any:
+    """Token ids as the engine's input. vLLM 0.3x takes a rendered `tokens_input` (a raw
+    `TokensPrompt` there is deprecated and re-rendered per request); releases without it (the
+    GPU extra's) take the `TokensPrompt`."""
+    try:
+        from vllm.inputs import tokens_input
+    except ImportError:
+        from vllm.inputs import TokensPrompt
+
+        return TokensPrompt(prompt_token_ids=list(prompt_ids))
+    return tokens_input(list(prompt_ids))
+
+
 class RolloutEngine:
     """Async generation from token ids on vLLM, plus in-place weight loading.
 
@@ -288,10 +301,8 @@ class RolloutEngine:
                 f"generate: prompt ({len(prompt_ids)}) + max_tokens ({sampling.max_tokens}) "
                 f"exceeds max_model_len={self.max_model_len}"
             )
-        from vllm.inputs import TokensPrompt
-
         rid = f"r{next(self._ids)}"
-        result = await self._generate(rid, TokensPrompt(prompt_token_ids=list(prompt_ids)), self._sampling_params(sampling))
+        result = await self._generate(rid, engine_prompt(prompt_ids), self._sampling_params(sampling))
         self.num_generated_tokens += len(result.token_ids)
         return result
 

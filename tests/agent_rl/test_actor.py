@@ -462,3 +462,24 @@ def test_lora_save_load(lora_worker, tiny_model, tmp_path):
     assert w2.num_updates == 1
     with pytest.raises(ValueError, match="lora"):
         ActorWorker(make_cfg(tiny_model), total_steps=1).load(str(tmp_path / "actor"))
+
+
+def test_lr_schedule_warmup_then_cosine_to_the_floor():
+    """Hand-computed: 2 warm-up steps, then a half cosine from lr to 0.1 * lr over steps 2..10."""
+    from agent_rl.config import OptimConfig
+    from agent_rl.training.workers.step import Optim, lr_factor
+
+    cfg = OptimConfig(lr=1e-3, lr_warmup_steps=2, warmup_style="cosine", min_lr_ratio=0.1)
+    want = {0: 0.5, 1: 1.0, 2: 1.0, 4: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 4)), 6: 0.55, 10: 0.1, 25: 0.1}
+    for step, factor in want.items():
+        assert lr_factor(step, cfg, total_steps=10) == pytest.approx(factor), step
+    cfg.warmup_style = "constant"
+    assert [lr_factor(k, cfg, 10) for k in (0, 1, 6, 25)] == [0.5, 1.0, 1.0, 1.0]
+    cfg.warmup_style = "cosine"
+    optim = Optim([torch.nn.Parameter(torch.zeros(2))], cfg, total_steps=10, grad_clip=1.0)
+    seen = []
+    for _ in range(11):  # the optimizer's lr follows the factor, one trainer step at a time
+        seen.append(optim.lr)
+        optim.end_update()
+    assert seen == pytest.approx([1e-3 * lr_factor(k, cfg, 10) for k in range(11)])
+    assert seen[-1] == pytest.approx(1e-4)

@@ -110,6 +110,13 @@ def test_the_fixed_sets_are_the_ones_the_code_uses():
     assert set(CHOICES["algorithm.kl_ctrl.type"]) == {"fixed", "adaptive"}
     for kind in CHOICES["algorithm.kl_ctrl.type"]:  # each allowed value is one the code takes
         algos.make_kl_controller(type("C", (), {"type": kind, "kl_coef": 0.1, "target_kl": 0.1, "horizon": 10})())
+    from agent_rl.config import OptimConfig
+    from agent_rl.training.workers.step import lr_factor
+
+    for style in CHOICES["actor_rollout_ref.actor.optim.warmup_style"]:
+        lr_factor(3, OptimConfig(warmup_style=style), 10)
+    with pytest.raises(ValueError, match="warmup_style"):
+        lr_factor(3, OptimConfig(warmup_style="linear"), 10)
 
 
 def test_train_cli_refuses_bad_settings_in_one_line_before_anything_starts(tmp_path, capsys):

@@ -48,6 +48,8 @@ def test_the_default_budget_grows_with_what_the_host_needs():
     assert BUDGET_MINUTES[0] < slow <= BUDGET_MINUTES[1]
     # inside that budget the slow host's plan runs GRPO
     assert plan_stages(60 * slow - 120, SLOW).rl_minutes > 0
+    # a host with native bf16 keeps the short budget even where it is slow (README: within 20 min)
+    assert default_budget_minutes(SLOW, spent_s=120, native_bf16=True) == BUDGET_MINUTES[0]
 
 
 def test_grpo_is_re_planned_with_the_time_left():

@@ -45,8 +45,24 @@ def warmup_steps(cfg: OptimConfig, total_steps: int) -> int:
     return cfg.lr_warmup_steps if cfg.lr_warmup_steps >= 0 else int(cfg.lr_warmup_steps_ratio * total_steps)
 
 
+def lr_factor(step: int, cfg: OptimConfig, total_steps: int) -> float:
+    """The multiplier of cfg.lr at 0-based trainer step `step`: linear warm-up, then constant
+    or (warmup_style cosine) veRL's / HF's cosine decay to min_lr_ratio at `total_steps`."""
+    warm = warmup_steps(cfg, total_steps)
+    if step < warm:
+        return (step + 1) / warm
+    if cfg.warmup_style == "constant":
+        return 1.0
+    if cfg.warmup_style != "cosine":
+        raise ValueError(f"optim.warmup_style={cfg.warmup_style!r}: one of constant, cosine")
+    progress = min(1.0, (step - warm) / max(1, total_steps - warm))
+    wave = max(0.0, 0.5 * (1.0 + math.cos(math.pi * 2.0 * cfg.num_cycles * progress)))
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * wave
+
+
 class Optim:
-    """AdamW + linear warm-up to a constant lr, gradient clipping, data-parallel sum.
+    """AdamW + linear warm-up to a constant or cosine-decayed lr, gradient clipping,
+    data-parallel sum.
 
     The scheduler advances once per trainer step (`end_update`), as in veRL, so warm-up
     counts training steps whatever the number of mini-batches. Warm-up step k (0-based) uses
@@ -65,10 +81,7 @@ class Optim:
             params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay,
             fused=not fsdp,
         )
-        n = warmup_steps(cfg, total_steps)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda k: min(1.0, (k + 1) / n) if n > 0 else 1.0
-        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda k: lr_factor(k, cfg, total_steps))
 
     @property
     def lr(self) -> float:
