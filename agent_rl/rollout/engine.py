@@ -21,6 +21,7 @@ recomputes, so at temperature 1 the two agree up to numerics.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 import math
@@ -28,7 +29,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -200,17 +201,23 @@ def _kernel_scan_guard() -> Iterator[None]:
         sys.modules.update(hidden)
 
 
-def engine_prompt(prompt_ids: list[int]) -> Any:
-    """Token ids as the engine's input. vLLM 0.3x takes a rendered `tokens_input` (a raw
-    `TokensPrompt` there is deprecated and re-rendered per request); releases without it (the
-    GPU extra's) take the `TokensPrompt`."""
+@functools.cache
+def _prompt_builder() -> Callable[[list[int]], Any]:
+    """vLLM 0.3x takes a rendered `tokens_input` (a raw `TokensPrompt` there is deprecated and
+    re-rendered per request); releases without it (the GPU extra's) take the `TokensPrompt`.
+    Resolved once: `engine_prompt` runs for every turn."""
     try:
         from vllm.inputs import tokens_input
     except ImportError:
         from vllm.inputs import TokensPrompt
 
-        return TokensPrompt(prompt_token_ids=list(prompt_ids))
-    return tokens_input(list(prompt_ids))
+        return lambda ids: TokensPrompt(prompt_token_ids=ids)
+    return tokens_input
+
+
+def engine_prompt(prompt_ids: list[int]) -> Any:
+    """Token ids as the engine's input (see `_prompt_builder`)."""
+    return _prompt_builder()(list(prompt_ids))
 
 
 class RolloutEngine:
