@@ -169,7 +169,7 @@ class RolloutConfig:
     n: int = 4
     """Samples per prompt (a GRPO group). Search-R1's n_agent."""
     temperature: float = 1.0
-    """Sampling temperature."""
+    """Sampling temperature (> 0); the actor takes its log-probs at the same temperature (veRL)."""
     top_p: float = 1.0
     """Nucleus sampling."""
     max_tokens_per_turn: int = 128
@@ -590,7 +590,7 @@ RANGES: dict[str, tuple] = {
     "data.train_batch_size": (1, None, True), "data.val_batch_size": (1, None, True),
     "data.max_prompt_length": (1, None, True), "data.max_response_length": (1, None, True),
     "data.max_obs_length": (0, None, True), "data.max_length": (1, None, True),
-    "actor_rollout_ref.rollout.n": (1, None, True), "actor_rollout_ref.rollout.temperature": (0, None, True),
+    "actor_rollout_ref.rollout.n": (1, None, True), "actor_rollout_ref.rollout.temperature": (0, None, False),
     "actor_rollout_ref.rollout.top_p": (0, 1, False), "actor_rollout_ref.rollout.max_tokens_per_turn": (1, None, True),
     "actor_rollout_ref.rollout.max_concurrent_trajectories": (1, None, True),
     "actor_rollout_ref.rollout.max_concurrent_tool_calls": (1, None, True),

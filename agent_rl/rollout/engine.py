@@ -13,9 +13,11 @@ The code vLLM runs inside its worker (weight reload) is in `agent_rl.rollout.vll
 vLLM reads its environment at import, so `configure_vllm_env` must run before the first
 `import vllm`; `RolloutEngine.create` calls it and imports vLLM lazily.
 
-Logprob semantics (vLLM default `logprobs_mode="raw_logprobs"`): the logprob of each sampled
-token under the raw model distribution, before temperature / top-p. That is what the trainer
-recomputes, so at temperature 1 the two agree up to numerics.
+Logprob semantics (`logprobs_mode="processed_logprobs"`): the logprob of each sampled token
+under the distribution it was sampled from, after temperature (and top-p, renormalised over
+the nucleus). The trainer computes its log-probs under the same temperature
+(`actor_rollout_ref.rollout.temperature`, as veRL), so with top-p 1 the two agree up to
+numerics at any temperature; greedy calls get the raw model's log-probs.
 """
 
 from __future__ import annotations
@@ -277,6 +279,7 @@ class RolloutEngine:
             tensor_parallel_size=cfg.tensor_model_parallel_size,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             disable_log_stats=True,
+            logprobs_mode="processed_logprobs",  # the sampler's own distribution (module docstring)
             worker_extension_cls="agent_rl.rollout.vllm_worker.WeightLoaderExtension",
         )
         if cfg.max_num_batched_tokens:

@@ -82,14 +82,15 @@ def hf_model(model_dir):
     return m
 
 
-def _hf_logprobs(model: Any, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
-    """log p(response_ids[i] | prompt + response[:i]) from one fp32 forward pass."""
+def _hf_logprobs(model: Any, prompt_ids: list[int], response_ids: list[int], temperature: float = 1.0) -> list[float]:
+    """log p(response_ids[i] | prompt + response[:i]) from one fp32 forward pass, under
+    softmax(logits / temperature)."""
     import torch
 
     ids = list(prompt_ids) + list(response_ids)
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits[0].float()
-    lp = torch.log_softmax(logits, -1)
+    lp = torch.log_softmax(logits / temperature, -1)
     p = len(prompt_ids)
     return [lp[p + i - 1, t].item() for i, t in enumerate(response_ids)]
 

@@ -97,14 +97,15 @@ def close(a: torch.Tensor, b: torch.Tensor, rtol: float = 1e-4) -> bool:
     return bool((a - b).norm() <= rtol * b.norm())
 
 
-def hf_logprobs(model, batch: TokenBatch) -> list[torch.Tensor]:
-    """Reference: one plain transformers forward per sequence, log-softmax over the vocab."""
+def hf_logprobs(model, batch: TokenBatch, temperature: float = 1.0) -> list[torch.Tensor]:
+    """Reference: one plain transformers forward per sequence, log-softmax over the vocab
+    of the logits divided by `temperature`."""
     out = []
     with torch.no_grad():
         for i in range(len(batch)):
             n, p = int(batch.seq_lens[i]), int(batch.prompt_lens[i])
             ids = batch.input_ids[i : i + 1, :n]
-            lp = torch.log_softmax(model(ids).logits[0].float(), -1)
+            lp = torch.log_softmax(model(ids).logits[0].float() / temperature, -1)
             out.append(lp[p - 1 : n - 1].gather(1, ids[0, p:n, None]).squeeze(1))
     return out
 
@@ -166,6 +167,25 @@ def test_log_probs_equal_plain_transformers(full_worker, plain_model):
         assert (packed[i, n:] == 0).all()
     # the reference model (a frozen fp32 copy here) starts equal to the policy
     assert torch.allclose(full_worker.compute_ref_log_probs(batch), packed, atol=1e-5, rtol=0)
+
+
+def test_log_probs_at_the_rollout_temperature(full_worker, plain_model):
+    """With rollout.temperature T the policy and reference log-probs are those of
+    softmax(logits / T), the distribution the engine sampled from (not the raw model's)."""
+    batch = TokenBatch.from_trajectories(make_trajs(3, seed=4, max_len=40))
+    raw = hf_logprobs(plain_model, batch)
+    full_worker.cfg.rollout.temperature = 0.6
+    try:
+        ref = hf_logprobs(plain_model, batch, temperature=0.6)
+        tempered = full_worker.compute_log_probs(batch)
+        reference = full_worker.compute_ref_log_probs(batch)
+    finally:
+        full_worker.cfg.rollout.temperature = 1.0
+    for i, r in enumerate(ref):
+        n = len(r)
+        assert torch.allclose(tempered[i, :n], r, **LOGP_TOL), (tempered[i, :n] - r).abs().max()
+        assert torch.allclose(reference[i, :n], r, **LOGP_TOL)
+        assert (tempered[i, :n] - raw[i]).abs().max() > 0.1  # the temperature did change them
 
 
 def test_bf16_log_probs_close_to_fp32(full_worker):
@@ -341,9 +361,11 @@ def dataclass_replace(batch, **kw):
 
 
 def test_sft_step_trains_sampled_tokens(tiny_model):
+    """SFT's NLL is the model's own (temperature 1), whatever the config's rollout temperature."""
     w = ActorWorker(make_cfg(tiny_model), total_steps=3)
     batch = TokenBatch.from_trajectories(make_trajs(4))
     logp = w.compute_log_probs(batch)
+    w.cfg.rollout.temperature = 0.5
     nll = -(logp * batch.loss_mask).sum() / batch.loss_mask.sum()
     first = w.update_sft(batch)
     assert first["sft/loss"] == pytest.approx(nll.item(), rel=1e-5)

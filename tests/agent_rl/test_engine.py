@@ -31,6 +31,20 @@ def test_generate_ids_and_fp32_logprobs_match_transformers(aio, engine, hf_model
     assert max(diffs) < 2e-4
 
 
+def test_logprobs_are_of_the_tempered_distribution(aio, engine, hf_model, tokenizer, hf_logprobs):
+    """At temperature 0.6 the engine reports each sampled token's log-prob under
+    softmax(logits / 0.6), the distribution it sampled from and the one the trainer computes
+    (actor log-probs at the rollout temperature), not the raw model's."""
+    prompt = tokenizer.encode(PROMPT)
+    outs = aio(_gather(engine, [prompt] * 4, Sampling(temperature=0.6, max_tokens=32, stop=(), seed=5)))
+    tempered, raw = [], []
+    for out in outs:
+        tempered += _diffs(out.logprobs, hf_logprobs(hf_model, prompt, out.token_ids, temperature=0.6))
+        raw += _diffs(out.logprobs, hf_logprobs(hf_model, prompt, out.token_ids))
+    assert max(tempered) < 2e-4, max(tempered)
+    assert max(raw) > 0.05  # the raw model's log-probs are another thing
+
+
 def test_bf16_engine_logprobs_close_to_fp32_reference(aio, engine_bf16, hf_model, tokenizer, hf_logprobs):
     prompt = tokenizer.encode(PROMPT)
     outs = aio(_gather(engine_bf16, [prompt] * 4, Sampling(temperature=1.0, max_tokens=64, stop=(), seed=3)))
