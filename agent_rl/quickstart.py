@@ -207,8 +207,11 @@ def _plan(remaining_s: float, sp: Speeds, eval_limit: int, base_eval_limit: int,
     if rl_s:
         est["grpo"] += rl_s
     sft_steps = max(1, int(sft_s / sp.sft_step_s))
-    # each demonstration seen about once; more cost little to build (no generation) but show nothing
-    demos = min(max_demos, max(200, 8 * sft_steps + 64))
+    # Every demonstration it has (building costs no generation: ~15 s for 1,500), not just the
+    # planned steps' worth: SFT stops on the clock, and when it runs faster than the calibration
+    # said it would otherwise repeat them (200 demonstrations for "~7 steps" that were 29: agent EM
+    # 43.0, where 29 steps over 1,403 demonstrations reach 72.5; docs/real_data.md)
+    demos = max_demos
     return Plan(demos=demos, sft_minutes=sft_s / 60, rl_minutes=rl_s / 60, eval_limit=eval_limit,
                 base_eval_limit=base_eval_limit, estimate_s=est, sft_steps=sft_steps,
                 rl_steps=int(rl_s / sp.rl_step_s))

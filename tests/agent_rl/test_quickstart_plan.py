@@ -41,6 +41,13 @@ def test_a_slow_host_compares_on_fewer_questions_before_it_drops_grpo():
     assert plan.eval_limit == EVAL_LIMIT and plan.estimate_s["sft"] > 60
 
 
+def test_demonstrations_do_not_depend_on_the_calibration():
+    """SFT stops on the clock, not at the planned step count: a calibration taken while the host
+    was busy (fewer planned steps) must not leave SFT repeating a small set of demonstrations."""
+    assert plan_stages(1100.0, SLOW).demos == plan_stages(1100.0, FAST).demos == 1500
+    assert plan_stages(1100.0, FAST, max_demos=400).demos == 400
+
+
 def test_the_default_budget_grows_with_what_the_host_needs():
     assert default_budget_minutes(FAST, spent_s=120) == BUDGET_MINUTES[0]  # a fast host: the short budget
     slow = default_budget_minutes(SLOW, spent_s=120)
