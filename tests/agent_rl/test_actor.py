@@ -21,6 +21,7 @@ from agent_rl.training.batch import TokenBatch
 from agent_rl.training.workers import forward as fw
 from agent_rl.training.workers import model_io
 from agent_rl.training.workers.actor import ActorWorker
+from agent_rl.training.workers.step import combine_metrics
 from agent_rl.types import Trajectory
 
 
@@ -344,6 +345,14 @@ def test_zero_advantage_sequences_are_skipped_without_changing_the_update(tiny_m
     skipped = torch.cat([p.grad.flatten() for p in w.optim.params])
     w.optim.optimizer.zero_grad(set_to_none=True)
     assert full.norm() > 0 and close(skipped, full, 1e-5)
+    # the per-token metrics are means over the sequences that ran, not scaled down by the
+    # skipped share (tis_weight_mean read 0.32 in a demo step that skipped two thirds)
+    run = combine_metrics(w._backward(batch, loss_fn, active=~zero))
+    alone = combine_metrics(w._backward(batch.select((~zero).nonzero().flatten()), loss_fn))
+    w.optim.optimizer.zero_grad(set_to_none=True)
+    for k in ("tis_weight_mean", "entropy", "ppo_kl", "pg_clipfrac"):
+        assert run[k] == pytest.approx(alone[k], rel=1e-5, abs=1e-7), k
+    assert 0.5 < run["tis_weight_mean"] <= 2.0
     # through update_policy: the step skips them and says so; all-zero advantages still step
     metrics = w.update_policy(batch)
     assert metrics["actor/skipped_sequences"] == 4.0
