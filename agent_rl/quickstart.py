@@ -177,28 +177,34 @@ def default_budget_minutes(sp: Speeds, spent_s: float, native_bf16: bool = False
 
 
 def plan_stages(remaining_s: float, sp: Speeds, eval_limit: int = EVAL_LIMIT, min_eval_limit: int | None = 100,
-                base_eval_limit: int = BASE_EVAL_LIMIT, rl_share: float = RL_SHARE, max_demos: int = 1500) -> Plan:
+                base_eval_limit: int = BASE_EVAL_LIMIT, rl_share: float = RL_SHARE, max_demos: int = 1500,
+                demos_built: bool = False, keep_rl: bool = False) -> Plan:
     """Split the time left (after calibration) into demonstrations, SFT, the evaluations and
     GRPO: the evaluations and overheads first, then the training minutes, `rl_share` of them to
     GRPO. SFT keeps at least one minute. Where fewer than MIN_RL_STEPS / 2 GRPO steps fit (its
     curve would show nothing), the comparison uses fewer questions, down to `min_eval_limit`
     (None: keep `eval_limit`), and if that is not enough GRPO is left out and SFT gets its
-    minutes."""
+    minutes.
+
+    A re-plan passes `demos_built` (the demonstrations are not charged again) and `keep_rl`
+    when the plan it revises runs GRPO: GRPO then stays while one step fits, so that a stage
+    that ran a few seconds over its estimate cannot tip a plan at the MIN_RL_STEPS / 2 edge into
+    dropping GRPO and giving SFT all the minutes (seen: a plan of 3 GRPO steps, 15 s later 0)."""
     for n in range(eval_limit, (min_eval_limit or eval_limit) - 1, -20):
-        plan = _plan(remaining_s, sp, n, base_eval_limit, rl_share, max_demos)
+        plan = _plan(remaining_s, sp, n, base_eval_limit, rl_share, max_demos, demos_built, keep_rl)
         if plan.rl_minutes > 0:
             return plan
-    return _plan(remaining_s, sp, eval_limit, base_eval_limit, rl_share, max_demos)
+    return _plan(remaining_s, sp, eval_limit, base_eval_limit, rl_share, max_demos, demos_built, keep_rl)
 
 
 def _plan(remaining_s: float, sp: Speeds, eval_limit: int, base_eval_limit: int, rl_share: float,
-          max_demos: int) -> Plan:
-    est = {"demonstrations": float(DEMOS_S), "sft": float(SFT_OVERHEAD_S),
+          max_demos: int, demos_built: bool = False, keep_rl: bool = False) -> Plan:
+    est = {"demonstrations": 0.0 if demos_built else float(DEMOS_S), "sft": float(SFT_OVERHEAD_S),
            "evaluate base": sp.eval_s(base_eval_limit, "base"), "evaluate SFT": sp.eval_s(eval_limit, "sft")}
     rl_fixed = {"grpo": RL_OVERHEAD_S + sp.engine_load_s, "evaluate SFT+RL": sp.eval_s(eval_limit, "rl")}
     train_s = remaining_s - sum(est.values()) - sum(rl_fixed.values())
     rl_s = rl_share * train_s
-    if rl_s < MIN_RL_STEPS / 2 * sp.rl_step_s:
+    if rl_s < (1 if keep_rl else MIN_RL_STEPS / 2) * sp.rl_step_s:
         rl_s, rl_fixed = 0.0, {}
         train_s = remaining_s - sum(est.values())
     sft_s = max(60.0, train_s - rl_s)
@@ -339,9 +345,10 @@ def train_and_evaluate(args: argparse.Namespace, work: Path, base_url: str, t_st
     left = lambda: budget_s - (time.time() - t_start)  # noqa: E731
     eval_limit = args.eval_limit or EVAL_LIMIT
 
-    def replan(stage: str, fixed_eval_limit: bool) -> Plan:
+    def replan(stage: str, fixed_eval_limit: bool, revises: Plan | None = None) -> Plan:
         plan = plan_stages(left(), sp, eval_limit=eval_limit,
-                           min_eval_limit=None if fixed_eval_limit or args.eval_limit else 100)
+                           min_eval_limit=None if fixed_eval_limit or args.eval_limit else 100,
+                           demos_built=revises is not None, keep_rl=revises is not None and revises.rl_minutes > 0)
         plan.calibration, plan.budget_minutes = cal, budget_s / 60
         if args.demos is not None:
             plan.demos = args.demos
@@ -359,7 +366,7 @@ def train_and_evaluate(args: argparse.Namespace, work: Path, base_url: str, t_st
         run([PY, "-m", "data_prep", "demos", "--qa", str(kb / "train.parquet"), "--retriever-url", base_url,
              "--out", str(demos), "--config", TRAIN_CFG, "--limit", str(plan.demos), *proto],
             "build grounded demonstrations (real retriever observations)")
-        plan = replan("after the demonstrations", fixed_eval_limit=True)
+        plan = replan("after the demonstrations", fixed_eval_limit=True, revises=plan)
     if not (sft_dir / "model" / "config.json").exists():
         run([PY, "-m", "agent_rl.coldstart.sft", "--config", "configs/sft/demo_cpu.yaml", f"data.train_files=[{demos}]",
              f"trainer.max_time_s={int(plan.sft_minutes * 60)}", f"trainer.default_local_dir={sft_dir}"],

@@ -48,6 +48,21 @@ def test_demonstrations_do_not_depend_on_the_calibration():
     assert plan_stages(1100.0, FAST, max_demos=400).demos == 400
 
 
+def test_a_re_plan_does_not_drop_grpo_at_the_edge():
+    """The plan after the demonstrations revises one that runs GRPO: it does not charge the
+    demonstrations again, and a few seconds less than estimated keep GRPO (with fewer steps)
+    instead of dropping it at the MIN_RL_STEPS / 2 edge and giving SFT every minute."""
+    edge = next(t for t in range(600, 3000, 5) if plan_stages(float(t), SLOW, min_eval_limit=None).rl_minutes > 0)
+    first = plan_stages(float(edge), SLOW, min_eval_limit=None)
+    later = edge - 30.0  # the demonstrations took 30 s longer than their estimate... and more
+    assert plan_stages(later - 15.0, SLOW, min_eval_limit=None).rl_minutes == 0  # a fresh plan drops it
+    revised = plan_stages(later - 15.0, SLOW, min_eval_limit=None, demos_built=True, keep_rl=True)
+    assert revised.rl_minutes > 0 and "demonstrations" not in {k for k, v in revised.estimate_s.items() if v}
+    assert revised.eval_limit == first.eval_limit
+    # kept only while a step fits
+    assert plan_stages(300.0, SLOW, min_eval_limit=None, demos_built=True, keep_rl=True).rl_minutes == 0
+
+
 def test_the_default_budget_grows_with_what_the_host_needs():
     assert default_budget_minutes(FAST, spent_s=120) == BUDGET_MINUTES[0]  # a fast host: the short budget
     slow = default_budget_minutes(SLOW, spent_s=120)
