@@ -91,11 +91,11 @@ leaves the engine's step overhead unshared: 200 SFT questions 145 s at 32, 124 s
 AVX-512 EPYC, bf16)."""
 EVAL_OVERHEAD_S = 20
 """An evaluation's process start and retriever check (the engine load comes on top)."""
-RL_TOKENS_PER_STEP = 16 * 170
-"""Decode-equivalent tokens of one GRPO step's generation: 4 prompts x 4 samples, two turns
-(14 s at 190 tok/s calibrated, measured)."""
-RL_UPDATE_TOKENS_PER_STEP = 16 * 400
-"""Tokens through forward + backward in one GRPO step: 16 sequences of ~450, less those with
+RL_TOKENS_PER_STEP = 32 * 170
+"""Decode-equivalent tokens of one GRPO step's generation: 8 prompts x 4 samples, two turns
+(14 s for 16 at 190 tok/s calibrated, measured)."""
+RL_UPDATE_TOKENS_PER_STEP = 32 * 400
+"""Tokens through forward + backward in one GRPO step: 32 sequences of ~450, less those with
 all-zero advantages, which skip the update (no reference pass: the demo runs without KL)."""
 RL_OVERHEAD_S = 45
 """Ray start, workers and model loads, weight sync, checkpoint; the engine load comes on top."""
@@ -105,8 +105,9 @@ BASE_EVAL_LIMIT = 30
 """The base model is context (it does not follow the format: EM ~0), on fewer questions."""
 RL_SHARE = 0.4
 """GRPO's share of the training minutes (the rest is SFT)."""
-MIN_SFT_STEPS, MIN_RL_STEPS = 12, 6
-"""The least of each that shows something: SFT that follows the format, GRPO with a trend."""
+MIN_SFT_STEPS, MIN_RL_STEPS = 12, 3
+"""The least of each that shows something: SFT that follows the format, GRPO with a trend (3
+steps of 32 trajectories: the 96 of the 6 steps of 16 this was set for)."""
 BUDGET_MINUTES = (19.0, 33.0)
 """The default budget: the first on a host with native bf16 (README: the demo ends within 20
 minutes there; a slower such host compares on fewer questions before it drops GRPO) and on any
