@@ -123,10 +123,6 @@ def normalizers(mask: torch.Tensor) -> Normalizers:
     return Normalizers(tokens=int(tokens), seqs=int(seqs))
 
 
-_SHARE = "\0share"
-"""combine_metrics' running sum of the token shares (never a metric name)."""
-
-
 def combine_metrics(parts: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
     """Mini-batch metrics from (token share, metrics) of each micro-batch on every rank.
 
@@ -136,14 +132,14 @@ def combine_metrics(parts: list[tuple[float, dict[str, float]]]) -> dict[str, fl
     that ran keeps e.g. tis_weight_mean ~1 and the entropy a mean, not scaled down by the
     skipped fraction."""
     local: dict[str, float] = {}
+    ran = sum(share for share, _ in parts)
     for share, metrics in parts:
-        local[_SHARE] = local.get(_SHARE, 0.0) + share
         for k, v in metrics.items():
             local[k] = local.get(k, 0.0) + (v if k.endswith("loss") else v * share)
     if dist.world_size() > 1:  # ranks may hold different keys (an empty shard has none)
         keys = sorted(set().union(*dist.all_gather_objects(sorted(local))))
-        local = dict(zip(keys, dist.all_reduce_sum([local.get(k, 0.0) for k in keys])))
-    ran = local.pop(_SHARE, 0.0)
+        ran, *values = dist.all_reduce_sum([ran, *(local.get(k, 0.0) for k in keys)])
+        local = dict(zip(keys, values))
     return {k: v if k.endswith("loss") or ran <= 0 else v / ran for k, v in local.items()}
 
 
