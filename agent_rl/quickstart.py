@@ -108,7 +108,12 @@ RL_SHARE = 0.4
 MIN_SFT_STEPS, MIN_RL_STEPS = 12, 3
 """The least of each that shows something: SFT that follows the format, GRPO with a trend (3
 steps of 32 trajectories: the 96 of the 6 steps of 16 this was set for)."""
-BUDGET_MINUTES = (19.0, 33.0)
+SFT_STEPS = 19
+"""SFT stops here and GRPO gets every minute after it: on the demo's demonstrations more SFT does
+not buy more (agent EM on the 200 held-out questions after 19 / 25 / 30 / 35 steps: 60.0 / 59.5
+/ 48.0 / 62.5), where GRPO from the 19-step model did (3 / 5 / 7 steps of 8 x 4: 66.5 / 67.5 /
+68.5; docs/real_data.md). A fixed count also makes every run's SFT model the same one."""
+BUDGET_MINUTES = (19.5, 33.0)
 """The default budget: the first on a host with native bf16 (README: the demo ends within 20
 minutes there; a slower such host compares on fewer questions before it drops GRPO) and on any
 host fast enough; up to the second where a host without native bf16 needs that long."""
@@ -182,7 +187,7 @@ def plan_stages(remaining_s: float, sp: Speeds, eval_limit: int = EVAL_LIMIT, mi
                 demos_built: bool = False, keep_rl: bool = False) -> Plan:
     """Split the time left (after calibration) into demonstrations, SFT, the evaluations and
     GRPO: the evaluations and overheads first, then the training minutes, `rl_share` of them to
-    GRPO. SFT keeps at least one minute. Where fewer than MIN_RL_STEPS / 2 GRPO steps fit (its
+    GRPO, and to GRPO too what SFT would spend past SFT_STEPS. SFT keeps at least one minute. Where fewer than MIN_RL_STEPS / 2 GRPO steps fit (its
     curve would show nothing), the comparison uses fewer questions, down to `min_eval_limit`
     (None: keep `eval_limit`), and if that is not enough GRPO is left out and SFT gets its
     minutes.
@@ -209,6 +214,9 @@ def _plan(remaining_s: float, sp: Speeds, eval_limit: int, base_eval_limit: int,
         rl_s, rl_fixed = 0.0, {}
         train_s = remaining_s - sum(est.values())
     sft_s = max(60.0, train_s - rl_s)
+    if rl_s:  # SFT_STEPS at most: the rest of the training minutes go to GRPO
+        sft_s = min(sft_s, max(60.0, SFT_STEPS * sp.sft_step_s))
+        rl_s = train_s - sft_s
     est["sft"] += sft_s
     est.update(rl_fixed)
     if rl_s:
@@ -370,7 +378,8 @@ def train_and_evaluate(args: argparse.Namespace, work: Path, base_url: str, t_st
         plan = replan("after the demonstrations", fixed_eval_limit=True, revises=plan)
     if not (sft_dir / "model" / "config.json").exists():
         run([PY, "-m", "agent_rl.coldstart.sft", "--config", "configs/sft/demo_cpu.yaml", f"data.train_files=[{demos}]",
-             f"trainer.max_time_s={int(plan.sft_minutes * 60)}", f"trainer.default_local_dir={sft_dir}"],
+             f"trainer.total_training_steps={SFT_STEPS}", f"trainer.max_time_s={int(plan.sft_minutes * 60)}",
+             f"trainer.default_local_dir={sft_dir}"],
             f"cold-start SFT ({plan.sft_minutes:.1f} min)")
     evals = {"base": evaluate("base", work / "model", base_url, kb, runs, plan.base_eval_limit, MODES, proto),
              "SFT": evaluate("SFT", sft_dir, base_url, kb, runs, eval_limit, MODES, proto)}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent_rl.quickstart import (BUDGET_MINUTES, EVAL_LIMIT, MIN_RL_STEPS, RL_SHARE, Speeds, default_budget_minutes,
-                                 needed_s, plan_stages, rl_seconds_left)
+from agent_rl.quickstart import (BUDGET_MINUTES, EVAL_LIMIT, MIN_RL_STEPS, RL_SHARE, SFT_STEPS, Speeds,
+                                 default_budget_minutes, needed_s, plan_stages, rl_seconds_left)
 
 # calibrated speeds (update tok/s, generation tok/s, engine load s): an AVX2 host in fp32 and
 # an AVX512-BF16 host in bf16, as measured by `python -m agent_rl.calibrate`
@@ -25,9 +25,20 @@ def test_plan_fits_the_time_left(sp, remaining_s):
 
 
 def test_grpo_gets_its_share_of_the_training_minutes():
-    plan = plan_stages(1080.0, FAST)
+    # SLOW: SFT_STEPS would take more than SFT's share, so the share decides
+    plan = plan_stages(1700.0, SLOW, min_eval_limit=None)
+    assert 12 <= plan.sft_steps < SFT_STEPS and plan.rl_steps >= 2
     assert plan.rl_minutes == pytest.approx(RL_SHARE / (1 - RL_SHARE) * plan.sft_minutes)
-    assert plan.rl_steps >= MIN_RL_STEPS and plan.sft_steps >= 12
+
+
+def test_sft_stops_at_its_steps_and_grpo_gets_the_rest():
+    """Where SFT's share would buy more than SFT_STEPS (past which the demonstrations teach no
+    more), SFT gets those steps' minutes and GRPO everything else."""
+    plan = plan_stages(1080.0, FAST)
+    assert plan.rl_steps >= MIN_RL_STEPS
+    assert plan.sft_minutes == pytest.approx(SFT_STEPS * FAST.sft_step_s / 60) and plan.sft_steps == SFT_STEPS
+    assert plan.rl_minutes > RL_SHARE / (1 - RL_SHARE) * plan.sft_minutes
+    assert sum(plan.estimate_s.values()) == pytest.approx(1080.0)
 
 
 def test_a_slow_host_compares_on_fewer_questions_before_it_drops_grpo():
