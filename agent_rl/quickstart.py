@@ -112,7 +112,7 @@ SFT_STEPS = 19
 """SFT stops here and GRPO gets every minute after it: on the demo's demonstrations more SFT does
 not buy more (agent EM on the 200 held-out questions after 19 / 25 / 30 / 35 steps: 60.0 / 59.5
 / 48.0 / 62.5), where GRPO from the 19-step model did (3 / 5 / 7 steps of 8 x 4: 66.5 / 67.5 /
-68.5; docs/real_data.md). A fixed count also makes every run's SFT model the same one."""
+68.5; docs/real_data.md)."""
 BUDGET_MINUTES = (19.5, 33.0)
 """The default budget: the first on a host with native bf16 (README: the demo ends within 20
 minutes there; a slower such host compares on fewer questions before it drops GRPO) and on any
