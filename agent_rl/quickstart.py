@@ -93,7 +93,7 @@ EVAL_OVERHEAD_S = 20
 """An evaluation's process start and retriever check (the engine load comes on top)."""
 RL_TOKENS_PER_STEP = 32 * 170
 """Decode-equivalent tokens of one GRPO step's generation: 8 prompts x 4 samples, two turns
-(14 s for 16 at 190 tok/s calibrated, measured)."""
+(measured: 17-24 s a step at 216-228 tok/s calibrated, AVX-512 EPYC, bf16)."""
 RL_UPDATE_TOKENS_PER_STEP = 32 * 400
 """Tokens through forward + backward in one GRPO step: 32 sequences of ~450, less those with
 all-zero advantages, which skip the update (no reference pass: the demo runs without KL)."""
@@ -187,8 +187,8 @@ def plan_stages(remaining_s: float, sp: Speeds, eval_limit: int = EVAL_LIMIT, mi
                 demos_built: bool = False, keep_rl: bool = False) -> Plan:
     """Split the time left (after calibration) into demonstrations, SFT, the evaluations and
     GRPO: the evaluations and overheads first, then the training minutes, `rl_share` of them to
-    GRPO, and to GRPO too what SFT would spend past SFT_STEPS. SFT keeps at least one minute. Where fewer than MIN_RL_STEPS / 2 GRPO steps fit (its
-    curve would show nothing), the comparison uses fewer questions, down to `min_eval_limit`
+    GRPO, and to GRPO too what SFT would spend past SFT_STEPS. SFT keeps at least one minute.
+    Where fewer than MIN_RL_STEPS / 2 GRPO steps fit (its curve would show nothing), the comparison uses fewer questions, down to `min_eval_limit`
     (None: keep `eval_limit`), and if that is not enough GRPO is left out and SFT gets its
     minutes.
 
