@@ -188,9 +188,9 @@ def plan_stages(remaining_s: float, sp: Speeds, eval_limit: int = EVAL_LIMIT, mi
     """Split the time left (after calibration) into demonstrations, SFT, the evaluations and
     GRPO: the evaluations and overheads first, then the training minutes, `rl_share` of them to
     GRPO, and to GRPO too what SFT would spend past SFT_STEPS. SFT keeps at least one minute.
-    Where fewer than MIN_RL_STEPS / 2 GRPO steps fit (its curve would show nothing), the comparison uses fewer questions, down to `min_eval_limit`
-    (None: keep `eval_limit`), and if that is not enough GRPO is left out and SFT gets its
-    minutes.
+    Where fewer than MIN_RL_STEPS / 2 GRPO steps fit (its curve would show nothing), the
+    comparison uses fewer questions, down to `min_eval_limit` (None: keep `eval_limit`), and if
+    that is not enough GRPO is left out and SFT gets its minutes.
 
     A re-plan passes `demos_built` (the demonstrations are not charged again) and `keep_rl`
     when the plan it revises runs GRPO: GRPO then stays while one step fits, so that a stage
