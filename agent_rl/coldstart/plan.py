@@ -171,7 +171,7 @@ def grounded_answer(golden_answers: Sequence[str], observations: Sequence[str]) 
 # ----------------------------------------------------------------------------- wording
 # Several phrasings per step (chosen per row), so SFT teaches the format and the use of the
 # retrieved text, not one string. `{q}` is a hop query, `{a}` its answer.
-_FIRST = [
+_FIRST = [  # a search chain: how many searches it takes shows only in the first observation
     "I need to find {q}.",
     "To answer this, I should look up {q}.",
     "I do not know {q} yet, so I will search for it.",
@@ -179,11 +179,21 @@ _FIRST = [
     "The question asks about {q}. I will search for it.",
     "First I need {q}.",
 ]
+# The openings name the first search, then say how many searches the question takes: the count
+# follows the query, which shows it ("author of The Zocond Bridge" needs a second search,
+# "Buskstead country" does not), and the decision after an observation, to answer or search
+# again, then follows what the opening said.
+_FIRST_OF_ONE = [
+    "I need to find {q}. This needs one search.",
+    "Let me look up {q}. This needs one search.",
+    "The question asks about {q}. This needs one search.",
+    "I will search for {q}. This needs one search.",
+]
 _FIRST_OF_MANY = [
-    "This needs {n} searches. First I need {q}.",
-    "I will answer this in steps. First, {q}.",
-    "Let me start with {q}.",
-    "I need {q} first, then one more fact.",
+    "I need to find {q} first. This needs {n} searches.",
+    "Let me start with {q}. This needs {n} searches.",
+    "The question asks about {q} first. This needs {n} searches.",
+    "I will search for {q}, then one more fact. This needs {n} searches.",
 ]
 _NEXT = [
     "The results show {q}: {a}. Next I need {q2}.",
@@ -215,12 +225,22 @@ _FINAL_COMPARE = [  # short: the answer turn must fit rollout.max_tokens_per_tur
     "So it is {a0} against {a}. The answer is {ans}.",
     "{q}: {a}, the other {a0}. The answer is {ans}.",
 ]
+_FINAL_ORDERED = [  # two years (or counts): the smaller first, then the entity it belongs to
+    "{lo} is earlier than {hi}, so the answer is {ans}.",
+    "{lo} comes before {hi}. The answer is {ans}.",
+    "{lo} is before {hi}. So the answer is {ans}.",
+]
 _FINAL_UNKNOWN = [
     "The documents mention {ans}. So the answer is {ans}.",
     "Based on the retrieved information, the answer is {ans}.",
     "The search results say {ans}, which answers the question.",
     "The information points to {ans}.",
 ]
+
+
+def _numbers(*texts: str) -> list[int] | None:
+    """The texts as integers (years), or None when one is not a whole number."""
+    return [int(t) for t in texts] if all(str(t).strip().isdigit() for t in texts) else None
 
 
 def _turn(think: str, action: str) -> str:
@@ -232,7 +252,7 @@ def write_segments(plan: Plan, answer: str, rng: random.Random, protocol: Action
     written in `protocol`'s form (`<search> q </search>`, or a native tool call)."""
     qs, ans = plan.queries, plan.hop_answers
     n = len(qs)
-    first = rng.choice(_FIRST_OF_MANY if n > 1 and not plan.chain else _FIRST).format(q=qs[0], n=n)
+    first = rng.choice(_FIRST if plan.chain else _FIRST_OF_MANY if n > 1 else _FIRST_OF_ONE).format(q=qs[0], n=n)
     segments = [_turn(first, protocol.write_call("search", {"query": qs[0]}))]
     for i in range(1, n):
         if plan.chain:
@@ -245,6 +265,9 @@ def write_segments(plan: Plan, answer: str, rng: random.Random, protocol: Action
     last_q, last_a = qs[-1], ans[-1]
     if last_a is None:
         think = rng.choice(_FINAL_UNKNOWN).format(ans=answer)
+    elif plan.comparison and n >= 2 and ans[-2] is not None and _numbers(ans[-2], last_a):
+        lo, hi = sorted(_numbers(ans[-2], last_a))
+        think = rng.choice(_FINAL_ORDERED).format(lo=lo, hi=hi, ans=answer)
     elif plan.comparison and n >= 2 and ans[-2] is not None:
         think = rng.choice(_FINAL_COMPARE).format(q=last_q, a=last_a, q0=qs[-2], a0=ans[-2], ans=answer)
     else:

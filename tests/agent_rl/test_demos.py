@@ -100,6 +100,32 @@ def test_segments_close_one_action_each_vary_and_form_a_valid_response():
     assert len(firsts) >= 4 and len(finals) >= 4
 
 
+def test_the_first_think_says_how_many_searches_and_a_chain_does_not():
+    single = PL.Plan(["Grulcrest country"], ["Tadyvia"])
+    chain = PL.Plan(["Who founded X?", "Ann Lee"], ["Ann Lee", None], chain=True)
+    for seed in range(20):
+        rng = lambda: random.Random(seed)  # noqa: E731
+        assert PL.write_segments(PL.plan_queries(KB_BRIDGE, 2), "Grulcrest", rng())[0].endswith(
+            "This needs 2 searches. </think>\n<search> author of The Zocond Bridge </search>")
+        assert "Grulcrest country. This needs one search. </think>" in PL.write_segments(single, "Tadyvia", rng())[0]
+        assert "This needs" not in PL.write_segments(chain, "Boston", rng())[0]
+
+
+def test_a_comparison_of_years_names_the_earlier_first_then_the_answer():
+    plan = PL.Plan(["Coubei Foundation founding year", "Coubei Observatory founding year"], ["1885", "1878"],
+                   comparison=True)
+    thinks = {PL.write_segments(plan, "Coubei Observatory", random.Random(seed))[-1] for seed in range(30)}
+    assert len(thinks) == 3
+    for t in thinks:
+        reasoning = t.split("</think>")[0]
+        assert reasoning.index("1878") < reasoning.index("1885") and "answer is Coubei Observatory" in reasoning
+        assert t.endswith("<answer> Coubei Observatory </answer>")
+    # not two numbers: the wording that names both facts
+    words = PL.Plan(["Ann Lee nationality", "Bo Lee nationality"], ["Dutch", "Danish"], comparison=True)
+    last = PL.write_segments(words, "Ann Lee", random.Random(0))[-1]
+    assert "Dutch" in last and "Danish" in last and "earlier" not in last
+
+
 # ----------------------------------------------------------------------------- real server
 @pytest.fixture(scope="module")
 def kb_rows(tiny_kb):
