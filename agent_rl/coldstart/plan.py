@@ -265,11 +265,13 @@ def write_segments(plan: Plan, answer: str, rng: random.Random, protocol: Action
     last_q, last_a = qs[-1], ans[-1]
     if last_a is None:
         think = rng.choice(_FINAL_UNKNOWN).format(ans=answer)
-    elif plan.comparison and n >= 2 and ans[-2] is not None and _numbers(ans[-2], last_a):
-        lo, hi = sorted(_numbers(ans[-2], last_a))
-        think = rng.choice(_FINAL_ORDERED).format(lo=lo, hi=hi, ans=answer)
     elif plan.comparison and n >= 2 and ans[-2] is not None:
-        think = rng.choice(_FINAL_COMPARE).format(q=last_q, a=last_a, q0=qs[-2], a0=ans[-2], ans=answer)
+        years = _numbers(ans[-2], last_a)
+        if years:
+            lo, hi = sorted(years)
+            think = rng.choice(_FINAL_ORDERED).format(lo=lo, hi=hi, ans=answer)
+        else:
+            think = rng.choice(_FINAL_COMPARE).format(q=last_q, a=last_a, q0=qs[-2], a0=ans[-2], ans=answer)
     else:
         think = rng.choice(_FINAL).format(q=last_q, a=last_a, ans=answer)
     segments.append(_turn(think, protocol.write_answer(answer)))
