@@ -179,22 +179,21 @@ _FIRST = [  # a search chain: how many searches it takes shows only in the first
     "The question asks about {q}. I will search for it.",
     "First I need {q}.",
 ]
-# The openings name the first search, then say how many searches the question takes: the count
-# follows the query, which shows it ("author of The Zocond Bridge" needs a second search,
-# "Buskstead country" does not), and the decision after an observation, to answer or search
-# again, then follows what the opening said.
-_FIRST_OF_ONE = [
-    "I need to find {q}. This needs one search.",
-    "Let me look up {q}. This needs one search.",
-    "The question asks about {q}. This needs one search.",
-    "I will search for {q}. This needs one search.",
+# The openings name the first search, then say how many searches the question takes. A
+# one-search and a many-search opening differ only in the count, which follows the query:
+# so the decision, answer after one observation or search again, is taken where the model
+# has read the question and written the query ("author of The Zocond Bridge" needs a second
+# search, "Buskstead country" does not), not at the opening's first word. (When the two
+# lists had different phrasings, an SFT model picked one phrasing for every question, and
+# with it one count.)
+_OPENINGS = [
+    "I need to find {q}.",
+    "Let me look up {q}.",
+    "The question asks about {q}.",
+    "I will search for {q}.",
 ]
-_FIRST_OF_MANY = [
-    "I need to find {q} first. This needs {n} searches.",
-    "Let me start with {q}. This needs {n} searches.",
-    "The question asks about {q} first. This needs {n} searches.",
-    "I will search for {q}, then one more fact. This needs {n} searches.",
-]
+_ONE_SEARCH = "This needs one search."
+_SEARCHES = "This needs {n} searches."
 _NEXT = [
     "The results show {q}: {a}. Next I need {q2}.",
     "According to the documents, {q} is {a}. Now I will search for {q2}.",
@@ -225,11 +224,14 @@ _FINAL_COMPARE = [  # short: the answer turn must fit rollout.max_tokens_per_tur
     "So it is {a0} against {a}. The answer is {ans}.",
     "{q}: {a}, the other {a0}. The answer is {ans}.",
 ]
-_FINAL_ORDERED = [  # two years (or counts): the smaller first, then the entity it belongs to
-    "{lo} is earlier than {hi}, so the answer is {ans}.",
-    "{lo} comes before {hi}. The answer is {ans}.",
-    "{lo} is before {hi}. So the answer is {ans}.",
+_FINAL_ORDERED = [  # two years: each before its entity, then the earlier one before the answer
+    "{a0} for {e0}, {a1} for {e1}. Earlier: {lo} for {ans}.",
+    "{a0} for {e0}, {a1} for {e1}. So {lo} for {ans}.",
+    "{a0} for {e0} and {a1} for {e1}. The earlier is {lo} for {ans}.",
 ]
+""""{year} for {entity}" twice: the answer is the words that followed the earlier year the
+first time, a copy a small model makes (it named the wrong entity after "1788 is before 1831"
+when the two years stood apart from their entities)."""
 _FINAL_UNKNOWN = [
     "The documents mention {ans}. So the answer is {ans}.",
     "Based on the retrieved information, the answer is {ans}.",
@@ -243,6 +245,16 @@ def _numbers(*texts: str) -> list[int] | None:
     return [int(t) for t in texts] if all(str(t).strip().isdigit() for t in texts) else None
 
 
+def _entities(queries: Sequence[str]) -> list[str]:
+    """The queries without the words they all end with ("Ann Lee birth year", "Bo Li birth
+    year" -> "Ann Lee", "Bo Li"); the queries themselves when that would leave one empty."""
+    words = [q.split() for q in queries]
+    k = 0
+    while all(len(w) > k + 1 for w in words) and len({w[-1 - k] for w in words}) == 1:
+        k += 1
+    return [" ".join(w[:len(w) - k]) for w in words]
+
+
 def _turn(think: str, action: str) -> str:
     return f"<think> {think} </think>\n{action}"
 
@@ -252,7 +264,10 @@ def write_segments(plan: Plan, answer: str, rng: random.Random, protocol: Action
     written in `protocol`'s form (`<search> q </search>`, or a native tool call)."""
     qs, ans = plan.queries, plan.hop_answers
     n = len(qs)
-    first = rng.choice(_FIRST if plan.chain else _FIRST_OF_MANY if n > 1 else _FIRST_OF_ONE).format(q=qs[0], n=n)
+    if plan.chain:
+        first = rng.choice(_FIRST).format(q=qs[0])
+    else:
+        first = f"{rng.choice(_OPENINGS).format(q=qs[0])} {_SEARCHES.format(n=n) if n > 1 else _ONE_SEARCH}"
     segments = [_turn(first, protocol.write_call("search", {"query": qs[0]}))]
     for i in range(1, n):
         if plan.chain:
@@ -268,8 +283,9 @@ def write_segments(plan: Plan, answer: str, rng: random.Random, protocol: Action
     elif plan.comparison and n >= 2 and ans[-2] is not None:
         years = _numbers(ans[-2], last_a)
         if years:
-            lo, hi = sorted(years)
-            think = rng.choice(_FINAL_ORDERED).format(lo=lo, hi=hi, ans=answer)
+            e0, e1 = _entities(qs[-2:])
+            lo = ans[-2] if years[0] <= years[1] else last_a
+            think = rng.choice(_FINAL_ORDERED).format(a0=ans[-2], e0=e0, a1=last_a, e1=e1, lo=lo, ans=answer)
         else:
             think = rng.choice(_FINAL_COMPARE).format(q=last_q, a=last_a, q0=qs[-2], a0=ans[-2], ans=answer)
     else:

@@ -109,16 +109,23 @@ def test_the_first_think_says_how_many_searches_and_a_chain_does_not():
             "This needs 2 searches. </think>\n<search> author of The Zocond Bridge </search>")
         assert "Grulcrest country. This needs one search. </think>" in PL.write_segments(single, "Tadyvia", rng())[0]
         assert "This needs" not in PL.write_segments(chain, "Boston", rng())[0]
+        # one search or two: the same opening up to the count, so the count is decided after the query
+        one = PL.write_segments(PL.Plan(["Ann Lee birth year"], ["1901"]), "1901", rng())[0]
+        many = PL.write_segments(PL.Plan(["Ann Lee birth year", "Bo Li birth year"], ["1901", "1899"],
+                                         comparison=True), "Bo Li", rng())[0]
+        assert one.replace("one search", "2 searches") == many
 
 
-def test_a_comparison_of_years_names_the_earlier_first_then_the_answer():
+def test_a_comparison_of_years_pairs_each_year_with_its_entity_then_the_earlier_with_the_answer():
     plan = PL.Plan(["Coubei Foundation founding year", "Coubei Observatory founding year"], ["1885", "1878"],
                    comparison=True)
     thinks = {PL.write_segments(plan, "Coubei Observatory", random.Random(seed))[-1] for seed in range(30)}
     assert len(thinks) == 3
     for t in thinks:
         reasoning = t.split("</think>")[0]
-        assert reasoning.index("1878") < reasoning.index("1885") and "answer is Coubei Observatory" in reasoning
+        # each year stands before its entity, and the earlier year is said again before the answer
+        assert "1885 for Coubei Foundation" in reasoning and reasoning.count("1878 for Coubei Observatory") == 2
+        assert reasoning.rindex("1878") > reasoning.index("1885")
         assert t.endswith("<answer> Coubei Observatory </answer>")
     # not two numbers: the wording that names both facts
     words = PL.Plan(["Ann Lee nationality", "Bo Lee nationality"], ["Dutch", "Danish"], comparison=True)
