@@ -94,9 +94,11 @@ EVAL_OVERHEAD_S = 20
 RL_TOKENS_PER_STEP = 32 * 170
 """Decode-equivalent tokens of one GRPO step's generation: 8 prompts x 4 samples, two turns
 (measured: 17-24 s a step at 216-228 tok/s calibrated, AVX-512 EPYC, bf16)."""
-RL_UPDATE_TOKENS_PER_STEP = 32 * 400
-"""Tokens through forward + backward in one GRPO step: 32 sequences of ~450, less those with
-all-zero advantages, which skip the update (no reference pass: the demo runs without KL)."""
+RL_UPDATE_TOKENS_PER_STEP = 32 * 450
+"""Tokens through forward + backward in one GRPO step: 32 sequences of ~500 (prompt ~150, two
+searches' response ~345), less those with all-zero advantages, which skip the update (no
+reference pass: the demo runs without KL). Measured: 79-114 s a step at 205-229 tok/s
+calibrated, AVX-512 EPYC, bf16."""
 RL_OVERHEAD_S = 45
 """Ray start, workers and model loads, weight sync, checkpoint; the engine load comes on top."""
 EVAL_LIMIT = 200
@@ -108,11 +110,13 @@ RL_SHARE = 0.4
 MIN_SFT_STEPS, MIN_RL_STEPS = 12, 3
 """The least of each that shows something: SFT that follows the format, GRPO with a trend (3
 steps of 32 trajectories: the 96 of the 6 steps of 16 this was set for)."""
-SFT_STEPS = 19
-"""SFT stops here and GRPO gets every minute after it: on the demo's demonstrations more SFT does
-not buy more (agent EM on the 200 held-out questions after 19 / 25 / 30 / 35 steps: 60.0 / 59.5
-/ 48.0 / 62.5), where GRPO from the 19-step model did (3 / 5 / 7 steps of 8 x 4: 66.5 / 67.5 /
-68.5; docs/real_data.md)."""
+SFT_STEPS = 16
+"""SFT stops here and GRPO gets every minute after it. More SFT does not buy more on the demo's
+demonstrations (agent EM on the 200 held-out questions after 19 / 25 / 30 / 35 steps: 60.0 / 59.5
+/ 48.0 / 62.5, with an earlier wording); GRPO does: from a 19-step SFT model at 75.0, 3 and 4
+GRPO steps of 8 x 4 reached 81.0 and 82.5 (paired +6.0 and +7.5), and 2 steps gave +4.0 in a
+demo run (docs/real_data.md). A GRPO step takes 80-115 s on a 2-core AVX-512 host: 16 steps
+rather than 19 leave GRPO its third."""
 BUDGET_MINUTES = (19.5, 33.0)
 """The default budget: the first on a host with native bf16 (README: the demo ends within 20
 minutes there; a slower such host compares on fewer questions before it drops GRPO) and on any
@@ -402,7 +406,8 @@ def train_and_evaluate(args: argparse.Namespace, work: Path, base_url: str, t_st
 
 
 NATIVE_TOKENS_PER_TURN = 96
-"""max_tokens_per_turn of the demo's native tool-call runs (the tag protocol's config has 64)."""
+"""max_tokens_per_turn of the demo's native tool-call runs (the KB's longest native turn, a
+comparison's answer, is 77 tokens; the tag protocol's config has 96 too)."""
 
 
 def evaluate(label: str, model: Path, base_url: str, kb: Path, runs: Path, limit: int, modes: tuple[str, ...],

@@ -225,13 +225,15 @@ _FINAL_COMPARE = [  # short: the answer turn must fit rollout.max_tokens_per_tur
     "{q}: {a}, the other {a0}. The answer is {ans}.",
 ]
 _FINAL_ORDERED = [  # two years: each before its entity, then the earlier one before the answer
-    "{a0} for {e0}, {a1} for {e1}. Earlier: {lo} for {ans}.",
-    "{a0} for {e0}, {a1} for {e1}. So {lo} for {ans}.",
-    "{a0} for {e0} and {a1} for {e1}. The earlier is {lo} for {ans}.",
+    "{a0} for {e0}, {a1} for {e1}. The earlier year is {lo} for {ans}.",
+    "{a0} for {e0} and {a1} for {e1}. The earlier year is {lo} for {ans}.",
+    "{a0} for {e0}; {a1} for {e1}. The earlier year is {lo} for {ans}.",
 ]
 """"{year} for {entity}" twice: the answer is the words that followed the earlier year the
 first time, a copy a small model makes (it named the wrong entity after "1788 is before 1831"
-when the two years stood apart from their entities)."""
+when the two years stood apart from their entities). One phrase before the earlier year: with
+short ones ("So", "Earlier:") an SFT model went on listing year-entity pairs until the turn's
+64 tokens ran out."""
 _FINAL_UNKNOWN = [
     "The documents mention {ans}. So the answer is {ans}.",
     "Based on the retrieved information, the answer is {ans}.",
