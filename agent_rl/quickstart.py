@@ -91,14 +91,19 @@ leaves the engine's step overhead unshared: 200 SFT questions 145 s at 32, 124 s
 AVX-512 EPYC, bf16)."""
 EVAL_OVERHEAD_S = 20
 """An evaluation's process start and retriever check (the engine load comes on top)."""
-RL_TOKENS_PER_STEP = 32 * 170
-"""Decode-equivalent tokens of one GRPO step's generation: 8 prompts x 4 samples, two turns
-(measured: 17-24 s a step at 216-228 tok/s calibrated, AVX-512 EPYC, bf16)."""
-RL_UPDATE_TOKENS_PER_STEP = 32 * 450
-"""Tokens through forward + backward in one GRPO step: 32 sequences of ~500 (prompt ~150, two
+GRPO_PROMPTS = 6
+"""Prompts per GRPO step in the demo (x rollout.n = 4 samples; the config has 8): with Adam a
+step moves the policy about as far whatever the batch, and a step of 32 trajectories takes
+80-120 s on a 2-core AVX-512 host, so 8 fitted 2 steps in the demo's GRPO minutes where 3 and 4
+steps were what gained (+6.0 and +7.5 from a 75.0 SFT model; 2 steps: +4.0)."""
+RL_TOKENS_PER_STEP = GRPO_PROMPTS * 4 * 170
+"""Decode-equivalent tokens of one GRPO step's generation: GRPO_PROMPTS x 4 samples, two turns
+(measured at 8 prompts: 17-25 s a step at 205-228 tok/s calibrated, AVX-512 EPYC, bf16)."""
+RL_UPDATE_TOKENS_PER_STEP = GRPO_PROMPTS * 4 * 450
+"""Tokens through forward + backward in one GRPO step: sequences of ~500 (prompt ~150, two
 searches' response ~345), less those with all-zero advantages, which skip the update (no
-reference pass: the demo runs without KL). Measured: 79-114 s a step at 205-229 tok/s
-calibrated, AVX-512 EPYC, bf16."""
+reference pass: the demo runs without KL). Measured at 8 prompts: 79-120 s a step at 205-229
+tok/s calibrated, AVX-512 EPYC, bf16."""
 RL_OVERHEAD_S = 45
 """Ray start, workers and model loads, weight sync, checkpoint; the engine load comes on top."""
 EVAL_LIMIT = 200
@@ -109,14 +114,14 @@ RL_SHARE = 0.4
 """GRPO's share of the training minutes (the rest is SFT)."""
 MIN_SFT_STEPS, MIN_RL_STEPS = 12, 3
 """The least of each that shows something: SFT that follows the format, GRPO with a trend (3
-steps of 32 trajectories: the 96 of the 6 steps of 16 this was set for)."""
-SFT_STEPS = 16
+steps of GRPO_PROMPTS x 4 trajectories)."""
+SFT_STEPS = 19
 """SFT stops here and GRPO gets every minute after it. More SFT does not buy more on the demo's
 demonstrations (agent EM on the 200 held-out questions after 19 / 25 / 30 / 35 steps: 60.0 / 59.5
 / 48.0 / 62.5, with an earlier wording); GRPO does: from a 19-step SFT model at 75.0, 3 and 4
-GRPO steps of 8 x 4 reached 81.0 and 82.5 (paired +6.0 and +7.5), and 2 steps gave +4.0 in a
-demo run (docs/real_data.md). A GRPO step takes 80-115 s on a 2-core AVX-512 host: 16 steps
-rather than 19 leave GRPO its third."""
+GRPO steps of 8 x 4 reached 81.0 and 82.5 (paired +6.0 and +7.5; docs/real_data.md). Fewer
+SFT steps are not the way to more GRPO: a demo run stopped at 16 had 40 of 200 answers still
+searching a third time (51.5)."""
 BUDGET_MINUTES = (19.5, 33.0)
 """The default budget: the first on a host with native bf16 (README: the demo ends within 20
 minutes there; a slower such host compares on fewer questions before it drops GRPO) and on any
@@ -396,7 +401,8 @@ def train_and_evaluate(args: argparse.Namespace, work: Path, base_url: str, t_st
             "trainer.total_training_steps=100000"]
         run([PY, "-m", "agent_rl.training.cli", "--config", TRAIN_CFG, f"actor_rollout_ref.model.path={sft_dir / 'model'}",
              f"retriever.url=[{base_url}/retrieve]", *steps, f"trainer.max_time_s={int(rl_s)}", "trainer.save_freq=-1",
-             f"trainer.default_local_dir={rl_dir}", "trainer.resume_mode=disable", *proto],
+             f"trainer.default_local_dir={rl_dir}", "trainer.resume_mode=disable",
+             f"data.train_batch_size={GRPO_PROMPTS}", f"actor_rollout_ref.actor.ppo_mini_batch_size={GRPO_PROMPTS}", *proto],
             f"GRPO from the SFT model ({rl_s / 60:.1f} min)")
         evals["SFT+RL"] = evaluate("SFT+RL", rl_dir, base_url, kb, runs, eval_limit, ("agent",), proto)
     else:
