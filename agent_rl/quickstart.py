@@ -91,11 +91,11 @@ leaves the engine's step overhead unshared: 200 SFT questions 145 s at 32, 124 s
 AVX-512 EPYC, bf16)."""
 EVAL_OVERHEAD_S = 20
 """An evaluation's process start and retriever check (the engine load comes on top)."""
-GRPO_PROMPTS = 6
-"""Prompts per GRPO step in the demo (x rollout.n = 4 samples; the config has 8): with Adam a
-step moves the policy about as far whatever the batch, and a step of 32 trajectories takes
-80-120 s on a 2-core AVX-512 host, so 8 fitted 2 steps in the demo's GRPO minutes where 3 and 4
-steps were what gained (+6.0 and +7.5 from a 75.0 SFT model; 2 steps: +4.0)."""
+GRPO_PROMPTS = 8
+"""Prompts per GRPO step in the demo (x rollout.n = 4 samples), as in the config. Not fewer: at
+6 a step took 19-60 s, 8 steps fitted, and they moved every kind of question to one search
+(agent EM 60.0 -> 51.0, bridge -18.7, comparison -24.0); at 8, three demo runs and an arm
+gained +4.0 to +10.5 (docs/real_data.md)."""
 RL_TOKENS_PER_STEP = GRPO_PROMPTS * 4 * 170
 """Decode-equivalent tokens of one GRPO step's generation: GRPO_PROMPTS x 4 samples, two turns
 (measured at 8 prompts: 17-25 s a step at 205-228 tok/s calibrated, AVX-512 EPYC, bf16)."""
