@@ -94,8 +94,8 @@ EVAL_OVERHEAD_S = 20
 GRPO_PROMPTS = 8
 """Prompts per GRPO step in the demo (x rollout.n = 4 samples), as in the config. Not fewer: at
 6 a step took 19-60 s, 8 steps fitted, and they moved every kind of question to one search
-(agent EM 60.0 -> 51.0, bridge -18.7, comparison -24.0); at 8, three demo runs and an arm
-gained +4.0 to +10.5 (docs/real_data.md)."""
+(agent EM 60.0 -> 51.0, bridge -18.7, comparison -24.0). At 8, four demo runs changed SFT's
+agent EM by -3.5 to +10.5, and an arm by +6.0 / +7.5 after 3 / 4 steps (docs/real_data.md)."""
 RL_TOKENS_PER_STEP = GRPO_PROMPTS * 4 * 170
 """Decode-equivalent tokens of one GRPO step's generation: GRPO_PROMPTS x 4 samples, two turns
 (measured at 8 prompts: 17-25 s a step at 205-228 tok/s calibrated, AVX-512 EPYC, bf16)."""
