@@ -92,7 +92,8 @@ AVX-512 EPYC, bf16)."""
 EVAL_OVERHEAD_S = 20
 """An evaluation's process start and retriever check (the engine load comes on top)."""
 GRPO_PROMPTS = 8
-"""Prompts per GRPO step in the demo (x rollout.n = 4 samples), as in the config. Not fewer: at
+"""Prompts per GRPO step in the demo's config (data.train_batch_size; x rollout.n = 4
+samples), for the plan's estimate. Not fewer: at
 6 a step took 19-60 s, 8 steps fitted, and they moved every kind of question to one search
 (agent EM 60.0 -> 51.0, bridge -18.7, comparison -24.0). At 8, four demo runs changed SFT's
 agent EM by -3.5 to +10.5, and an arm by +6.0 / +7.5 after 3 / 4 steps (docs/real_data.md)."""
@@ -401,8 +402,7 @@ def train_and_evaluate(args: argparse.Namespace, work: Path, base_url: str, t_st
             "trainer.total_training_steps=100000"]
         run([PY, "-m", "agent_rl.training.cli", "--config", TRAIN_CFG, f"actor_rollout_ref.model.path={sft_dir / 'model'}",
              f"retriever.url=[{base_url}/retrieve]", *steps, f"trainer.max_time_s={int(rl_s)}", "trainer.save_freq=-1",
-             f"trainer.default_local_dir={rl_dir}", "trainer.resume_mode=disable",
-             f"data.train_batch_size={GRPO_PROMPTS}", f"actor_rollout_ref.actor.ppo_mini_batch_size={GRPO_PROMPTS}", *proto],
+             f"trainer.default_local_dir={rl_dir}", "trainer.resume_mode=disable", *proto],
             f"GRPO from the SFT model ({rl_s / 60:.1f} min)")
         evals["SFT+RL"] = evaluate("SFT+RL", rl_dir, base_url, kb, runs, eval_limit, ("agent",), proto)
     else:

@@ -17,6 +17,7 @@ builder keeps a chain only when a gold answer first appears in the second observ
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 from collections.abc import Sequence
@@ -224,11 +225,12 @@ _FINAL_COMPARE = [  # short: the answer turn must fit rollout.max_tokens_per_tur
     "So it is {a0} against {a}. The answer is {ans}.",
     "{q}: {a}, the other {a0}. The answer is {ans}.",
 ]
-_FINAL_ORDERED = [  # two years: each before its entity, then the earlier one before the answer
-    "{a0} for {e0}, {a1} for {e1}. The earlier year is {lo} for {ans}.",
-    "{a0} for {e0} and {a1} for {e1}. The earlier year is {lo} for {ans}.",
-    "{a0} for {e0}; {a1} for {e1}. The earlier year is {lo} for {ans}.",
+_YEAR_PAIRS = [  # two years, each before its entity; then _EARLIER
+    "{a0} for {e0}, {a1} for {e1}.",
+    "{a0} for {e0} and {a1} for {e1}.",
+    "{a0} for {e0}; {a1} for {e1}.",
 ]
+_EARLIER = "The earlier year is {lo} for {ans}."
 """"{year} for {entity}" twice: the answer is the words that followed the earlier year the
 first time, a copy a small model makes (it named the wrong entity after "1788 is before 1831"
 when the two years stood apart from their entities). One phrase before the earlier year: with
@@ -251,9 +253,7 @@ def _entities(queries: Sequence[str]) -> list[str]:
     """The queries without the words they all end with ("Ann Lee birth year", "Bo Li birth
     year" -> "Ann Lee", "Bo Li"); the queries themselves when that would leave one empty."""
     words = [q.split() for q in queries]
-    k = 0
-    while all(len(w) > k + 1 for w in words) and len({w[-1 - k] for w in words}) == 1:
-        k += 1
+    k = min(len(os.path.commonprefix([w[::-1] for w in words])), min(map(len, words)) - 1)
     return [" ".join(w[:len(w) - k]) for w in words]
 
 
@@ -287,7 +287,8 @@ def write_segments(plan: Plan, answer: str, rng: random.Random, protocol: Action
         if years:
             e0, e1 = _entities(qs[-2:])
             lo = ans[-2] if years[0] <= years[1] else last_a
-            think = rng.choice(_FINAL_ORDERED).format(a0=ans[-2], e0=e0, a1=last_a, e1=e1, lo=lo, ans=answer)
+            pairs = rng.choice(_YEAR_PAIRS).format(a0=ans[-2], e0=e0, a1=last_a, e1=e1)
+            think = f"{pairs} {_EARLIER.format(lo=lo, ans=answer)}"
         else:
             think = rng.choice(_FINAL_COMPARE).format(q=last_q, a=last_a, q0=qs[-2], a0=ans[-2], ans=answer)
     else:
