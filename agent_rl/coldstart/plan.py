@@ -12,6 +12,13 @@ answer, a second search can start from what the first one showed: the row's supp
 titles (HotpotQA's `supporting_facts`, MuSiQue's supporting paragraphs, as `support_titles`)
 and the names the first observation mentions that the question does not. The demonstration
 builder keeps a chain only when a gold answer first appears in the second observation.
+
+Wording (`write_segments`): the first think says what the question asks for where the data
+names it (the knowledge base's relation), the first query, and how many searches that takes;
+each think after an observation says what it found and "That was search i of n" right before
+searching on or answering. So the one choice a demonstration teaches, one search or two, is one
+token of the opening, next to the two phrases it compares: a choice GRPO moves in three steps
+(bridge questions 5.3 -> 84.0 agent EM on the demo's held-out questions; docs/real_data.md).
 """
 
 from __future__ import annotations
@@ -51,6 +58,9 @@ class Plan:
     comparison: bool = False
     chain: bool = False
     """A search chain: the second query is a name the first observation mentions."""
+    asks: str | None = None
+    """What the question asks for, where the data says (the knowledge base's relation: "birth
+    year" for "When was the founder of X born?", as for "When was X born?")."""
 
 
 class Drop(Exception):
@@ -103,7 +113,9 @@ def plan_queries(row: dict, max_searches: int) -> Plan:
     if len(queries) > max_searches:
         raise Drop("too_many_searches", f"{len(queries)} > {max_searches}")
     kind = str(row.get("kind") or row.get("type") or "")
-    return Plan(queries, answers, comparison=kind == "comparison")
+    relation = str(row.get("relation") or "").strip()
+    asks = relation.split(">")[-1].replace("_", " ") if relation and kind != "comparison" else None
+    return Plan(queries, answers, comparison=kind == "comparison", asks=asks)
 
 
 _WORD = r"[A-Z](?:[\w'&-]|\.(?=\w))*"  # a capitalised word; inner dots only ("U.S")
@@ -193,31 +205,48 @@ _OPENINGS = [
     "The question asks about {q}.",
     "I will search for {q}.",
 ]
-_ONE_SEARCH = "This needs one search."
-_SEARCHES = "This needs {n} searches."
-_NEXT = [
-    "The results show {q}: {a}. Next I need {q2}.",
-    "According to the documents, {q} is {a}. Now I will search for {q2}.",
-    "I found {q}: {a}. I still need {q2}.",
-    "So {q} is {a}. Next, {q2}.",
-    "The information says {q}: {a}. Now I need {q2}.",
+_ASKS = "The question asks for the {asks}."
+"""Before the opening, where the data names it: the count that follows is then whether the query
+just written names what the question asks for ("birth year" in "Ann Lee birth year": 1 search;
+not in "founder of X": 2). SFT learns the phrase (199 of 200 held-out questions named right after
+19 steps) but not yet the comparison (71 of 75 bridge questions opened with 1 search); GRPO
+learns that in 3 steps (bridge 5.3 -> 84.0 agent EM, all questions 51.0 -> 76.5)."""
+_SEARCHES = "This needs {n} search{s}."
+"""After the opening's query: "This needs 1 search." / "This needs 2 searches." (a digit, which
+the count after each observation copies)."""
+_FACTS = [  # after an observation: what it said, before the count
+    "The results show {q}: {a}.",
+    "According to the documents, {q} is {a}.",
+    "I found {q}: {a}.",
+    "So {q} is {a}.",
+    "The information says {q}: {a}.",
+    "The documents say {q}: {a}.",
 ]
-_NEXT_UNKNOWN = [
-    "The documents help with the first part. Next I need {q2}.",
+_FACT_UNKNOWN = "The documents help with the first part."
+_DONE = "That was search {i} of {n}."
+"""Said after each observation, right where the model chooses between searching again and
+answering: the count copies the opening's ("This needs 2 searches" -> "search 1 of 2"), and the
+choice follows the count. Without it the count was idle: an SFT model (19 steps, on demonstrations
+a quarter single-hop) opened all 200 held-out questions with "This needs 2 searches", then chose
+after the first observation, and
+answered there on 32 of 75 bridge questions (with the intermediate answer) and searched again on
+25 of 75 single-hop ones. With it the choice is one token of the opening, where GRPO's credit
+lands."""
+_THEN_SEARCH = [
+    "Next I need {q2}.",
     "Now I will search for {q2}.",
+    "I still need {q2}.",
+    "Now I need {q2}.",
+]
+_THEN_ANSWER = [
+    "So the answer is {ans}.",
+    "The answer is {ans}.",
 ]
 _CHAIN_NEXT = [
     "The documents mention {e}, but not the answer. I will search for {e}.",
     "{e} may lead to the answer. Let me search for it.",
     "I need to know more about {e}.",
     "The results point to {e}. Next I will look up {e}.",
-]
-_FINAL = [
-    "The documents say {q}: {a}. So the answer is {ans}.",
-    "From the information, {q} is {a}. The answer is {ans}.",
-    "I found it: {q} is {a}.",
-    "The results show {q}: {a}.",
-    "According to the retrieved text, {q} is {a}. So the answer is {ans}.",
 ]
 _FINAL_COMPARE = [  # short: the answer turn must fit rollout.max_tokens_per_turn
     "{q0} is {a0} and {q} is {a}. The answer is {ans}.",
@@ -269,30 +298,33 @@ def write_segments(plan: Plan, answer: str, rng: random.Random, protocol: Action
     if plan.chain:
         first = rng.choice(_FIRST).format(q=qs[0])
     else:
-        first = f"{rng.choice(_OPENINGS).format(q=qs[0])} {_SEARCHES.format(n=n) if n > 1 else _ONE_SEARCH}"
+        first = f"{rng.choice(_OPENINGS).format(q=qs[0])} {_SEARCHES.format(n=n, s='es' if n > 1 else '')}"
+        if plan.asks:
+            first = f"{_ASKS.format(asks=plan.asks)} {first}"
     segments = [_turn(first, protocol.write_call("search", {"query": qs[0]}))]
     for i in range(1, n):
         if plan.chain:
             think = rng.choice(_CHAIN_NEXT).format(e=qs[i])
-        elif ans[i - 1] is None:
-            think = rng.choice(_NEXT_UNKNOWN).format(q2=qs[i])
         else:
-            think = rng.choice(_NEXT).format(q=qs[i - 1], a=ans[i - 1], q2=qs[i])
+            fact = _FACT_UNKNOWN if ans[i - 1] is None else rng.choice(_FACTS).format(q=qs[i - 1], a=ans[i - 1])
+            think = f"{fact} {_DONE.format(i=i, n=n)} {rng.choice(_THEN_SEARCH).format(q2=qs[i])}"
         segments.append(_turn(think, protocol.write_call("search", {"query": qs[i]})))
     last_q, last_a = qs[-1], ans[-1]
+    done = "" if plan.chain else f"{_DONE.format(i=n, n=n)} "
     if last_a is None:
-        think = rng.choice(_FINAL_UNKNOWN).format(ans=answer)
+        think = done + rng.choice(_FINAL_UNKNOWN).format(ans=answer)
     elif plan.comparison and n >= 2 and ans[-2] is not None:
         years = _numbers(ans[-2], last_a)
         if years:
             e0, e1 = _entities(qs[-2:])
             lo = ans[-2] if years[0] <= years[1] else last_a
             pairs = rng.choice(_YEAR_PAIRS).format(a0=ans[-2], e0=e0, a1=last_a, e1=e1)
-            think = f"{pairs} {_EARLIER.format(lo=lo, ans=answer)}"
+            think = f"{done}{pairs} {_EARLIER.format(lo=lo, ans=answer)}"
         else:
-            think = rng.choice(_FINAL_COMPARE).format(q=last_q, a=last_a, q0=qs[-2], a0=ans[-2], ans=answer)
+            think = done + rng.choice(_FINAL_COMPARE).format(q=last_q, a=last_a, q0=qs[-2], a0=ans[-2], ans=answer)
     else:
-        think = rng.choice(_FINAL).format(q=last_q, a=last_a, ans=answer)
+        fact = rng.choice(_FACTS).format(q=last_q, a=last_a)
+        think = f"{fact} {done}{rng.choice(_THEN_ANSWER).format(ans=answer)}"
     segments.append(_turn(think, protocol.write_answer(answer)))
     for s in segments:  # the engine would have stopped at the first closing action tag
         closes = [m.start() for m in re.finditer("|".join(map(re.escape, protocol.stop)), s)]

@@ -107,13 +107,64 @@ def test_the_first_think_says_how_many_searches_and_a_chain_does_not():
         rng = lambda: random.Random(seed)  # noqa: E731
         assert PL.write_segments(PL.plan_queries(KB_BRIDGE, 2), "Grulcrest", rng())[0].endswith(
             "This needs 2 searches. </think>\n<search> author of The Zocond Bridge </search>")
-        assert "Grulcrest country. This needs one search. </think>" in PL.write_segments(single, "Tadyvia", rng())[0]
+        assert "Grulcrest country. This needs 1 search. </think>" in PL.write_segments(single, "Tadyvia", rng())[0]
         assert "This needs" not in PL.write_segments(chain, "Boston", rng())[0]
         # one search or two: the same opening up to the count, so the count is decided after the query
         one = PL.write_segments(PL.Plan(["Ann Lee birth year"], ["1901"]), "1901", rng())[0]
         many = PL.write_segments(PL.Plan(["Ann Lee birth year", "Bo Li birth year"], ["1901", "1899"],
                                          comparison=True), "Bo Li", rng())[0]
-        assert one.replace("one search", "2 searches") == many
+        assert one.replace("1 search", "2 searches") == many
+
+
+def test_after_each_observation_the_count_is_said_again_right_before_searching_on_or_answering():
+    """"That was search i of n", where n is the opening's count, is followed by the next search
+    when i < n and by the answer when i == n, for every kind and phrasing; so what the model
+    does after an observation is a copy of the count it opened with. A chain (no count in its
+    opening) says none."""
+    plans = {"single": (PL.Plan(["Grulcrest country"], ["Tadyvia"]), "Tadyvia"),
+             "bridge": (PL.plan_queries(KB_BRIDGE, 2), "Grulcrest"),
+             "comparison": (PL.Plan(["Ann Lee birth year", "Bo Li birth year"], ["1901", "1899"], comparison=True), "Bo Li"),
+             "unknown hop": (PL.Plan(["q one", "q two"], [None, None]), "Zed")}
+    for kind, (plan, answer) in plans.items():
+        n = len(plan.queries)
+        for seed in range(30):
+            segs = PL.write_segments(plan, answer, random.Random(seed))
+            assert f"This needs {n} search" in segs[0], kind
+            for i, seg in enumerate(segs[1:], start=1):
+                think, action = seg.split(" </think>\n")
+                head, after = think.split(f"That was search {i} of {n}.")  # exactly once, in every turn
+                assert "search" not in head.replace("search results", "")  # nothing about searching before it
+                if i < n:
+                    assert action == f"<search> {plan.queries[i]} </search>" and plan.queries[i] in after, kind
+                else:
+                    assert action == f"<answer> {answer} </answer>" and answer in after, kind
+    chain = PL.Plan(["Who founded X?", "Ann Lee"], ["Ann Lee", None], chain=True)
+    assert not any("That was search" in s for s in PL.write_segments(chain, "Boston", random.Random(0)))
+
+
+def test_where_the_data_names_what_the_question_asks_for_the_opening_says_it_before_the_query():
+    """The KB's relation ("author>birthplace": the question asks for a birthplace) opens the
+    first think, so the count after the query is whether the query names it: "Ann Lee
+    birthplace" does (1 search), "author of The Zocond Bridge" does not (2). Comparisons, search
+    chains and rows without a relation (NQ, HotpotQA) open as before."""
+    bridge = PL.plan_queries({**KB_BRIDGE, "relation": "author>birthplace"}, 2)
+    single = PL.plan_queries({"question": "Where was Ann Lee born?", "kind": "single", "relation": "birthplace",
+                              "hop_queries": ["Ann Lee birthplace"], "hop_answers": ["Grulcrest"]}, 2)
+    founded = PL.plan_queries({"question": "In what year was Jepo Institute founded?", "kind": "single",
+                               "relation": "founding_year", "hop_queries": ["Jepo Institute founding year"],
+                               "hop_answers": ["1851"]}, 2)
+    compare = PL.plan_queries({"question": "Who was born first, A or B?", "kind": "comparison", "relation": "born_first",
+                               "hop_queries": ["A birth year", "B birth year"], "hop_answers": ["1901", "1899"]}, 2)
+    assert (bridge.asks, single.asks, founded.asks, compare.asks) == ("birthplace", "birthplace", "founding year", None)
+    assert PL.plan_queries(KB_BRIDGE, 2).asks is None  # no relation in the row
+    for seed in range(20):
+        first = PL.write_segments(bridge, "Grulcrest", random.Random(seed))[0]
+        assert first.startswith("<think> The question asks for the birthplace. ") and "This needs 2 searches." in first
+        first = PL.write_segments(single, "Grulcrest", random.Random(seed))[0]
+        assert first.startswith("<think> The question asks for the birthplace. ") and "This needs 1 search." in first
+        assert "founding year" in PL.write_segments(founded, "1851", random.Random(seed))[0].split(".")[0]
+        assert "asks for" not in PL.write_segments(compare, "B", random.Random(seed))[0]
+        assert "asks for" not in PL.write_segments(PL.plan_queries(KB_BRIDGE, 2), "Grulcrest", random.Random(seed))[0]
 
 
 def test_a_comparison_of_years_pairs_each_year_with_its_entity_then_the_earlier_with_the_answer():
