@@ -101,8 +101,9 @@ GRPO_PROMPTS = 8
 """Prompts per GRPO step in the demo's config (data.train_batch_size; x rollout.n = 4
 samples), for the plan's estimate. Not fewer: at
 6 a step took 19-60 s, 8 steps fitted, and they moved every kind of question to one search
-(agent EM 60.0 -> 51.0, bridge -18.7, comparison -24.0). At 8, four demo runs changed SFT's
-agent EM by -3.5 to +10.5, and an arm by +6.0 / +7.5 after 3 / 4 steps (docs/real_data.md)."""
+(agent EM 60.0 -> 51.0, bridge -18.7, comparison -24.0). At 8, with the demonstrations that
+say what the question asks for and count their searches, 3 steps gained +19.0 (the demo at
+be46c54) and +25.5 (an arm), 4 steps +21.0 (docs/real_data.md, seventh look)."""
 RL_TOKENS_PER_STEP = GRPO_PROMPTS * 4 * 170
 """Decode-equivalent tokens of one GRPO step's generation: GRPO_PROMPTS x 4 samples, two turns
 (measured at 8 prompts: 17-25 s a step at 205-228 tok/s calibrated, AVX-512 EPYC, bf16)."""
@@ -125,8 +126,8 @@ steps of GRPO_PROMPTS x 4 trajectories)."""
 SFT_STEPS = 19
 """SFT stops here and GRPO gets every minute after it. More SFT does not buy more on the demo's
 demonstrations (agent EM on the 200 held-out questions after 19 / 25 / 30 / 35 steps: 60.0 / 59.5
-/ 48.0 / 62.5, with an earlier wording); GRPO does: from a 19-step SFT model at 75.0, 3 and 4
-GRPO steps of 8 x 4 reached 81.0 and 82.5 (paired +6.0 and +7.5; docs/real_data.md). Fewer
+/ 48.0 / 62.5, with an earlier wording); GRPO does: from the 19-step SFT model at 51.0 (today's
+wording), 3 GRPO steps of 8 x 4 reached 70.0 in the demo and 76.5 in an arm (docs/real_data.md). Fewer
 SFT steps are not the way to more GRPO: a demo run stopped at 16 had 40 of 200 answers still
 searching a third time (51.5)."""
 BUDGET_MINUTES = (19.5, 33.0)
