@@ -310,21 +310,21 @@ def write_segments(plan: Plan, answer: str, rng: random.Random, protocol: Action
             think = f"{fact} {_DONE.format(i=i, n=n)} {rng.choice(_THEN_SEARCH).format(q2=qs[i])}"
         segments.append(_turn(think, protocol.write_call("search", {"query": qs[i]})))
     last_q, last_a = qs[-1], ans[-1]
-    done = "" if plan.chain else f"{_DONE.format(i=n, n=n)} "
+    done = [] if plan.chain else [_DONE.format(i=n, n=n)]
     if last_a is None:
-        think = done + rng.choice(_FINAL_UNKNOWN).format(ans=answer)
+        said = [*done, rng.choice(_FINAL_UNKNOWN).format(ans=answer)]
     elif plan.comparison and n >= 2 and ans[-2] is not None:
         years = _numbers(ans[-2], last_a)
         if years:
             e0, e1 = _entities(qs[-2:])
             lo = ans[-2] if years[0] <= years[1] else last_a
-            pairs = rng.choice(_YEAR_PAIRS).format(a0=ans[-2], e0=e0, a1=last_a, e1=e1)
-            think = f"{done}{pairs} {_EARLIER.format(lo=lo, ans=answer)}"
+            said = [*done, rng.choice(_YEAR_PAIRS).format(a0=ans[-2], e0=e0, a1=last_a, e1=e1),
+                    _EARLIER.format(lo=lo, ans=answer)]
         else:
-            think = done + rng.choice(_FINAL_COMPARE).format(q=last_q, a=last_a, q0=qs[-2], a0=ans[-2], ans=answer)
+            said = [*done, rng.choice(_FINAL_COMPARE).format(q=last_q, a=last_a, q0=qs[-2], a0=ans[-2], ans=answer)]
     else:
-        fact = rng.choice(_FACTS).format(q=last_q, a=last_a)
-        think = f"{fact} {done}{rng.choice(_THEN_ANSWER).format(ans=answer)}"
+        said = [rng.choice(_FACTS).format(q=last_q, a=last_a), *done, rng.choice(_THEN_ANSWER).format(ans=answer)]
+    think = " ".join(said)
     segments.append(_turn(think, protocol.write_answer(answer)))
     for s in segments:  # the engine would have stopped at the first closing action tag
         closes = [m.start() for m in re.finditer("|".join(map(re.escape, protocol.stop)), s)]
