@@ -103,7 +103,8 @@ samples), for the plan's estimate. Not fewer: at
 6 a step took 19-60 s, 8 steps fitted, and they moved every kind of question to one search
 (agent EM 60.0 -> 51.0, bridge -18.7, comparison -24.0). At 8, with the demonstrations that
 say what the question asks for and count their searches, 3 steps gained +19.0 (the demo at
-be46c54) and +25.5 (an arm), 4 steps +21.0 (docs/real_data.md, seventh look)."""
+be46c54) and +25.5 (an arm), 4 steps +21.0, 2 steps +12.5 (the demo at 448b20b); all from a
+19-step SFT model at 51.0 (docs/real_data.md, seventh and eighth look)."""
 RL_TOKENS_PER_STEP = GRPO_PROMPTS * 4 * 170
 """Decode-equivalent tokens of one GRPO step's generation: GRPO_PROMPTS x 4 samples, two turns
 (measured at 8 prompts: 17-25 s a step at 205-228 tok/s calibrated, AVX-512 EPYC, bf16)."""
@@ -126,8 +127,7 @@ steps of GRPO_PROMPTS x 4 trajectories)."""
 SFT_STEPS = 19
 """SFT stops here and GRPO gets every minute after it. More SFT does not buy more on the demo's
 demonstrations (agent EM on the 200 held-out questions after 19 / 25 / 30 / 35 steps: 60.0 / 59.5
-/ 48.0 / 62.5, with an earlier wording); GRPO does: from the 19-step SFT model at 51.0 (today's
-wording), 3 GRPO steps of 8 x 4 reached 70.0 in the demo and 76.5 in an arm (docs/real_data.md). Fewer
+/ 48.0 / 62.5, with an earlier wording); GRPO does (GRPO_PROMPTS' figures). Fewer
 SFT steps are not the way to more GRPO: a demo run stopped at 16 had 40 of 200 answers still
 searching a third time (51.5)."""
 BUDGET_MINUTES = (19.5, 33.0)
