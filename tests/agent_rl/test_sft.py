@@ -25,7 +25,9 @@ def _rl_cfg() -> TrainConfig:
     cfg = TrainConfig()
     cfg.max_turns, cfg.retriever.topk = 2, 1
     cfg.data.max_obs_length, cfg.data.max_response_length = 256, 640
-    cfg.actor_rollout_ref.rollout.max_tokens_per_turn = 96  # the demo config's: a comparison's answer turn is up to 81 tokens
+    # the demo config's turn length: a comparison's answer turn is up to 81 tokens
+    demo = load_config(TrainConfig, Path(__file__).resolve().parents[2] / "configs/train/demo_grpo_cpu.yaml")
+    cfg.actor_rollout_ref.rollout.max_tokens_per_turn = demo.actor_rollout_ref.rollout.max_tokens_per_turn
     return cfg
 
 
