@@ -16,7 +16,11 @@ interleaved, median of --reps after a warm-up:
 - bare_padded_tok_s: the bare loop on the batch padded to its longest sequence (one forward
   with an attention mask) instead of packed: what packing saves;
 - old_logprob_tok_s: `compute_log_probs` (the pass skipped when old log-probs are reused);
-- the same for LoRA (rank 16 on all linear layers), plus ref_logprob_tok_s (adapters off).
+- the same for LoRA (rank 16 on all linear layers), plus ref_logprob_tok_s (adapters off);
+- shared_prefix: the demo's GRPO and SFT shapes with real Search-R1 prompts (the template's
+  ~145 tokens, then a question), `update_policy` and `update_sft` with each micro-batch's common
+  prompt head packed once (the workers' default with SDPA attention) and packed whole, at
+  micro-batches of 1024, 2048 and 4096 tokens: seconds, speed-up and peak RSS per setting.
 
 Phases (bf16 worker, fp32 worker, naive, LoRA) run one after another so that only one set
 of models is in memory; inside a phase the variants are interleaved.
@@ -73,6 +77,71 @@ def make_batch(n: int, prompt_len: tuple[int, int], response_len: tuple[int, int
         trajs.append(Trajectory(prompt_ids=ids[:p], response_ids=ids[p:], loss_mask=mask,
                                 rollout_logprobs=[0.0] * r, reward=float(i % 2), group_id=i // 4))
     return TokenBatch.from_trajectories(trajs)
+
+
+def search_r1_batch(model: str, groups: int, n: int, response_len: tuple[int, int], seed: int = 0) -> TokenBatch:
+    """`groups` x `n` sequences shaped like the demo's: the real Search-R1 prompt (template and
+    chat format from the model's tokenizer) around a random question, one prompt per group, and
+    responses with ~1/3 observation (mask 0)."""
+    from transformers import AutoTokenizer
+
+    from agent_rl.rollout.protocol import SEARCH_R1
+
+    tok = AutoTokenizer.from_pretrained(model)
+    g = torch.Generator().manual_seed(seed)
+    trajs = []
+    for k in range(groups):
+        words = " ".join(f"W{int(x)}" for x in torch.randint(100, 999, (int(torch.randint(4, 9, (1,), generator=g)),),
+                                                              generator=g))
+        prompt = SEARCH_R1.prompt_ids(tok, f"When was the founder of {words} born?")
+        for i in range(n):
+            r = int(torch.randint(*response_len, (1,), generator=g))
+            mask = [1] * r
+            for j in range(r // 3, 2 * r // 3):
+                mask[j] = 0
+            resp = torch.randint(3, 49000, (r,), generator=g).tolist()
+            trajs.append(Trajectory(prompt_ids=list(prompt), response_ids=resp, loss_mask=mask,
+                                    rollout_logprobs=[0.0] * r, reward=float(i % 2), group_id=k))
+    return TokenBatch.from_trajectories(trajs)
+
+
+def shared_prefix_bench(model: str, reps: int, quick: bool) -> dict:
+    """update_policy / update_sft with the common prompt head packed once vs packed whole, on
+    the demo's shapes (GRPO: 4 prompts x 4 samples, half the demo's step; SFT: 8
+    demonstrations), per micro-batch size."""
+    import resource
+
+    groups, n = (2, 2) if quick else (4, 4)
+    rl = search_r1_batch(model, groups, n, (150, 450) if not quick else (30, 60))
+    sft = search_r1_batch(model, 8 if not quick else 2, 1, (250, 450) if not quick else (30, 60), seed=1)
+    warm = search_r1_batch(model, 1, 2, (10, 20), seed=5)
+    out: dict = {"rl_tokens": rl.num_tokens, "sft_tokens": sft.num_tokens, "by_micro_batch": {}}
+    for max_len in ((1024,) if quick else (1024, 2048, 4096)):
+        w = ActorWorker(make_cfg(model, len(rl)), total_steps=1000)
+        w.cfg.actor.ppo_max_token_len_per_gpu = max_len
+        w.loop.max_token_len = max_len
+        rl_b, warm_b = rl_fields(w, rl), rl_fields(w, warm)
+
+        def with_sharing(on: bool, fn):
+            def run(b):
+                w.share_prefix = on
+                return fn(b)
+            return run
+
+        secs = measure({
+            "rl_shared": with_sharing(True, w.update_policy),
+            "rl_whole": with_sharing(False, w.update_policy),
+        }, warm_b, rl_b, reps)
+        secs.update(measure({
+            "sft_shared": with_sharing(True, w.update_sft),
+            "sft_whole": with_sharing(False, w.update_sft),
+        }, warm, sft, reps))
+        out["by_micro_batch"][max_len] = {**secs, "rl_speedup": secs["rl_whole"] / secs["rl_shared"],
+                                          "sft_speedup": secs["sft_whole"] / secs["sft_shared"],
+                                          "rl_micro_batches": len(micro_batches(rl_b, True, max_len, 0)),
+                                          "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+        del w
+    return out
 
 
 def rl_fields(worker: ActorWorker, batch: TokenBatch) -> TokenBatch:
@@ -252,6 +321,8 @@ def main() -> None:
     ap.add_argument("--rl-model", default=None,
                     help="policy of the GRPO step runs (default --model; an SFT checkpoint gives realistic turns)")
     ap.add_argument("--rl-steps", type=int, default=None, help="GRPO steps per run (default 4, quick 2)")
+    ap.add_argument("--shared-prefix-only", action="store_true",
+                    help="only the shared-prefix packing comparison (update and SFT step, packed once vs whole)")
     args = ap.parse_args()
     from data_prep.hardware import announce, hardware_info
 
@@ -264,6 +335,9 @@ def main() -> None:
     padded = batch.input_ids.numel()
     print(f"batch: {len(batch)} sequences, {batch.num_tokens} tokens ({padded} padded), "
           f"threads {torch.get_num_threads()}, reps {reps}", flush=True)
+    if args.shared_prefix_only:
+        report_shared_prefix(shared_prefix_bench(args.model, reps, args.quick), args.json)
+        return
     steps = args.rl_steps or (2 if args.quick else 4)
     timing = rl_timings(args.rl_model or args.model, steps)
     full, lora = bench(args.model, batch, warm, reps)
@@ -300,6 +374,22 @@ def main() -> None:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def report_shared_prefix(r: dict, json_path: Path | None) -> None:
+    from data_prep.hardware import hardware_info
+
+    r["hardware"] = hardware_info()
+    print(f"\nshared prompt head packed once vs packed whole (GRPO batch {r['rl_tokens']} tokens, "
+          f"SFT batch {r['sft_tokens']} tokens; median seconds of a step)")
+    print(f"{'micro-batch':>11} {'GRPO once':>10} {'GRPO whole':>11} {'speed-up':>9} {'SFT once':>9} "
+          f"{'SFT whole':>10} {'speed-up':>9} {'peak RSS so far, GiB':>21}")
+    for max_len, m in r["by_micro_batch"].items():
+        print(f"{max_len:>11} {m['rl_shared']:10.2f} {m['rl_whole']:11.2f} {m['rl_speedup']:9.2f} "
+              f"{m['sft_shared']:9.2f} {m['sft_whole']:10.2f} {m['sft_speedup']:9.2f} {m['peak_rss_gib']:21.2f}")
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(r, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ summation order differs.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -47,6 +48,19 @@ def make_trajs(n: int = 6, seed: int = 0, max_len: int = 40) -> list[Trajectory]
         ids = torch.randint(3, 49000, (p + r,), generator=g).tolist()
         out.append(Trajectory(prompt_ids=ids[:p], response_ids=ids[p:], loss_mask=mask,
                               rollout_logprobs=[-1.0 * m for m in mask], reward=float(i % 2), group_id=i // 2))
+    return out
+
+
+def shared_head_trajs(n: int = 6, head: int = 12, seed: int = 0) -> list[Trajectory]:
+    """`make_trajs` whose prompts all start with the same `head` tokens (a system prompt), and
+    whose first two share the whole prompt (a GRPO group)."""
+    g = torch.Generator().manual_seed(seed + 100)
+    common = torch.randint(3, 49000, (head,), generator=g).tolist()
+    out = []
+    for t in make_trajs(n, seed=seed):
+        out.append(dataclasses.replace(t, prompt_ids=common + t.prompt_ids))
+    if n > 1:
+        out[1] = dataclasses.replace(out[1], prompt_ids=list(out[0].prompt_ids))
     return out
 
 
@@ -170,6 +184,40 @@ def test_log_probs_equal_plain_transformers(full_worker, plain_model):
     assert torch.allclose(full_worker.compute_ref_log_probs(batch), packed, atol=1e-5, rtol=0)
 
 
+def test_pack_shares_the_common_prompt_head_once():
+    """The common head is packed once; every scored position holds the token before its
+    target at that token's position, and segments cover the row."""
+    batch = TokenBatch.from_trajectories(shared_head_trajs(6, head=12))
+    plain = fw.pack(batch.input_ids, batch.seq_lens, batch.prompt_lens)
+    shared = fw.pack(batch.input_ids, batch.seq_lens, batch.prompt_lens, share_prefix=True)
+    head = fw.shared_prefix_len(batch.input_ids, batch.prompt_lens)
+    assert head >= 12 and shared.shared_prefix_len == head and plain.shared_prefix_len == 0
+    assert shared.input_ids.shape[1] == plain.input_ids.shape[1] - (len(batch) - 1) * head
+    assert shared.cu_seqlens[1] == head and shared.cu_seqlens[-1] == shared.input_ids.shape[1]
+    assert torch.equal(shared.targets, plain.targets) and torch.equal(shared.resp_lens, plain.resp_lens)
+    assert torch.equal(shared.input_ids[0, shared.pred_index], plain.input_ids[0, plain.pred_index])
+    assert torch.equal(shared.position_ids[0, shared.pred_index], plain.position_ids[0, plain.pred_index])
+    # the whole prompt shared (two samples of one prompt): the first response token is scored
+    # from the prefix's last position
+    two = TokenBatch.from_trajectories(shared_head_trajs(2, head=12))
+    both = fw.pack(two.input_ids, two.seq_lens, two.prompt_lens, share_prefix=True)
+    assert both.shared_prefix_len == int(two.prompt_lens[0]) and both.pred_index[0] == both.shared_prefix_len - 1
+    one = TokenBatch.from_trajectories(shared_head_trajs(1))
+    assert fw.pack(one.input_ids, one.seq_lens, one.prompt_lens, share_prefix=True).shared_prefix_len == 0
+
+
+def test_shared_prefix_log_probs_equal_plain_transformers(full_worker, plain_model):
+    """Sequences that share their prompts' head, packed with it once, score as a plain fp32
+    forward of each sequence alone."""
+    batch = TokenBatch.from_trajectories(shared_head_trajs(4, head=12, seed=6))
+    ref = hf_logprobs(plain_model, batch)
+    assert full_worker.share_prefix
+    full_worker.cfg.ref.log_prob_max_token_len_per_gpu = 10_000  # all sequences in one row
+    shared = full_worker.compute_log_probs(batch)
+    for i, r in enumerate(ref):
+        assert torch.allclose(shared[i, : len(r)], r, **LOGP_TOL), (shared[i, : len(r)] - r).abs().max()
+
+
 def test_log_probs_at_the_rollout_temperature(full_worker, plain_model):
     """With rollout.temperature T the policy and reference log-probs are those of
     softmax(logits / T), the distribution the engine sampled from (not the raw model's)."""
@@ -277,6 +325,25 @@ def test_micro_batches_give_the_whole_batch_gradient(tiny_worker, mode):
     finally:
         a.loss_agg_mode, a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu, a.ppo_micro_batch_size_per_gpu = saved
     assert close(dynamic, whole) and close(single, whole)
+    assert whole.norm() > 0
+
+
+def test_shared_prefix_gives_the_same_gradient(tiny_worker):
+    """Packing the common head once sums its gradient over the sequences that read it: the
+    PPO gradient equals the one of every sequence packed whole (fp32, summation order only)."""
+    w = tiny_worker
+    batch = rl_batch(w, shared_head_trajs(6, head=12, seed=2))
+    a = w.cfg.actor
+    saved = (a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu, w.share_prefix)
+    try:
+        a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu = True, 100_000
+        w.share_prefix = True
+        shared = grads(w, batch)
+        w.share_prefix = False
+        whole = grads(w, batch)
+    finally:
+        a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu, w.share_prefix = saved
+    assert close(shared, whole, 1e-5), (shared - whole).norm() / whole.norm()
     assert whole.norm() > 0
 
 

@@ -15,14 +15,17 @@ from agent_rl.training.workers.critic import CriticWorker
 from agent_rl.types import Trajectory
 
 
-def make_trajs(n: int, seed: int) -> list[Trajectory]:
-    """Random-token trajectories; every third response has an observation span."""
+def make_trajs(n: int, seed: int, head: int = 0) -> list[Trajectory]:
+    """Random-token trajectories; every third response has an observation span; every prompt
+    starts with the same `head` tokens (a system prompt)."""
     g = torch.Generator().manual_seed(seed)
+    common = torch.randint(3, 49000, (head,), generator=g).tolist()
     out = []
     for i in range(n):
         p, r = int(torch.randint(4, 20, (1,), generator=g)), int(torch.randint(6, 30, (1,), generator=g))
         mask = [0 if (i % 3 == 0 and 2 <= j < 5) else 1 for j in range(r)]
-        ids = torch.randint(3, 49000, (p + r,), generator=g).tolist()
+        ids = common + torch.randint(3, 49000, (p + r,), generator=g).tolist()
+        p += head
         out.append(Trajectory(prompt_ids=ids[:p], response_ids=ids[p:], loss_mask=mask,
                               rollout_logprobs=[0.0] * r, group_id=i // 2))
     return out
@@ -50,11 +53,15 @@ def with_targets(batch: TokenBatch, old: torch.Tensor, seed: int = 0) -> TokenBa
     return batch.with_fields(values=old, returns=returns.contiguous())
 
 
-def test_values_are_head_of_the_predicting_hidden_state(tiny_model):
+@pytest.mark.parametrize("head", [0, 12], ids=["distinct prompts", "shared prompt head"])
+def test_values_are_head_of_the_predicting_hidden_state(tiny_model, head):
+    """Values of each sequence computed alone by plain transformers; with a shared prompt head
+    the micro-batch packs it once (forward.py)."""
     from transformers import AutoModel
 
     c = CriticWorker(make_cfg(tiny_model), total_steps=1)
-    batch = TokenBatch.from_trajectories(make_trajs(5, seed=2))
+    assert c.share_prefix
+    batch = TokenBatch.from_trajectories(make_trajs(5, seed=2, head=head))
     values = c.compute_values(batch)
     assert values.shape == batch.loss_mask.shape and values.dtype == torch.float32
     assert (values[~batch.response_valid_mask().bool()] == 0).all()

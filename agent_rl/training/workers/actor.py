@@ -25,7 +25,7 @@ from agent_rl.training.algos.masked import masked_mean
 from agent_rl.training.checkpoint import safe_torch_load
 from agent_rl.training.batch import TokenBatch
 from agent_rl.training.workers import dist, model_io
-from agent_rl.training.workers.forward import pack, packed_hidden, token_logprobs, unpack_responses
+from agent_rl.training.workers.forward import pack, packed_hidden, shares_prefixes, token_logprobs, unpack_responses
 from agent_rl.training.workers.step import LossFn, Normalizers, Optim, UpdateLoop, UpdateLoopWorker
 
 STATE_FILE = "actor_state.pt"
@@ -84,6 +84,8 @@ class ActorWorker(UpdateLoopWorker):
         self.model = model.to(self.device)
         self.autocast = dist.autocast_dtype(a.bf16_autocast, self.device)
         self.policy = LogProbModel(self.model, self.autocast)
+        self.share_prefix = shares_prefixes(self.model)
+        """Pack a micro-batch's common prompt prefix once (forward.py; SDPA attention only)."""
         if self.fsdp:
             dist.wrap_fsdp(self.policy, dist.decoder_layer_types(self.model), self.autocast)
         self._ref_policy: LogProbModel | None = self.policy if self.lora else None
@@ -100,7 +102,7 @@ class ActorWorker(UpdateLoopWorker):
         """(logp, entropy) (b, R) float32 of a micro-batch's response tokens (0 in padding).
         `model` is `self.policy` or `self.ref_policy`; `temperature` None is the rollout's
         (old, new and reference log-probs of RL: the policy that sampled), SFT passes 1."""
-        pk = pack(mb.input_ids.to(self.device), mb.seq_lens, mb.prompt_lens)
+        pk = pack(mb.input_ids.to(self.device), mb.seq_lens, mb.prompt_lens, self.share_prefix)
         t = self.cfg.rollout.temperature if temperature is None else temperature
         logp, ent = model(pk, with_entropy, t)
         width = mb.loss_mask.shape[1]

@@ -18,7 +18,7 @@ from agent_rl.training.algos import value_loss
 from agent_rl.training.checkpoint import safe_torch_load
 from agent_rl.training.batch import TokenBatch
 from agent_rl.training.workers import dist, model_io
-from agent_rl.training.workers.forward import pack, packed_hidden, unpack_responses
+from agent_rl.training.workers.forward import pack, packed_hidden, shares_prefixes, unpack_responses
 from agent_rl.training.workers.step import Normalizers, Optim, UpdateLoop, UpdateLoopWorker
 
 STATE_FILE = "critic_state.pt"
@@ -73,6 +73,8 @@ class CriticWorker(UpdateLoopWorker):
         if self.fsdp:
             dist.wrap_fsdp(self.model, dist.decoder_layer_types(self.model.trunk), autocast,
                            fp32_modules=(self.model.value_head,))
+        self.share_prefix = shares_prefixes(trunk)
+        """Pack a micro-batch's common prompt prefix once (forward.py; SDPA attention only)."""
         self.optim = Optim(list(self.model.parameters()), self.cfg.optim, total_steps, self.cfg.grad_clip, fsdp=self.fsdp)
         c = self.cfg
         self.loop = UpdateLoop(self.model, self.optim, fsdp=self.fsdp, world_size=world_size,
@@ -80,7 +82,7 @@ class CriticWorker(UpdateLoopWorker):
                                max_token_len=c.ppo_max_token_len_per_gpu, micro_batch_size=c.ppo_micro_batch_size_per_gpu)
 
     def _values(self, mb: TokenBatch) -> torch.Tensor:
-        pk = pack(mb.input_ids.to(self.device), mb.seq_lens, mb.prompt_lens)
+        pk = pack(mb.input_ids.to(self.device), mb.seq_lens, mb.prompt_lens, self.share_prefix)
         return unpack_responses(self.model(pk), pk.resp_lens, mb.loss_mask.shape[1])
 
     def compute_values(self, batch: TokenBatch) -> torch.Tensor:

@@ -6,6 +6,14 @@ On CPU the block-diagonal attention is one causal SDPA call per sequence
 (`VARLEN_ATTN`, registered with transformers' attention interface); on GPU with flash-attn the
 same position ids drive flash-attention's varlen kernel.
 
+Shared prefix (`pack(..., share_prefix=True)`, `VARLEN_ATTN` only): the tokens every sequence of
+a micro-batch starts with (the system prompt and instructions, ~145 of a demo sequence's ~500)
+are packed once, at the row's start; each sequence's own tokens follow with their positions
+continuing the prefix's, and attend to the prefix and causally to themselves. The prefix's
+hidden states are the ones each sequence would compute (the same causal function of the same
+tokens), and its gradient is the sum over the sequences that read it: the same log-probs and
+gradient, up to summation order, for fewer tokens through the trunk.
+
 Log-probs are taken only at response positions, chunk by chunk, by `token_logprobs`: the
 fp32 softmax exists for one chunk of rows at a time (V = 49152 here), never as a full fp32
 (T, V) tensor; the logits themselves are kept in the matmul dtype for the backward when they
@@ -52,18 +60,33 @@ def varlen_sdpa_attention(module, query, key, value, attention_mask, dropout=0.0
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    prefix = int(kwargs.pop("shared_prefix_len", 0) or 0)
     if attention_mask is not None or query.shape[0] != 1 or query.shape[2] != key.shape[2]:
+        if prefix:
+            raise ValueError("varlen_sdpa_attention: a shared prefix needs one packed row and no padding mask")
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     gqa = query.shape[1] != key.shape[1]
-    outs = [
-        F.scaled_dot_product_attention(
-            query[:, :, s:e], key[:, :, s:e], value[:, :, s:e],
-            dropout_p=dropout, scale=scaling, is_causal=True, enable_gqa=gqa,
-        )
-        for s, e in _segments(kwargs, query.shape[2])
-    ]
+    outs = []
+    for s, e in _segments(kwargs, query.shape[2]):
+        if prefix and s >= prefix:  # a sequence's own tokens: the shared prefix, then causal
+            k = torch.cat([key[:, :, :prefix], key[:, :, s:e]], dim=2)
+            v = torch.cat([value[:, :, :prefix], value[:, :, s:e]], dim=2)
+            outs.append(F.scaled_dot_product_attention(
+                query[:, :, s:e], k, v, attn_mask=_prefix_causal_mask(e - s, prefix, query.device),
+                dropout_p=dropout, scale=scaling, enable_gqa=gqa))
+        else:
+            outs.append(F.scaled_dot_product_attention(
+                query[:, :, s:e], key[:, :, s:e], value[:, :, s:e],
+                dropout_p=dropout, scale=scaling, is_causal=True, enable_gqa=gqa))
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _prefix_causal_mask(n: int, prefix: int, device: torch.device) -> torch.Tensor:
+    """(n, prefix + n) bool: every query sees the whole prefix, then keys up to its own position."""
+    mask = torch.ones(n, prefix + n, dtype=torch.bool, device=device)
+    mask[:, prefix:] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+    return mask
 
 
 def _varlen_mask(*args, attention_mask=None, **kwargs):
@@ -200,9 +223,11 @@ def token_logprobs(
 class Packed:
     """Sequences packed into one row, plus where their response log-probs come from.
 
-    `input_ids`/`position_ids` (1, T); `cu_seqlens` (S+1,) sequence boundaries;
-    `pred_index` (N,) positions whose next-token distribution scores a response token;
-    `targets` (N,) those tokens; `resp_lens` (S,) response tokens per sequence (sum = N).
+    `input_ids`/`position_ids` (1, T); `cu_seqlens` (S+1,) segment boundaries (with a shared
+    prefix, the prefix is the first segment); `pred_index` (N,) positions whose next-token
+    distribution scores a response token; `targets` (N,) those tokens; `resp_lens` (S,) response
+    tokens per sequence (sum = N); `shared_prefix_len` tokens at the row's start that every
+    sequence begins with, packed once (0: none).
     """
 
     input_ids: torch.Tensor
@@ -211,29 +236,48 @@ class Packed:
     pred_index: torch.Tensor
     targets: torch.Tensor
     resp_lens: torch.Tensor
+    shared_prefix_len: int = 0
 
 
-def pack(input_ids: torch.Tensor, seq_lens: torch.Tensor, prompt_lens: torch.Tensor) -> Packed:
-    """Pack rows of right-padded `input_ids` (B, L) with their `seq_lens`, `prompt_lens` (B,)."""
-    seqs, pos, pred, tgt = [], [], [], []
-    offset = 0
+def shared_prefix_len(input_ids: torch.Tensor, prompt_lens: torch.Tensor) -> int:
+    """Leading tokens that every row of `input_ids` (B, L) has in common, within the shortest
+    prompt; 0 for fewer than two rows."""
+    if len(input_ids) < 2:
+        return 0
+    head = input_ids[:, : int(prompt_lens.min())]
+    differs = (head != head[:1]).any(dim=0).nonzero()
+    return int(differs[0]) if len(differs) else head.shape[1]
+
+
+def pack(input_ids: torch.Tensor, seq_lens: torch.Tensor, prompt_lens: torch.Tensor,
+         share_prefix: bool = False) -> Packed:
+    """Pack rows of right-padded `input_ids` (B, L) with their `seq_lens`, `prompt_lens` (B,);
+    with `share_prefix`, their common leading tokens once (see the module docstring)."""
+    shared = shared_prefix_len(input_ids, prompt_lens) if share_prefix else 0
+    seqs, pos, pred, tgt = [input_ids[0, :shared]], [torch.arange(shared)], [], []
+    bounds = [0, shared] if shared else [0]
+    offset = shared
     for ids, n, p in zip(input_ids, seq_lens.tolist(), prompt_lens.tolist()):
         if p < 1 or n <= p:
             raise ValueError(f"pack: need prompt_len >= 1 and a non-empty response, got prompt {p}, total {n}")
-        seqs.append(ids[:n])
-        pos.append(torch.arange(n))
-        # token j (p <= j < n) is predicted from position j - 1
-        pred.append(torch.arange(offset + p - 1, offset + n - 1))
+        seqs.append(ids[shared:n])
+        pos.append(torch.arange(shared, n))
+        # token j (p <= j < n) is predicted from position j - 1: in the shared prefix when
+        # j - 1 < shared (the whole prompt shared), else in this sequence's own segment
+        src = torch.arange(p - 1, n - 1)
+        pred.append(torch.where(src < shared, src, src - shared + offset))
         tgt.append(ids[p:n])
-        offset += n
-    lens = seq_lens.to(torch.long)
+        offset += n - shared
+        bounds.append(offset)
+    dev = input_ids.device
     return Packed(
-        input_ids=torch.cat(seqs)[None].to(input_ids.device),
-        position_ids=torch.cat(pos)[None].to(input_ids.device),
-        cu_seqlens=F.pad(lens.cumsum(0), (1, 0)).to(input_ids.device),
-        pred_index=torch.cat(pred).to(input_ids.device),
-        targets=torch.cat(tgt).to(input_ids.device),
+        input_ids=torch.cat(seqs)[None].to(dev),
+        position_ids=torch.cat(pos)[None].to(dev),
+        cu_seqlens=torch.tensor(bounds, dtype=torch.long, device=dev),
+        pred_index=torch.cat(pred).to(dev),
+        targets=torch.cat(tgt).to(dev),
         resp_lens=(seq_lens - prompt_lens).to(torch.long),
+        shared_prefix_len=shared,
     )
 
 
@@ -247,6 +291,12 @@ def unpack_responses(flat: torch.Tensor, resp_lens: torch.Tensor, width: int) ->
 
 def packed_hidden(model: torch.nn.Module, packed: Packed) -> torch.Tensor:
     """Final hidden states (1, T, d) of a decoder-only HF model on a packed row."""
+    extra = {}
+    if packed.shared_prefix_len:
+        if getattr(model.config, "_attn_implementation", None) != VARLEN_ATTN:
+            raise ValueError(f"packed_hidden: a shared prefix needs attn_implementation={VARLEN_ATTN!r}, "
+                             f"the model has {model.config._attn_implementation!r}")
+        extra["shared_prefix_len"] = packed.shared_prefix_len
     out = model(
         input_ids=packed.input_ids,
         position_ids=packed.position_ids,
@@ -255,5 +305,11 @@ def packed_hidden(model: torch.nn.Module, packed: Packed) -> torch.Tensor:
         max_length_q=int(packed.cu_seqlens.diff().max()),
         max_length_k=int(packed.cu_seqlens.diff().max()),
         use_cache=False,
+        **extra,
     )
     return out.last_hidden_state
+
+
+def shares_prefixes(model: torch.nn.Module) -> bool:
+    """Whether `model`'s attention takes shared-prefix packed rows (`VARLEN_ATTN`; not flash-attn)."""
+    return getattr(getattr(model, "config", None), "_attn_implementation", None) == VARLEN_ATTN
