@@ -46,6 +46,10 @@ class DataConfig:
     """Shuffle training prompts each epoch (seeded)."""
     seed: int = 1
     """Seed for the data order and sampling."""
+    balance_by: str | None = None
+    """A QA column (e.g. data_source, or the knowledge base's kind): every training batch holds
+    its values in their shares of the data (a stratified order each epoch; agent_rl/training/data.py).
+    None: a plain shuffle, as veRL. Not a veRL knob."""
     train_data_num: int | None = None
     """Use only the first N training rows (None: all)."""
     val_data_num: int | None = None

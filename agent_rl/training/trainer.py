@@ -77,7 +77,8 @@ class RayTrainer:
 
         self.cfg = cfg
         self.run_dir = Path(run_dir or cfg.trainer.default_local_dir)
-        self.loader = PromptLoader(load_train_prompts(cfg), cfg.data.train_batch_size, cfg.data.shuffle, cfg.data.seed)
+        self.loader = PromptLoader(load_train_prompts(cfg), cfg.data.train_batch_size, cfg.data.shuffle, cfg.data.seed,
+                                   balanced=cfg.data.balance_by is not None)
         self.total_steps = cfg.trainer.total_training_steps or cfg.trainer.total_epochs * self.loader.steps_per_epoch
         self.run = Run(cfg.trainer, self.run_dir, self.total_steps, "train")
         self.checkpoints = self.run.checkpoints
@@ -351,7 +352,7 @@ def load_train_prompts(cfg: TrainConfig) -> list[Prompt]:
     tok = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path)
     rcfg = cfg.actor_rollout_ref.rollout
     protocol = protocol_for(rcfg, tok)  # MCP tools' schemas are not known here: built-ins only
-    prompts = load_prompts(cfg.data.train_files, cfg.data.train_data_num)
+    prompts = load_prompts(cfg.data.train_files, cfg.data.train_data_num, balance_by=cfg.data.balance_by)
     return drop_overlong(prompts, lambda p: len(protocol.prompt_ids(tok, p.question, rcfg.template)), cfg.data.max_prompt_length)
 
 

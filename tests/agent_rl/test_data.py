@@ -97,3 +97,60 @@ def test_drop_overlong_keeps_prompts_that_fit():
     assert [p.id for p in kept] == ["q0", "q1", "q2"]
     with pytest.raises(ValueError, match="max_prompt_length=5"):
         drop_overlong(prompts, lambda p: 100, max_len=5)
+
+
+# ----------------------------------------------------------------------------- balanced batches
+def _mixed(n: int = 200) -> list[Prompt]:
+    """The demo's knowledge-base mix: 40% single, 35% bridge, 25% comparison, in file order
+    blocks (as the generator writes them)."""
+    kinds = ["single"] * (n * 40 // 100) + ["bridge"] * (n * 35 // 100) + ["comparison"] * (n * 25 // 100)
+    return [Prompt(id=f"q{i}", question=f"question {i}?", golden_answers=["a"], stratum=k) for i, k in enumerate(kinds)]
+
+
+def test_balanced_batches_hold_every_kind_in_its_share():
+    prompts = _mixed()
+    kind = {p.id: p.stratum for p in prompts}
+    share = {"single": 0.40, "bridge": 0.35, "comparison": 0.25}
+    loader = PromptLoader(prompts, 8, seed=1, balanced=True)
+    epoch = []
+    for _ in range(len(prompts) // 8):
+        batch = loader.next_batch()
+        epoch += _ids(batch)
+        for k, f in share.items():
+            count = sum(kind[i] == k for i in _ids(batch))
+            assert abs(count - 8 * f) < 2, (k, count, _ids(batch))
+    assert sorted(epoch) == sorted(p.id for p in prompts)  # still one pass over every prompt
+    # a plain shuffle of the same prompts does draw batches far from the mix
+    plain = PromptLoader(prompts, 8, seed=1)
+    worst = max(abs(sum(kind[i] == k for i in _ids(plain.next_batch())) - 8 * f)
+                for _ in range(len(prompts) // 8) for k, f in share.items())
+    assert worst >= 2
+    # seeded: the same order again, another seed another order, each stratum shuffled
+    again = PromptLoader(prompts, 8, seed=1, balanced=True)
+    assert [i for _ in range(25) for i in _ids(again.next_batch())] == epoch
+    other = PromptLoader(prompts, 8, seed=2, balanced=True)
+    assert [i for _ in range(25) for i in _ids(other.next_batch())] != epoch
+    singles = [i for i in epoch if kind[i] == "single"]
+    assert singles != sorted(singles, key=lambda i: int(i[1:]))
+
+
+def test_balanced_loader_resumes_where_it_stopped():
+    ref = PromptLoader(_mixed(), 8, seed=4, balanced=True)
+    stream = [i for _ in range(10) for i in _ids(ref.next_batch())]
+    a = PromptLoader(_mixed(), 8, seed=4, balanced=True)
+    for _ in range(3):
+        a.next_batch()
+    b = PromptLoader(_mixed(), 8, seed=4, balanced=True)
+    b.load_state_dict(a.state_dict())
+    assert _ids(b.take(16)) == stream[24:40]
+
+
+def test_balance_by_reads_the_column_or_names_what_is_missing(tmp_path):
+    path = tmp_path / "qa.parquet"
+    pd.DataFrame({"id": ["a", "b"], "question": ["q1?", "q2?"], "golden_answers": [["x"], ["y"]],
+                  "data_source": ["kb", "kb"], "kind": ["single", "bridge"]}).to_parquet(path)
+    assert [p.stratum for p in load_prompts([str(path)], balance_by="kind")] == ["single", "bridge"]
+    assert [p.stratum for p in load_prompts([str(path)], balance_by="data_source")] == ["kb", "kb"]
+    assert [p.stratum for p in load_prompts([str(path)])] == ["", ""]
+    with pytest.raises(ValueError, match="data.balance_by='level'.*no such column"):
+        load_prompts([str(path)], balance_by="level")
