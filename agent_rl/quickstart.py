@@ -102,9 +102,10 @@ GRPO_PROMPTS = 8
 samples), for the plan's estimate. Not fewer: at
 6 a step took 19-60 s, 8 steps fitted, and they moved every kind of question to one search
 (agent EM 60.0 -> 51.0, bridge -18.7, comparison -24.0). At 8, with the demonstrations that
-say what the question asks for and count their searches, 3 steps gained +19.0 (the demo at
-be46c54) and +25.5 (an arm), 4 steps +21.0, 2 steps +12.5 (the demo at 448b20b); all from a
-19-step SFT model at 51.0 (docs/real_data.md, seventh and eighth look)."""
+say what the question asks for and count their searches, and the config's balanced batches
+at lr 7e-6, from a 19-step SFT model at 51.0: 72.5 after 3 steps, 77.0 after 4, 75.5 after 5,
+73.0 after 6 (docs/real_data.md, ninth look; at lr 1e-5 with a plain shuffle, 63.5-76.5 after
+2-4 steps)."""
 RL_TOKENS_PER_STEP = GRPO_PROMPTS * 4 * 170
 """Decode-equivalent tokens of one GRPO step's generation: GRPO_PROMPTS x 4 samples, two turns
 (measured at 8 prompts: 17-25 s a step at 205-228 tok/s calibrated, AVX-512 EPYC, bf16)."""

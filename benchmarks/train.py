@@ -20,7 +20,7 @@ interleaved, median of --reps after a warm-up:
 - shared_prefix: the demo's GRPO and SFT shapes with real Search-R1 prompts (the template's
   ~145 tokens, then a question), `update_policy` and `update_sft` with each micro-batch's common
   prompt head packed once (the workers' default with SDPA attention) and packed whole, at
-  micro-batches of 1024, 2048 and 4096 tokens: seconds, speed-up and peak RSS per setting.
+  micro-batches of 1024 and 2048 tokens: seconds, speed-up and peak RSS per setting.
 
 Phases (bf16 worker, fp32 worker, naive, LoRA) run one after another so that only one set
 of models is in memory; inside a phase the variants are interleaved.
@@ -116,7 +116,7 @@ def shared_prefix_bench(model: str, reps: int, quick: bool) -> dict:
     sft = search_r1_batch(model, 8 if not quick else 2, 1, (250, 450) if not quick else (30, 60), seed=1)
     warm = search_r1_batch(model, 1, 2, (10, 20), seed=5)
     out: dict = {"rl_tokens": rl.num_tokens, "sft_tokens": sft.num_tokens, "by_micro_batch": {}}
-    for max_len in ((1024,) if quick else (1024, 2048, 4096)):
+    for max_len in ((1024,) if quick else (1024, 2048)):
         w = ActorWorker(make_cfg(model, len(rl)), total_steps=1000)
         w.cfg.actor.ppo_max_token_len_per_gpu = max_len
         w.loop.max_token_len = max_len

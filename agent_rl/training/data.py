@@ -51,7 +51,8 @@ def load_prompts(files: list[str], max_rows: int | None = None, report: Report |
         df = read_qa(path, report)
         if balance_by and balance_by != "data_source" and balance_by not in df.columns:
             raise ValueError(f"data.balance_by={balance_by!r}: {path} has no such column "
-                             f"(columns: {', '.join(map(str, df.columns))})")
+                             f"(columns: {', '.join(map(str, df.columns))}); data.balance_by=null trains "
+                             "on a plain shuffle")
         for row in df.to_dict("records"):
             source = str(row.get("data_source") or Path(path).stem)
             prompts.append(

@@ -486,7 +486,8 @@ def test_a_retriever_killed_mid_run_does_not_teach_the_policy(tiny_kb, few_shot_
         "data.max_prompt_length=1024", "actor_rollout_ref.rollout.chat_template=false",
         "actor_rollout_ref.rollout.temperature=0.3", "trainer.total_training_steps=3", "trainer.save_freq=-1",
         "trainer.test_freq=-1", "trainer.val_before_train=false",
-        "retriever.max_retries=1", "retriever.timeout_s=5", "retriever.outage_wait_s=120"])
+        "retriever.max_retries=1", "retriever.timeout_s=5", "retriever.outage_wait_s=120",
+        "data.balance_by=null"])  # its few-shot questions have no kind column
     trainer = RayTrainer(cfg)
     try:
         trainer.fit(on_step)

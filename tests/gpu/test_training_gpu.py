@@ -30,13 +30,16 @@ def group_of_one():
     torch.distributed.destroy_process_group()
 
 
-def make_batch(n: int = 8, seed: int = 0, vocab: int = 49000) -> TokenBatch:
+def make_batch(n: int = 8, seed: int = 0, vocab: int = 49000, head: int = 0) -> TokenBatch:
+    """Random sequences; with `head`, every prompt starts with the same `head` tokens."""
     g = torch.Generator().manual_seed(seed)
+    common = torch.randint(3, vocab, (head,), generator=g).tolist()
     trajs = []
     for i in range(n):
         p, r = int(torch.randint(8, 32, (1,), generator=g)), int(torch.randint(16, 96, (1,), generator=g))
         mask = [0 if (i % 2 == 0 and 4 <= j < 12) else 1 for j in range(r)]
-        ids = torch.randint(3, vocab, (p + r,), generator=g).tolist()
+        ids = common + torch.randint(3, vocab, (p + r,), generator=g).tolist()
+        p += head
         trajs.append(Trajectory(prompt_ids=ids[:p], response_ids=ids[p:], loss_mask=mask,
                                 rollout_logprobs=[0.0] * r, reward=float(i % 2), group_id=i // 2))
     return TokenBatch.from_trajectories(trajs)
@@ -84,6 +87,29 @@ def test_bf16_fsdp_log_probs_agree_with_fp32(tiny_policy):
     cpu.model.to("cpu")
     c = valid_values(cpu.compute_log_probs(batch), batch)
     assert torch.allclose(a, c, atol=1e-3, rtol=1e-4), f"max |gpu - cpu| {(a - c).abs().max():.2e}"
+
+
+def test_shared_prompt_head_equals_whole_packing_on_the_gpu(tiny_policy):
+    """The common prompt head packed once (SDPA attention; flash-attn packs whole): under FSDP2
+    on the GPU, the same log-probs (fp32) and the same update as every sequence packed whole."""
+    batch = make_batch(head=40)
+    w = ActorWorker(actor_cfg(tiny_policy, strategy="fsdp", bf16=False), total_steps=4)
+    if not w.share_prefix:
+        pytest.skip("flash-attn is installed: training packs whole sequences")
+    w.cfg.ref.log_prob_max_token_len_per_gpu = 1024  # several sequences, one head, per forward
+    shared = w.compute_log_probs(batch)
+    w.share_prefix = False
+    whole = w.compute_log_probs(batch)
+    assert torch.allclose(shared, whole, atol=1e-4, rtol=1e-4), (shared - whole).abs().max()
+    rb = with_rl_fields(batch, whole - 0.1 * batch.response_valid_mask())
+    m_whole = w.update_policy(rb)
+    w2 = ActorWorker(actor_cfg(tiny_policy, strategy="fsdp", bf16=False), total_steps=4)
+    m_shared = w2.update_policy(rb)
+    for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
+        assert m_shared[key] == pytest.approx(m_whole[key], rel=1e-3, abs=1e-5), key
+    a, b = dict(w.named_weights_for_sync()), dict(w2.named_weights_for_sync())
+    for k, v in a.items():
+        assert torch.allclose(b[k], v, atol=1e-5, rtol=0), k
 
 
 def test_fsdp_update_equals_the_plain_update(tiny_policy):
