@@ -293,9 +293,9 @@ def packed_hidden(model: torch.nn.Module, packed: Packed) -> torch.Tensor:
     """Final hidden states (1, T, d) of a decoder-only HF model on a packed row."""
     extra = {}
     if packed.shared_prefix_len:
-        if getattr(model.config, "_attn_implementation", None) != VARLEN_ATTN:
+        if not shares_prefixes(model):
             raise ValueError(f"packed_hidden: a shared prefix needs attn_implementation={VARLEN_ATTN!r}, "
-                             f"the model has {model.config._attn_implementation!r}")
+                             f"the model has {getattr(model.config, '_attn_implementation', None)!r}")
         extra["shared_prefix_len"] = packed.shared_prefix_len
     out = model(
         input_ids=packed.input_ids,
