@@ -410,13 +410,22 @@ def train_and_evaluate(args: argparse.Namespace, work: Path, base_url: str, t_st
             "trainer.total_training_steps=100000"]
         run([PY, "-m", "agent_rl.training.cli", "--config", TRAIN_CFG, f"actor_rollout_ref.model.path={sft_dir / 'model'}",
              f"retriever.url=[{base_url}/retrieve]", *steps, f"trainer.max_time_s={int(rl_s)}", "trainer.save_freq=-1",
-             f"trainer.default_local_dir={rl_dir}", "trainer.resume_mode=disable", *proto],
+             f"trainer.default_local_dir={rl_dir}", "trainer.resume_mode=disable", *proto, *device_overrides()],
             f"GRPO from the SFT model ({rl_s / 60:.1f} min)")
         evals["SFT+RL"] = evaluate("SFT+RL", rl_dir, base_url, kb, runs, eval_limit, ("agent",), proto)
     else:
         print(f"\n[demo] GRPO skipped: {rl_s / 60:.1f} minutes left for it on this host "
               "(--rl-minutes N or a larger --budget-minutes to run it)", flush=True)
     return write_report(runs, evals, rl_dir if "SFT+RL" in evals else None, plan, kb / "test.parquet")
+
+
+def device_overrides() -> list[str]:
+    """Where torch sees a GPU, the trainer places its workers and the engine on it (Ray's
+    placement: `trainer.n_gpus_per_node`); calibration, SFT and evaluation run in one process
+    and take the GPU by themselves (`data_prep.hardware.default_device`)."""
+    from data_prep.hardware import default_device
+
+    return ["trainer.n_gpus_per_node=1"] if default_device() == "cuda" else []
 
 
 NATIVE_TOKENS_PER_TURN = 96

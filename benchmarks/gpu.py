@@ -255,12 +255,16 @@ def nccl_two_ranks(policy: str) -> str:
 
 
 # ----------------------------------------------------------------------------- main
+STEPS = ("encoder", "faiss", "server", "training", "nccl_two_ranks")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--policy", help="HF policy dir (default: .gpu/policy_skeleton with random weights)")
     ap.add_argument("--encoder", help="encoder dir (default: .gpu/encoder, else the embedded MiniLM)")
+    ap.add_argument("--only", nargs="+", choices=STEPS, help="run these parts only (default: all)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/gpu.py needs a CUDA GPU")
@@ -281,6 +285,7 @@ def main() -> None:
         ("training", lambda: training_figures(policy, args.quick)),
         ("nccl_two_ranks", lambda: nccl_two_ranks(policy)),
     ]
+    steps = [(name, fn) for name, fn in steps if not args.only or name in args.only]
     for name, fn in steps:  # one failing part is reported, the others still run
         t = time.perf_counter()
         try:
@@ -299,21 +304,21 @@ def main() -> None:
 def print_table(r: dict) -> None:
     print(f"\n{r['gpu']}, torch {r['torch']} (CUDA {r['cuda']}), policy weights: {r['policy_weights']}")
     enc = r.get("encoder", {})
-    if "error" not in enc:
+    if enc and "error" not in enc:
         print(f"{'encoder':18} {'passages/s':>11} {'cos min':>9} {'cos mean':>9}")
         for k, v in enc.items():
             print(f"{k:18} {v['passages_s']:11.0f} {v.get('cos_min', 1.0):9.5f} {v.get('cos_mean', 1.0):9.5f}")
     f = r.get("faiss", {})
-    if "error" not in f:
+    if f and "error" not in f:
         print(f"faiss-cpu flat IP, {f['vectors']} x {f['dim']}: {f['qps_batch64']:.0f} q/s in batches of 64 "
               f"({f['threads']} threads; faiss GPUs: {f['gpus_seen_by_faiss']})")
     s = r.get("server", {})
-    if "error" not in s:
+    if s and "error" not in s:
         print("server (CUDA encoder, faiss-cpu flat): " + ", ".join(
             f"C={c[1:]} {v['qps']:.0f} q/s p50 {v['p50_ms']:.1f} ms p99 {v['p99_ms']:.1f} ms"
             for c, v in s.items() if c.startswith("C")))
     t = r.get("training", {})
-    if "error" not in t:
+    if t and "error" not in t:
         print(f"actor ({t['params'] / 1e6:.0f}M params, {t['sequences']} seqs, {t['tokens']} tokens, FSDP2={t['fsdp']}, "
               f"bf16): update {t['update_tok_s']:.0f} tok/s, bare fwd+bwd {t['bare_tok_s']:.0f} "
               f"(ratio {t['ratio_to_bare']:.2f}), log-probs {t['old_logprob_tok_s']:.0f}, SFT {t['sft_tok_s']:.0f}, "

@@ -8,6 +8,14 @@
 #   scripts/gpu_check.sh run       # on the CUDA machine: install the carried wheels, run
 #                                  # `pytest -m gpu tests/gpu` and benchmarks/gpu.py, print a table
 #
+# The whole loop with vLLM's CUDA engine (docs/gpu.md, "The loop on a GPU"):
+#   scripts/gpu_check.sh prepare-vllm  # here: the kit (vLLM 0.24 trimmed, its missing deps, Ray,
+#                                      # the policy's GGUF, the encoder) -> .kit/piece-NN.bin + manifest
+#   scripts/gpu_check.sh kit           # there, once per piece as it arrives: check and unpack
+#   scripts/gpu_check.sh loop-start    # there: stages a+b (engine on CUDA, weight sync), then
+#                                      # stage c (`make demo`'s pipeline) started in the background
+#   scripts/gpu_check.sh loop-finish   # there: wait for stage c, then stage d's figures, one table
+#
 # On a CUDA machine where the project is installed (`pip install -e .`), `run` alone works: it
 # then uses the embedded model from `make setup` and the installed packages. `prepare` exists for
 # a machine that has torch and CUDA but not this project's data or packages and cannot download
@@ -131,9 +139,67 @@ PYEOF
     [ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ]
 }
 
+kit_env() {
+    export PYTHONPATH=$PWD/.kit/root/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+    export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+    export RAY_memory_usage_threshold=0.99
+}
+
+# Stage c's command: `make demo`'s pipeline with GPU-sized stages (50 GRPO steps; the plan's
+# CPU-calibrated sizes would give a 2-core host's few)
+QUICKSTART_ARGS=${QUICKSTART_ARGS:---demos 160 --sft-minutes 2 --rl-minutes 8 --rl-steps 50 --eval-limit 200 --budget-minutes 20}
+
+loop_start() {
+    local out=${OUT:-gpu_out} py=${GPU_PY:-python3}
+    mkdir -p "$out" artifacts
+    "$py" scripts/gpu_kit.py unpack --require-all || return 1
+    kit_env
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+    "$py" -c "import vllm, ray, faiss, torch; print(f'vllm {vllm.__version__}, ray {ray.__version__}, faiss {faiss.__version__}, torch {torch.__version__}')"
+    "$py" -m data_prep model --out artifacts/model 2>&1 | tail -2   # the real weights, from the GGUF
+    set +e
+    timeout "${AB_TIMEOUT_S:-300}" "$py" -m pytest -m gpu tests/gpu/test_vllm_gpu.py -q -rA -s -p no:cacheprovider \
+        --junitxml="$out/stage_ab.xml" 2>&1 | tee "$out/stage_ab.log" | grep -v -E "^(INFO|DEBUG) "
+    echo "[loop] stages a+b: pytest exit ${PIPESTATUS[0]}"
+    set -e
+    # stage c outlives this call (its own session); loop-finish waits for it
+    # shellcheck disable=SC2086
+    setsid "$py" -m agent_rl.quickstart $QUICKSTART_ARGS > artifacts/gpu_quickstart.log 2>&1 < /dev/null &
+    echo $! > artifacts/gpu_quickstart.pid
+    sleep "${START_WAIT_S:-15}"
+    echo "[loop] stage c started (pid $(cat artifacts/gpu_quickstart.pid)):"; tail -n 5 artifacts/gpu_quickstart.log
+}
+
+loop_finish() {
+    local out=${OUT:-gpu_out} py=${GPU_PY:-python3} pid
+    mkdir -p "$out"
+    kit_env
+    pid=$(cat artifacts/gpu_quickstart.pid)
+    local deadline=$((SECONDS + ${WAIT_S:-400}))
+    while kill -0 "$pid" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ]; do sleep 3; done
+    if kill -0 "$pid" 2>/dev/null; then
+        echo "[loop] stage c still running after ${WAIT_S:-400} s: stopped"; kill -TERM "$pid"; sleep 10
+    fi
+    grep -E "^\[demo\]|^\$ |^# |^\| |step [0-9]+|Error|error" artifacts/gpu_quickstart.log | tail -n 60
+    cp artifacts/gpu_quickstart.log "$out/" || true
+    for f in report.md plan.json grpo_curves.png; do cp "artifacts/demo_runs/$f" "$out/" 2>/dev/null || true; done
+    cp artifacts/demo_runs/grpo/metrics.jsonl "$out/grpo_metrics.jsonl" 2>/dev/null || true
+    set +e
+    timeout "${D_TIMEOUT_S:-150}" "$py" benchmarks/rollout.py --model artifacts/demo_runs/sft/model --prompt chat \
+        --tool-latency-ms 0-0 --trajectories 128 --max-num-seqs 128 --in-flight 128 --max-turns 2 --max-tokens-per-turn 96 \
+        --json "$out/rollout.json" 2>&1 | grep -v -E "^(INFO|DEBUG|WARNING) " | tail -n 14
+    timeout 150 "$py" benchmarks/gpu.py --only training --policy artifacts/model --json "$out/train.json" 2>&1 | tail -n 4
+    "$py" benchmarks/gpu_loop.py --runs artifacts/demo_runs --rollout "$out/rollout.json" --train "$out/train.json" \
+        --cpu-step-s 74.7 --json "$out/gpu_loop.json"
+}
+
 case "${1:-run}" in
     prepare) prepare ;;
     prepare-ray) prepare_ray ;;
+    prepare-vllm) "$PY" scripts/gpu_kit.py build ;;
+    kit) "${GPU_PY:-python3}" scripts/gpu_kit.py unpack ;;
+    loop-start) loop_start ;;
+    loop-finish) loop_finish ;;
     run) run ;;
-    *) echo "usage: $0 prepare|prepare-ray|run" >&2; exit 2 ;;
+    *) echo "usage: $0 prepare|prepare-ray|prepare-vllm|kit|loop-start|loop-finish|run" >&2; exit 2 ;;
 esac
