@@ -264,12 +264,44 @@ STAGE_S: dict[str, float] = {}
 """Wall seconds of each stage run (for the report: estimate vs actual)."""
 
 
+STOP_GRACE_S = 60.0
+"""How long a stage stopped by the demo has to clean up (a checkpoint, Ray shut down, the GPU
+freed) before it is terminated."""
+_TERMINATED = threading.Event()
+"""Set when the demo itself got SIGTERM: its stage, unlike on a terminal's Ctrl-C, got nothing."""
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM -> KeyboardInterrupt, so `finally` blocks stop the services and the stage we started."""
+    def handler(*_):
+        _TERMINATED.set()
+        raise KeyboardInterrupt()
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def run(cmd: list[str], what: str) -> None:
     print(f"\n[demo] {what}\n$ {' '.join(cmd)}", flush=True)
     t0 = time.time()
     if MEMORY is not None:
         MEMORY.new_stage()
-    subprocess.run(cmd, check=True, cwd=ROOT)
+    proc = subprocess.Popen(cmd, cwd=ROOT)
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        # The stage stops as on Ctrl-C (KeyboardInterrupt: its own cleanup runs); a killed one
+        # would leave its Ray workers holding the GPU. A terminal's Ctrl-C reached it already.
+        if _TERMINATED.is_set() and proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            from retriever_server.launch import stop_server
+
+            stop_server(proc)
+        raise
+    if code:
+        raise subprocess.CalledProcessError(code, cmd)
     STAGE_S[what] = time.time() - t0
     peak = f", peak memory {MEMORY.new_stage() / 2**30:.2f} GiB" if MEMORY is not None else ""
     print(f"[demo] {what}: done in {time.time() - t0:.0f}s{peak}", flush=True)
@@ -301,8 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     work = ROOT / args.workdir
     model, kb, index = work / "model", work / "kb", work / "kb_index_flat"
-    # SIGTERM -> KeyboardInterrupt, so the `finally` below stops the services we started.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    stop_on_sigterm()
     t_start = time.time()
     from data_prep.hardware import hardware_line
 

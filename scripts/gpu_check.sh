@@ -143,6 +143,8 @@ kit_env() {
     export PYTHONPATH=$PWD/.kit/root/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
     export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
     export RAY_memory_usage_threshold=0.99
+    # the kit carries no FlashInfer (vLLM imports it for its sampler unless told not to)
+    export VLLM_USE_FLASHINFER_SAMPLER=0
 }
 
 # Stage c's command: `make demo`'s pipeline with GPU-sized stages (50 GRPO steps; the plan's

@@ -113,11 +113,13 @@ class RolloutWorker:
         """Trajectories for each prompt x n samples (group_id = index of the prompt) + rollout/* metrics."""
         return await self.manager.rollout(prompts, n=n, greedy=greedy)
 
-    async def generate(self, prompt_ids: list[int], max_tokens: int, temperature: float = 0.0):
-        """One plain generation (tests and diagnostics): GenerateResult with ids + logprobs."""
+    async def generate(self, prompt_ids: list[int], max_tokens: int, temperature: float = 0.0, ignore_eos: bool = False):
+        """One plain generation (tests and diagnostics): GenerateResult with ids + logprobs;
+        `ignore_eos` makes it exactly `max_tokens` long."""
         from agent_rl.rollout.engine import Sampling
 
-        return await self.engine.generate(prompt_ids, Sampling(temperature=temperature, max_tokens=max_tokens, stop=()))
+        return await self.engine.generate(prompt_ids, Sampling(temperature=temperature, max_tokens=max_tokens, stop=(),
+                                                                ignore_eos=ignore_eos))
 
     async def wait_retriever(self, timeout: float) -> None:
         """Until the retriever answers /health (RetrieverUnavailable after `timeout` s); no-op

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import time
+
 import pytest
 
 from agent_rl.quickstart import (BUDGET_MINUTES, EVAL_LIMIT, MIN_RL_STEPS, RL_SHARE, SFT_STEPS, Speeds,
@@ -130,3 +134,52 @@ def test_report_leads_with_what_grpo_adds(tmp_path):
     assert (tmp_path / "grpo_curves.png").stat().st_size > 0
     summary = json.loads((tmp_path / "plan.json").read_text())
     assert summary["sft_vs_rl"]["diff"]["bridge"]["diff"] == 1.0 and summary["plan"]["budget_minutes"] == 18
+
+
+# ----------------------------------------------------------------------------- stopping a stage
+CHILD = """
+import sys, time
+try:
+    print("ready", flush=True)
+    time.sleep(60)
+except KeyboardInterrupt:
+    open(sys.argv[1], "w").write("cleaned up")
+    sys.exit(130)
+"""
+
+
+def test_sigterm_to_the_demo_stops_its_stage_as_ctrl_c_would(tmp_path, monkeypatch):
+    """`kill <demo>` must let the running stage clean up (its finally blocks: a checkpoint, Ray
+    shut down, the GPU freed): the stage gets SIGINT, not SIGKILL (a killed GRPO stage left its
+    Ray workers holding an H200's memory, docs/gpu.md)."""
+    import signal
+    import threading
+
+    from agent_rl import quickstart
+
+    marker = tmp_path / "marker"
+    old = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(quickstart, "MEMORY", None)
+    quickstart._TERMINATED.clear()
+    try:
+        quickstart.stop_on_sigterm()
+        threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        t0 = time.time()
+        with pytest.raises(KeyboardInterrupt):
+            quickstart.run([sys.executable, "-c", CHILD, str(marker)], "a stage that sleeps")
+        assert time.time() - t0 < 30
+        assert marker.read_text() == "cleaned up"
+    finally:
+        signal.signal(signal.SIGTERM, old)
+        quickstart._TERMINATED.clear()
+
+
+def test_a_failing_stage_raises_with_its_exit_code(monkeypatch):
+    import subprocess
+
+    from agent_rl import quickstart
+
+    monkeypatch.setattr(quickstart, "MEMORY", None)
+    with pytest.raises(subprocess.CalledProcessError) as e:
+        quickstart.run([sys.executable, "-c", "import sys; sys.exit(3)"], "a failing stage")
+    assert e.value.returncode == 3
