@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -26,8 +25,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+from data_prep.hardware import offline_env  # noqa: E402
+
+offline_env()  # before transformers loads
 
 BATCH = 256
 SHARD = 16384  # data_prep.indexing's default shard: the pool each index batch is sorted within

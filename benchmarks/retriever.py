@@ -39,9 +39,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from data_prep.hardware import offline_env  # noqa: E402
+
+offline_env()  # before transformers loads
 from data_prep.hardware import passive_threads  # noqa: E402
 
 passive_threads()  # as the server does: the in-process limit must not spin beside the neighbour

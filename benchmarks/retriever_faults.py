@@ -35,9 +35,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from data_prep.hardware import offline_env  # noqa: E402
+
+offline_env()  # before transformers loads
 
 HANG_S = 30.0
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import sys
 import time
@@ -43,9 +42,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from data_prep.hardware import offline_env  # noqa: E402
+
+offline_env()  # before transformers loads
 
 DEMOS = [
     ("In which city was Tomas Verlin born?", "Tomas Verlin", "Tomas Verlin was born in Kradholt in 1901.", "Kradholt"),

@@ -30,12 +30,10 @@ import hashlib
 import io
 import json
 import lzma
-import os
 import shutil
 import subprocess
 import sys
 import tarfile
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
