@@ -368,8 +368,8 @@ class RunConfig:
     """Training time budget of the run in seconds, summed over resumed attempts: stop before a
     step that would end past it (judged by the mean step time so far, or by the longest step of
     this attempt if longer: GRPO steps vary with the filter's rounds) and save a checkpoint. A
-    re-run whose budget is spent does nothing. None: no limit. Worker start-up, model load and
-    saving come on top."""
+    re-run whose budget is spent does nothing. None: no limit. Worker start-up, model load,
+    validation (trainer.test_freq) and saving come on top."""
     save_freq: int = -1
     """Checkpoint every K steps (-1: none in between); one is always saved when the run stops
     (last step or time budget), so a re-run continues it or finds it finished."""

@@ -109,14 +109,14 @@ def rl_overrides(sft: Path, url: str, args: argparse.Namespace, run_dir: Path) -
 def time_to_gain(run_dir: Path, gain: float) -> dict:
     """From the run's metrics.jsonl: the step-0 val/em (the SFT model), and the RL minutes and
     step at which val/em first reached it + `gain` (None when it never did). RL minutes are the
-    trainer's `training/elapsed_s` without its validations (`timing/validate`)."""
+    trainer's `training/elapsed_s`, which leaves its validations out (a --compare-ref arm of code
+    older than that counts them in)."""
     from agent_rl.training.metrics import read_jsonl
 
-    rows, validating, points = sorted(read_jsonl(run_dir), key=lambda r: r["step"]), 0.0, []
+    rows, points = sorted(read_jsonl(run_dir), key=lambda r: r["step"]), []
     for r in rows:
-        validating += r.get("timing/validate", 0.0)
         if isinstance(r.get("val/em"), (int, float)):
-            points.append((r["step"], (r.get("training/elapsed_s", 0.0) - validating) / 60, r["val/em"]))
+            points.append((r["step"], r.get("training/elapsed_s", 0.0) / 60, r["val/em"]))
     if not points or points[0][0] != 0:
         raise ValueError(f"{run_dir}: no step-0 val/em (trainer.val_before_train)")
     base = points[0][2]
@@ -258,7 +258,7 @@ def time_to_gain_markdown(arms: dict, args: argparse.Namespace, em_sft: float) -
 
     lines = [hardware_line(), "",
              f"| code | RL minutes to SFT + {100 * args.gain:.0f} points (steps) | steps in {args.minutes:g} min "
-             f"(validations included) | s / step | running EM (first {args.val_n}): start -> best -> last | "
+             f"(validations excluded) | s / step | running EM (first {args.val_n}): start -> best -> last | "
              f"agent EM after RL (SFT {100 * em_sft:.1f}) |",
              "|---|---|---|---|---|---|"]
     for name, a in arms.items():

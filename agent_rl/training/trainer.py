@@ -163,7 +163,10 @@ class RayTrainer:
                         self.ahead.before_push()
                 with t("sync"):
                     self.sync.push(self.step)
-            # validation is timed on its own, outside "step": perf/tokens_per_s measures training
+            self.run.end_step()
+            # validation is not training: outside "step" (perf/tokens_per_s) and outside the
+            # time budget (trainer.max_time_s; training/elapsed_s), so a run's training minutes
+            # do not depend on how often it is evaluated
             if cfg.trainer.test_freq > 0 and (self.step % cfg.trainer.test_freq == 0 or self.step == self.total_steps):
                 with t("validate"):
                     metrics.update(self.validate())
@@ -172,7 +175,6 @@ class RayTrainer:
             metrics.update(t.metrics())
             metrics["perf/tokens_per_s"] = batch.num_tokens / t.seconds["step"]
             metrics["training/epoch"] = float(self.loader.pos.epoch)
-            self.run.end_step()
             metrics["training/elapsed_s"] = self.run.trained_s
             warning = self.invalid_watch.update(metrics, self.step)
             if warning:

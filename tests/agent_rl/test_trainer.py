@@ -212,11 +212,15 @@ def test_time_budget_stops_with_a_checkpoint_and_a_rerun_continues_the_clock(tin
     assert [r["step"] for r in first] == [1]
     state = json.loads((ckpt / "global_step_1" / "trainer_state.json").read_text())
     assert state["trained_s"] == pytest.approx(first[0]["training/elapsed_s"]) and state["trained_s"] > 1
-    # a larger budget: the clock goes on from the checkpoint's, not from 0
-    run_in_process("grpo", tiny_kb, retriever, run_dir, ["trainer.total_training_steps=2", "trainer.max_time_s=100000"])
+    # a larger budget: the clock goes on from the checkpoint's, not from 0; a validation after
+    # step 2 is not on it (a run's training minutes do not depend on how often it validates)
+    run_in_process("grpo", tiny_kb, retriever, run_dir, ["trainer.total_training_steps=2", "trainer.max_time_s=100000",
+                                                         "trainer.test_freq=1", "data.val_data_num=4"])
     rows = read_jsonl(run_dir)
     assert [r["step"] for r in rows] == [1, 2]
-    assert rows[1]["training/elapsed_s"] > rows[0]["training/elapsed_s"] + rows[1]["timing/step"] * 0.99
+    step_s, validate_s = rows[1]["timing/step"], rows[1]["timing/validate"]
+    assert validate_s > 0
+    assert step_s * 0.99 < rows[1]["training/elapsed_s"] - rows[0]["training/elapsed_s"] < step_s + 0.5 * validate_s
 
 
 def _budget(trained_s: float, step: int, budget: float | None, longest: float = 0.0):

@@ -98,13 +98,13 @@ def test_real_mode_trains_on_what_the_recipe_trains_rl_on():
 
 def test_time_to_gain_reads_the_running_evaluation(tmp_path):
     """val/em at step 0 is the SFT model (0.60); the first later evaluation at >= 0.65 is step 8,
-    after 300 s on the trainer's clock, of which 60 s were the validations of steps 4 and 8: 4.0
-    minutes of RL. A run that never gains reports None."""
-    rows = [{"step": 0, "val/em": 0.60}, {"step": 4, "val/em": 0.62, "training/elapsed_s": 150.0,
+    after 240 s of training on the trainer's clock (its validations are not on it): 4.0 minutes
+    of RL. A run that never gains reports None."""
+    rows = [{"step": 0, "val/em": 0.60}, {"step": 4, "val/em": 0.62, "training/elapsed_s": 120.0,
                                            "timing/validate": 30.0},
-            {"step": 6, "reward/mean": 0.5, "training/elapsed_s": 210.0},
-            {"step": 8, "val/em": 0.65, "training/elapsed_s": 300.0, "timing/validate": 30.0},
-            {"step": 12, "val/em": 0.70, "training/elapsed_s": 450.0, "timing/validate": 30.0}]
+            {"step": 6, "reward/mean": 0.5, "training/elapsed_s": 180.0},
+            {"step": 8, "val/em": 0.65, "training/elapsed_s": 240.0, "timing/validate": 30.0},
+            {"step": 12, "val/em": 0.70, "training/elapsed_s": 360.0, "timing/validate": 30.0}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     t = learning.time_to_gain(tmp_path, 0.05)
     assert (t["time_to_gain_min"], t["steps_to_gain"]) == (4.0, 8)

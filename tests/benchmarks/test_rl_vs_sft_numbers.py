@@ -1,0 +1,92 @@
+"""benchmarks/rl_vs_sft.py's numbers from evaluation folders and metrics written by hand (the
+real runs take hours: not in CI): a seed's row (EM of the start, of the SFT arm and of the GRPO
+arm, the paired GRPO - SFT difference, by question kind, time to gain against the SFT arm) and
+the summary over seeds (mean, median, worst)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from agent_rl.evaluation import report  # noqa: E402
+from benchmarks import rl_vs_sft  # noqa: E402
+
+KINDS = {"q1": "single", "q2": "single", "q3": "bridge", "q4": "bridge"}
+
+
+def _write(d: Path, ems: list[float], searches: int = 1) -> None:
+    recs = [{"id": f"q{i + 1}", "mode": "agent", "data_source": "kb", "em": em, "subem": em, "f1": em,
+             "valid_format": True, "searches": searches, "turns": searches + 1, "prediction": "x",
+             "retrieval_hit": False} for i, em in enumerate(ems)]
+    d.mkdir(parents=True)
+    (d / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    report.write_summary(report.summarize(recs), d)
+
+
+def _metrics(d: Path, rows: list[dict]) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _seed_dir(tmp: Path, start, more, grpo, val_more: float, val_points) -> Path:
+    d = tmp / "seed"
+    _write(d / "eval_start", start)
+    _write(d / "eval_sft_more", more, searches=1)
+    _write(d / "eval_grpo", grpo, searches=2)
+    _write(d / "val_sft_more", [val_more])
+    _metrics(d / "sft_more", [{"step": 5, "training/elapsed_s": 590.0}, {"step": 6, "training/elapsed_s": 600.0}])
+    _metrics(d / "grpo", [{"step": s, "val/em": em, "training/elapsed_s": t} for s, t, em in val_points])
+    return d
+
+
+def test_a_seed_row_pairs_the_arms_on_the_same_questions(tmp_path):
+    # start 1/4, SFT arm 2/4 (single-hop right), GRPO 3/4 (one bridge more): GRPO - SFT = +0.25
+    d = _seed_dir(tmp_path, [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], val_more=0.0,
+                  val_points=[(0, 0.0, 0.0), (2, 120.0, 0.0), (4, 240.0, 1.0)])
+    r = rl_vs_sft.seed_row(7, d, KINDS, gain=0.05)
+    assert (r["em_start"], r["em_sft_more"], r["em_grpo"]) == (0.25, 0.5, 0.75)
+    assert r["grpo_minus_sft"]["diff"] == pytest.approx(0.25)
+    assert r["grpo_minus_start"]["diff"] == pytest.approx(0.5)
+    assert r["sft_more_minus_start"]["diff"] == pytest.approx(0.25)
+    assert r["by_kind"]["bridge"] == {"start": 0.0, "sft_more": 0.0, "grpo": 0.5, "n": 2}
+    assert r["by_kind"]["single"]["sft_more"] == 1.0
+    assert (r["searches"]["sft_more"], r["searches"]["grpo"]) == (1.0, 2.0)
+    # the SFT arm ran 6 steps in 10 minutes; GRPO passed its val EM (0.0) by 5 points at 4 minutes
+    assert (r["sft_more_steps"], r["sft_more_minutes"]) == (6, 10.0)
+    assert (r["grpo_steps"], r["grpo_minutes"]) == (4, 4.0)
+    assert r["time_to_gain_min"] == 4.0
+
+
+def test_time_to_gain_is_none_when_grpo_never_leads_the_sft_arm(tmp_path):
+    d = _seed_dir(tmp_path, [0, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0], val_more=1.0,
+                  val_points=[(0, 0.0, 0.0), (2, 60.0, 1.0)])
+    assert rl_vs_sft.seed_row(1, d, KINDS, gain=0.05)["time_to_gain_min"] is None
+
+
+def test_summary_gives_mean_median_and_the_worst_seed():
+    rows = [{"grpo_minus_sft": {"diff": d}, "grpo_minus_start": {"diff": 0.1}, "sft_more_minus_start": {"diff": s}}
+            for d, s in ((0.10, 0.05), (-0.02, 0.0), (0.04, 0.10))]
+    s = rl_vs_sft.summary(rows)
+    assert s["mean"] == pytest.approx(0.04) and s["median"] == pytest.approx(0.04)
+    assert (s["worst"], s["best"]) == (-0.02, 0.10)
+    assert s["grpo_beats_sft_in_every_seed"] is False
+    assert s["sft_more_minus_start_mean"] == pytest.approx(0.05)
+
+
+def test_the_table_names_the_kb_the_host_and_every_seed(tmp_path):
+    d = _seed_dir(tmp_path, [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], val_more=0.0,
+                  val_points=[(0, 0.0, 0.0), (2, 120.0, 1.0)])
+    row = rl_vs_sft.seed_row(3, d, KINDS, gain=0.05)
+    args = argparse.Namespace(kb_seed=101, start_steps=44, minutes=10.0, gain=0.05)
+    text = rl_vs_sft.table([row], rl_vs_sft.summary([row]), "[hardware] cpu='X'", args)
+    assert "KB seed 101" in text and "[hardware] cpu='X'" in text
+    assert "| 3 | 25.0 | 50.0 (6) | 75.0 (2) | +25.0 [" in text
+    assert "worst seed +25.0" in text
+    assert rl_vs_sft.plot([row], tmp_path / "p.png").stat().st_size > 0
