@@ -327,12 +327,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--protocol", default="search_r1", choices=("search_r1", "hermes"),
                     help="how the model acts: search_r1 (<search> tags, default) or hermes (native <tool_call> JSON, "
                          "results as tool messages); demonstrations, SFT, GRPO and evaluation all use it")
+    ap.add_argument("--plain-wording", action="store_true",
+                    help="demonstrations in plain Search-R1 wording, without the knowledge base's phrasing (what the "
+                         "question asks for, \"This needs N searches\", \"That was search i of n\"): what that "
+                         "phrasing adds; its own demonstrations and runs, beside the default's")
     args = ap.parse_args(argv)
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    # the non-default protocol has its own demonstrations and runs, beside the default's
-    w = Workdir(ROOT / args.workdir, "" if args.protocol == "search_r1" else f"_{args.protocol}")
+    # another protocol or wording has its own demonstrations and runs, beside the default's
+    variant = ("" if args.protocol == "search_r1" else f"_{args.protocol}") + ("_plain" if args.plain_wording else "")
+    w = Workdir(ROOT / args.workdir, variant)
     model, kb, index = w.model, w.kb, w.index
     stop_on_sigterm()
     t_start = time.time()
@@ -385,7 +390,7 @@ class Workdir:
 
     root: Path
     variant: str = ""
-    """Suffix of a run beside the default's, with its own demonstrations and runs ("_hermes")."""
+    """Suffix of a run beside the default's, with its own demonstrations and runs ("_hermes", "_plain")."""
 
     @property
     def model(self) -> Path:
@@ -471,7 +476,8 @@ def train_and_evaluate(args: argparse.Namespace, w: Workdir, base_url: str, t_st
     eval_limit = plan.eval_limit  # fixed from here: SFT and SFT+RL are compared on the same questions
     if not demos.exists():
         run([PY, "-m", "data_prep", "demos", "--qa", str(kb / "train.parquet"), "--retriever-url", base_url,
-             "--out", str(demos), "--config", TRAIN_CFG, "--limit", str(plan.demos), *w.train_overrides(), *proto],
+             "--out", str(demos), "--config", TRAIN_CFG, "--limit", str(plan.demos),
+             *(["--plain-wording"] if args.plain_wording else []), *w.train_overrides(), *proto],
             "build grounded demonstrations (real retriever observations)")
         plan = replan("after the demonstrations", fixed_eval_limit=True, revises=plan)
     if not (sft_dir / "model" / "config.json").exists():

@@ -70,7 +70,8 @@ def under(path: str | Path, work: Path) -> bool:
     return (quickstart.ROOT / path).resolve().is_relative_to(work.resolve())
 
 
-@pytest.mark.parametrize("extra", [[], ["--protocol", "hermes"]], ids=["search_r1", "hermes"])
+@pytest.mark.parametrize("extra", [[], ["--protocol", "hermes"], ["--plain-wording"]],
+                         ids=["search_r1", "hermes", "plain_wording"])
 def test_every_stage_reads_and_writes_the_workdir_only(tmp_path, monkeypatch, extra):
     from retriever_server import launch
 
@@ -109,6 +110,10 @@ def test_every_stage_reads_and_writes_the_workdir_only(tmp_path, monkeypatch, ex
                   "agent_rl.coldstart.sft", "agent_rl.evaluation.evaluate", "agent_rl.training.cli"):
         assert stage in modules, (stage, modules)
     assert modules.count("agent_rl.evaluation.evaluate") == 3  # base, SFT, SFT+RL
+    demos = cmds[modules.index("data_prep demos")]
+    # the plain wording reaches the demonstrations, which go beside the default's
+    assert ("--plain-wording" in demos) == ("--plain-wording" in extra)
+    assert demos[demos.index("--out") + 1].endswith("_plain.parquet") == ("--plain-wording" in extra)
 
     outside = []
     for cmd, module in zip(cmds, modules):
