@@ -6,9 +6,9 @@ prepare model + knowledge base -> build index -> start retriever -> show retriev
 -> report: SFT vs SFT+RL on the same held-out questions (paired interval, by question kind),
 the GRPO curves as PNG, every model and mode as context.
 
-Every stage is a real command a user could type (printed before it runs), is skipped when
-its artifact already exists, and the services the demo starts are stopped on exit, Ctrl-C
-or SIGTERM. Wall time and peak memory (whole process tree) are printed at the end.
+Every stage is a real command a user could type (printed before it runs), reads and writes
+the files of `--workdir` only, and is skipped when its artifact already exists; the services
+the demo starts are stopped on exit, Ctrl-C or SIGTERM. Wall time and peak memory (whole process tree) are printed at the end.
 """
 
 from __future__ import annotations
@@ -327,12 +327,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--protocol", default="search_r1", choices=("search_r1", "hermes"),
                     help="how the model acts: search_r1 (<search> tags, default) or hermes (native <tool_call> JSON, "
                          "results as tool messages); demonstrations, SFT, GRPO and evaluation all use it")
+    ap.add_argument("--plain-wording", action="store_true",
+                    help="demonstrations in plain Search-R1 wording, without the knowledge base's phrasing (what the "
+                         "question asks for, \"This needs N searches\", \"That was search i of n\"): what that "
+                         "phrasing adds; its own demonstrations and runs, beside the default's")
     args = ap.parse_args(argv)
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    work = ROOT / args.workdir
-    model, kb, index = work / "model", work / "kb", work / "kb_index_flat"
+    # another protocol or wording has its own demonstrations and runs, beside the default's
+    variant = ("" if args.protocol == "search_r1" else f"_{args.protocol}") + ("_plain" if args.plain_wording else "")
+    w = Workdir(ROOT / args.workdir, variant)
+    model, kb, index = w.model, w.kb, w.index
     stop_on_sigterm()
     t_start = time.time()
     from data_prep.hardware import hardware_line
@@ -357,12 +363,12 @@ def main(argv: list[str] | None = None) -> int:
 
             print("\n[demo] start the retriever service", flush=True)
             server, base_url = start_server(index, kb / "corpus.jsonl", port=args.port or None,
-                                            log_path=work / "retriever.log")
+                                            log_path=w.root / "retriever.log")
             wait_healthy(base_url, timeout=300, proc=server)
             print(f"[demo] retriever ready at {base_url}", flush=True)
             show_retrieval(base_url, kb / "test.parquet")
             if not args.retrieval_only:
-                report = train_and_evaluate(args, work, base_url, t_start)
+                report = train_and_evaluate(args, w, base_url, t_start)
                 print(f"\n[demo] report: {report}")
         except KeyboardInterrupt:
             print("\n[demo] interrupted", flush=True)
@@ -375,29 +381,77 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def calibrate(work: Path) -> tuple[Speeds, dict]:
+@dataclass(frozen=True)
+class Workdir:
+    """Every file the demo reads or writes, under `--workdir`. The configs name the default
+    layout's files (artifacts/kb, artifacts/model, runs/): every stage is given this workdir's
+    paths instead (`train_overrides` where it loads TRAIN_CFG), so none reads another
+    workdir's knowledge base or model."""
+
+    root: Path
+    variant: str = ""
+    """Suffix of a run beside the default's, with its own demonstrations and runs ("_hermes", "_plain")."""
+
+    @property
+    def model(self) -> Path:
+        return self.root / "model"
+
+    @property
+    def kb(self) -> Path:
+        return self.root / "kb"
+
+    @property
+    def index(self) -> Path:
+        return self.root / "kb_index_flat"
+
+    @property
+    def calibration(self) -> Path:
+        return self.root / "demo_runs" / "calibration.json"
+
+    @property
+    def runs(self) -> Path:
+        return self.root / f"demo_runs{self.variant}"
+
+    @property
+    def demos(self) -> Path:
+        return self.root / "demos" / f"kb_train{self.variant}.parquet"
+
+    @property
+    def sft_dir(self) -> Path:
+        return self.runs / "sft"
+
+    @property
+    def rl_dir(self) -> Path:
+        return self.runs / "grpo"
+
+    def train_overrides(self, model: Path | None = None) -> list[str]:
+        """TRAIN_CFG's paths pointed into this workdir: its QA files, the policy (default: the
+        prepared model) and the GRPO run directory."""
+        return [f"data.train_files=[{self.kb / 'train.parquet'}]", f"data.val_files=[{self.kb / 'test.parquet'}]",
+                f"actor_rollout_ref.model.path={model or self.model}", f"trainer.default_local_dir={self.rl_dir}"]
+
+
+def calibrate(w: Workdir) -> tuple[Speeds, dict]:
     """Update and generation tok/s of this host in the run's dtypes (a few seconds plus an engine load)."""
     import json
 
-    cal_path = work / "demo_runs" / "calibration.json"
-    run([PY, "-m", "agent_rl.calibrate", "--model", str(work / "model"), "--config", TRAIN_CFG,
-         "--batch", "16", "--gen-tokens", "16", "--out", str(cal_path)], "calibrate this host (update and generation speed)")
+    cal_path = w.calibration
+    run([PY, "-m", "agent_rl.calibrate", "--model", str(w.model), "--config", TRAIN_CFG, "--batch", "16",
+         "--gen-tokens", "16", "--out", str(cal_path), *w.train_overrides()],
+        "calibrate this host (update and generation speed)")
     cal = json.loads(cal_path.read_text())
     return Speeds(cal["update_tok_s"], cal["gen_tok_s"], cal["engine_load_s"]), cal
 
 
-def train_and_evaluate(args: argparse.Namespace, work: Path, base_url: str, t_start: float) -> Path:
+def train_and_evaluate(args: argparse.Namespace, w: Workdir, base_url: str, t_start: float) -> Path:
     """Calibrate -> plan -> demonstrations -> SFT -> evaluate base and SFT -> GRPO for the time
     left -> evaluate SFT+RL -> report; re-planned after each stage with the time left. Explicit
     --demos / --sft-minutes / --rl-minutes / --rl-steps / --eval-limit win. Returns the report."""
-    native = args.protocol != "search_r1"  # its own demonstrations and runs, beside the default's
-    kb, runs = work / "kb", work / ("demo_runs" + ("_" + args.protocol if native else ""))
-    demos = work / "demos" / f"kb_train{'_' + args.protocol if native else ''}.parquet"
-    sft_dir, rl_dir = runs / "sft", runs / "grpo"
+    kb, runs, demos, sft_dir, rl_dir = w.kb, w.runs, w.demos, w.sft_dir, w.rl_dir
     proto = [f"actor_rollout_ref.rollout.protocol={args.protocol}"]
-    if native:  # a call's JSON costs ~20 tokens more than <search> q </search>: the same turns must fit
+    if args.protocol != "search_r1":  # a call's JSON costs ~20 tokens more than <search> q </search>: the same turns must fit
         proto.append(f"actor_rollout_ref.rollout.max_tokens_per_turn={NATIVE_TOKENS_PER_TURN}")
-    sp, cal = calibrate(work)
+    sp, cal = calibrate(w)
     native_bf16 = bool(cal.get("hardware", {}).get("native_bf16"))
     budget_s = 60 * (args.budget_minutes or default_budget_minutes(sp, time.time() - t_start, native_bf16))
     left = lambda: budget_s - (time.time() - t_start)  # noqa: E731
@@ -422,16 +476,18 @@ def train_and_evaluate(args: argparse.Namespace, work: Path, base_url: str, t_st
     eval_limit = plan.eval_limit  # fixed from here: SFT and SFT+RL are compared on the same questions
     if not demos.exists():
         run([PY, "-m", "data_prep", "demos", "--qa", str(kb / "train.parquet"), "--retriever-url", base_url,
-             "--out", str(demos), "--config", TRAIN_CFG, "--limit", str(plan.demos), *proto],
+             "--out", str(demos), "--config", TRAIN_CFG, "--limit", str(plan.demos),
+             *(["--plain-wording"] if args.plain_wording else []), *w.train_overrides(), *proto],
             "build grounded demonstrations (real retriever observations)")
         plan = replan("after the demonstrations", fixed_eval_limit=True, revises=plan)
     if not (sft_dir / "model" / "config.json").exists():
         run([PY, "-m", "agent_rl.coldstart.sft", "--config", "configs/sft/demo_cpu.yaml", f"data.train_files=[{demos}]",
+             f"actor_rollout_ref.model.path={w.model}",
              f"trainer.total_training_steps={SFT_STEPS}", f"trainer.max_time_s={int(plan.sft_minutes * 60 * SFT_CLOCK_SLACK)}",
              f"trainer.default_local_dir={sft_dir}"],
             f"cold-start SFT ({plan.sft_minutes:.1f} min)")
-    evals = {"base": evaluate("base", work / "model", base_url, kb, runs, plan.base_eval_limit, MODES, proto),
-             "SFT": evaluate("SFT", sft_dir, base_url, kb, runs, eval_limit, MODES, proto)}
+    evals = {"base": evaluate("base", w.model, base_url, w, plan.base_eval_limit, MODES, proto),
+             "SFT": evaluate("SFT", sft_dir, base_url, w, eval_limit, MODES, proto)}
     rl_s = 60 * args.rl_minutes if args.rl_minutes is not None else (
         rl_seconds_left(left(), sp, eval_limit) if plan.rl_minutes > 0 else 0.0)
     plan.rl_minutes, plan.rl_steps = rl_s / 60, int(rl_s / sp.rl_step_s)
@@ -439,11 +495,11 @@ def train_and_evaluate(args: argparse.Namespace, work: Path, base_url: str, t_st
         print(f"\n[demo] {left() / 60:.1f} minutes left: GRPO gets {rl_s / 60:.1f}", flush=True)
         steps = [f"trainer.total_training_steps={args.rl_steps}"] if args.rl_steps else [
             "trainer.total_training_steps=100000"]
-        run([PY, "-m", "agent_rl.training.cli", "--config", TRAIN_CFG, f"actor_rollout_ref.model.path={sft_dir / 'model'}",
+        run([PY, "-m", "agent_rl.training.cli", "--config", TRAIN_CFG, *w.train_overrides(sft_dir / "model"),
              f"retriever.url=[{base_url}/retrieve]", *steps, f"trainer.max_time_s={int(rl_s)}", "trainer.save_freq=-1",
-             f"trainer.default_local_dir={rl_dir}", "trainer.resume_mode=disable", *proto, *device_overrides()],
+             "trainer.resume_mode=disable", *proto, *device_overrides()],
             f"GRPO from the SFT model ({rl_s / 60:.1f} min)")
-        evals["SFT+RL"] = evaluate("SFT+RL", rl_dir, base_url, kb, runs, eval_limit, ("agent",), proto)
+        evals["SFT+RL"] = evaluate("SFT+RL", rl_dir, base_url, w, eval_limit, ("agent",), proto)
     else:
         print(f"\n[demo] GRPO skipped: {rl_s / 60:.1f} minutes left for it on this host "
               "(--rl-minutes N or a larger --budget-minutes to run it)", flush=True)
@@ -464,14 +520,15 @@ NATIVE_TOKENS_PER_TURN = 96
 comparison's answer, is 77 tokens; the tag protocol's config has 96 too)."""
 
 
-def evaluate(label: str, model: Path, base_url: str, kb: Path, runs: Path, limit: int, modes: tuple[str, ...],
+def evaluate(label: str, model: Path, base_url: str, w: Workdir, limit: int, modes: tuple[str, ...],
              overrides: list[str] = ()) -> Path:
     """Greedy evaluation with the RL run's settings (template, lengths, topk, protocol); the same
     seeded sample of held-out questions for every model, so differences can be paired."""
-    out = runs / f"eval_{label.lower().replace('+', '_')}"
+    out = w.runs / f"eval_{label.lower().replace('+', '_')}"
     run([PY, "-m", "agent_rl.evaluation.evaluate", "--model", str(model), "--config", TRAIN_CFG, "--retriever-url", base_url,
-         "--data", str(kb / "test.parquet"), "--mode", *modes, "--limit", str(limit),
-         "--out", str(out), "--no-progress", f"actor_rollout_ref.rollout.max_num_seqs={EVAL_MAX_NUM_SEQS}", *overrides],
+         "--data", str(w.kb / "test.parquet"), "--mode", *modes, "--limit", str(limit), "--out", str(out),
+         "--no-progress", f"actor_rollout_ref.rollout.max_num_seqs={EVAL_MAX_NUM_SEQS}", *w.train_overrides(model),
+         *overrides],
         f"evaluate {label} ({' / '.join(modes)}, {limit} questions)")
     return out
 

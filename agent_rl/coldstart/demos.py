@@ -1,7 +1,7 @@
 """Cold-start demonstrations: grounded trajectories in exactly the rollout's format.
 
 `agent-rl-prep demos --qa FILE --retriever-url URL --out demos.parquet [--max-searches K]
-[--limit N [--rest]] [--seed S] [--config configs/train/X.yaml key=value ...]`
+[--limit N [--rest]] [--seed S] [--plain-wording] [--config configs/train/X.yaml key=value ...]`
 
 A demonstration is a rollout of a scripted policy: the real `RolloutManager` runs with an
 engine that "samples" the demonstration's model turns (`<think> .. </think>` + `<search> q
@@ -150,7 +150,8 @@ async def _fetch(search: SearchFn, queries: list[str], topk: int, chunk: int = 1
     return out
 
 
-async def _one_demo(row: dict, plan: Plan, results: dict, tokenizer: Any, cfg: TrainConfig, seed: int) -> dict:
+async def _one_demo(row: dict, plan: Plan, results: dict, tokenizer: Any, cfg: TrainConfig, seed: int,
+                    kb_phrasing: bool = True) -> dict:
     """Ground, write and roll out one demonstration; raises Drop."""
     from agent_rl.rollout.manager import RolloutManager
     from agent_rl.training.data import Prompt
@@ -168,7 +169,7 @@ async def _one_demo(row: dict, plan: Plan, results: dict, tokenizer: Any, cfg: T
     if answer is None:
         raise Drop("answer_not_retrieved")
     rng = random.Random(f"{seed}:{row['id']}")  # per row: wording independent of order and --limit
-    segments = write_segments(plan, answer, rng, protocol)
+    segments = write_segments(plan, answer, rng, protocol, kb_phrasing)
 
     engine = ScriptedEngine(tokenizer, segments, cfg.data.max_prompt_length + cfg.data.max_response_length)
     if max(map(len, engine.turns)) > cfg.actor_rollout_ref.rollout.max_tokens_per_turn:
@@ -203,7 +204,7 @@ def demo_row(row: dict, traj: Trajectory, segments: list[str], queries: list[str
 
 
 async def _chains(unanswered: list[tuple[dict, str]], results: dict, search: SearchFn, tokenizer: Any,
-                  cfg: TrainConfig, seed: int, per_row: int) -> list[dict | None]:
+                  cfg: TrainConfig, seed: int, per_row: int, kb_phrasing: bool = True) -> list[dict | None]:
     """Two-search demonstrations for (row, first query) pairs whose first search retrieved no
     gold answer: the first chain candidate that finds a passage titled with its name and
     grounds the answer (`_one_demo`); None where none does."""
@@ -219,7 +220,8 @@ async def _chains(unanswered: list[tuple[dict, str]], results: dict, search: Sea
             if not any(contains(O.split_passage(d)[0], c) for d in results.get(c) or []):  # found what it looked up
                 continue
             try:
-                demo = await _one_demo(row, Plan([first, c], [c, None], chain=True), results, tokenizer, cfg, seed)
+                demo = await _one_demo(row, Plan([first, c], [c, None], chain=True), results, tokenizer, cfg, seed,
+                                       kb_phrasing)
                 break
             except Drop:
                 continue
@@ -229,12 +231,13 @@ async def _chains(unanswered: list[tuple[dict, str]], results: dict, search: Sea
 
 async def build_demos(rows: Sequence[dict], search: SearchFn, tokenizer: Any, cfg: TrainConfig,
                       max_searches: int, seed: int = 0, progress: Callable[[int], None] | None = None,
-                      chunk: int = 256, chains: int = 4) -> BuildResult:
+                      chunk: int = 256, chains: int = 4, kb_phrasing: bool = True) -> BuildResult:
     """Demonstrations for QA `rows` (dicts with id, question, golden_answers, ...).
 
     `search`: async (queries, topk) -> results per query (RetrieverClient.search).
     `chains`: second searches tried per question whose own search retrieves no gold answer
     (0: none; needs max_searches >= 2).
+    `kb_phrasing`: the knowledge base's wording (`plan.write_segments`); False: plain Search-R1 turns.
     """
     if max_searches > cfg.max_turns:
         raise ValueError(f"max_searches={max_searches} exceeds max_turns={cfg.max_turns}: the rollout "
@@ -266,7 +269,7 @@ async def build_demos(rows: Sequence[dict], search: SearchFn, tokenizer: Any, cf
             if plan is None:
                 continue
             try:
-                out.rows.append(await _one_demo(row, plan, results, tokenizer, cfg, seed))
+                out.rows.append(await _one_demo(row, plan, results, tokenizer, cfg, seed, kb_phrasing))
             except Drop as e:
                 single = len(plan.queries) == 1 and results.get(plan.queries[0]) is not None
                 if e.reason == "answer_not_retrieved" and single and chains > 0 and max_searches >= 2:
@@ -274,7 +277,8 @@ async def build_demos(rows: Sequence[dict], search: SearchFn, tokenizer: Any, cf
                 else:
                     drop(row, e.reason)
         if unanswered:
-            for (row, _), demo in zip(unanswered, await _chains(unanswered, results, search, tokenizer, cfg, seed, chains)):
+            chained = await _chains(unanswered, results, search, tokenizer, cfg, seed, chains, kb_phrasing)
+            for (row, _), demo in zip(unanswered, chained):
                 if demo is None:
                     drop(row, "no_chain")
                 else:
@@ -354,6 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="second searches tried per question whose own search retrieves no gold answer: its "
                          "supporting titles, then names its first observation mentions; the first that retrieves "
                          "a gold answer makes a two-search demonstration (default 4; 0: single searches only)")
+    ap.add_argument("--plain-wording", action="store_true",
+                    help="plain Search-R1 think / search / answer turns: leave out the knowledge base's phrasing (what "
+                         "the question asks for, \"This needs N searches\", \"That was search i of n\")")
     ap.add_argument("--dropped", default=None, metavar="FILE", help="also write each dropped id and reason (jsonl)")
     ap.add_argument("overrides", nargs="*", help="config overrides, e.g. data.max_response_length=400")
     return ap
@@ -409,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
             await client.wait_healthy(timeout=cfg.trainer.retriever_health_timeout_s)
             with tqdm(total=len(rows), desc="demos", unit="q", dynamic_ncols=True) as bar:
                 return await build_demos(rows, client.search, tokenizer, cfg, max_searches, args.seed, bar.update,
-                                         chains=args.chains)
+                                         chains=args.chains, kb_phrasing=not args.plain_wording)
         finally:
             await client.aclose()
 
@@ -425,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
     for line in report_lines(res, time.time() - t0):
         print(line, flush=True)
     settings = settings_of(cfg, model, qa=str(args.qa), retriever_url=url, seed=args.seed,
-                           max_searches=max_searches, chains=args.chains, candidates=res.candidates, kept=len(res.rows),
+                           max_searches=max_searches, chains=args.chains, kb_phrasing=not args.plain_wording,
+                           candidates=res.candidates, kept=len(res.rows),
                            dropped=dict(res.dropped))
     if args.dropped:
         Path(args.dropped).parent.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,9 @@ each think after an observation says what it found and "That was search i of n" 
 searching on or answering. So the one choice a demonstration teaches, one search or two, is one
 token of the opening, next to the two phrases it compares: a choice GRPO moves in three steps
 (bridge questions 5.3 -> 84.0 agent EM on the demo's held-out questions; docs/real_data.md).
+That phrasing is the knowledge base's: `kb_phrasing=False` (`agent-rl-prep demos
+--plain-wording`) leaves out what the question asks for, the count and "That was search i of
+n", for plain Search-R1 think / search / answer turns.
 """
 
 from __future__ import annotations
@@ -290,40 +293,51 @@ def _turn(think: str, action: str) -> str:
     return f"<think> {think} </think>\n{action}"
 
 
-def write_segments(plan: Plan, answer: str, rng: random.Random, protocol: ActionProtocol = SEARCH_R1) -> list[str]:
+def write_segments(plan: Plan, answer: str, rng: random.Random, protocol: ActionProtocol = SEARCH_R1,
+                   kb_phrasing: bool = True) -> list[str]:
     """The model turns of a demonstration: one per search, then the answer turn, each action
-    written in `protocol`'s form (`<search> q </search>`, or a native tool call)."""
+    written in `protocol`'s form (`<search> q </search>`, or a native tool call).
+
+    `kb_phrasing`: say what the question asks for (`_ASKS`, where the data names it), how many
+    searches it needs (`_SEARCHES`) and which search each observation answered (`_DONE`), the
+    phrasing made for the knowledge base's questions. False: none of them, plain Search-R1
+    think / search / answer turns with the same phrasings otherwise (the same `rng` draws)."""
     qs, ans = plan.queries, plan.hop_answers
     n = len(qs)
+
+    def done(i: int) -> list[str]:  # a chain says no count: how many searches shows in its first observation
+        return [_DONE.format(i=i, n=n)] if kb_phrasing and not plan.chain else []
+
     if plan.chain:
         first = rng.choice(_FIRST).format(q=qs[0])
     else:
-        first = f"{rng.choice(_OPENINGS).format(q=qs[0])} {_SEARCHES.format(n=n, s='es' if n > 1 else '')}"
-        if plan.asks:
-            first = f"{_ASKS.format(asks=plan.asks)} {first}"
+        first = rng.choice(_OPENINGS).format(q=qs[0])
+        if kb_phrasing:
+            first = f"{first} {_SEARCHES.format(n=n, s='es' if n > 1 else '')}"
+            if plan.asks:
+                first = f"{_ASKS.format(asks=plan.asks)} {first}"
     segments = [_turn(first, protocol.write_call("search", {"query": qs[0]}))]
     for i in range(1, n):
         if plan.chain:
             think = rng.choice(_CHAIN_NEXT).format(e=qs[i])
         else:
             fact = _FACT_UNKNOWN if ans[i - 1] is None else rng.choice(_FACTS).format(q=qs[i - 1], a=ans[i - 1])
-            think = f"{fact} {_DONE.format(i=i, n=n)} {rng.choice(_THEN_SEARCH).format(q2=qs[i])}"
+            think = " ".join([fact, *done(i), rng.choice(_THEN_SEARCH).format(q2=qs[i])])
         segments.append(_turn(think, protocol.write_call("search", {"query": qs[i]})))
     last_q, last_a = qs[-1], ans[-1]
-    done = [] if plan.chain else [_DONE.format(i=n, n=n)]
     if last_a is None:
-        said = [*done, rng.choice(_FINAL_UNKNOWN).format(ans=answer)]
+        said = [*done(n), rng.choice(_FINAL_UNKNOWN).format(ans=answer)]
     elif plan.comparison and n >= 2 and ans[-2] is not None:
         years = _numbers(ans[-2], last_a)
         if years:
             e0, e1 = _entities(qs[-2:])
             lo = ans[-2] if years[0] <= years[1] else last_a
-            said = [*done, rng.choice(_YEAR_PAIRS).format(a0=ans[-2], e0=e0, a1=last_a, e1=e1),
+            said = [*done(n), rng.choice(_YEAR_PAIRS).format(a0=ans[-2], e0=e0, a1=last_a, e1=e1),
                     _EARLIER.format(lo=lo, ans=answer)]
         else:
-            said = [*done, rng.choice(_FINAL_COMPARE).format(q=last_q, a=last_a, q0=qs[-2], a0=ans[-2], ans=answer)]
+            said = [*done(n), rng.choice(_FINAL_COMPARE).format(q=last_q, a=last_a, q0=qs[-2], a0=ans[-2], ans=answer)]
     else:
-        said = [rng.choice(_FACTS).format(q=last_q, a=last_a), *done, rng.choice(_THEN_ANSWER).format(ans=answer)]
+        said = [rng.choice(_FACTS).format(q=last_q, a=last_a), *done(n), rng.choice(_THEN_ANSWER).format(ans=answer)]
     think = " ".join(said)
     segments.append(_turn(think, protocol.write_answer(answer)))
     for s in segments:  # the engine would have stopped at the first closing action tag

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import replace
 
 import hypothesis
@@ -182,6 +183,33 @@ def test_a_comparison_of_years_pairs_each_year_with_its_entity_then_the_earlier_
     words = PL.Plan(["Ann Lee nationality", "Bo Lee nationality"], ["Dutch", "Danish"], comparison=True)
     last = PL.write_segments(words, "Ann Lee", random.Random(0))[-1]
     assert "Dutch" in last and "Danish" in last and "earlier" not in last
+
+
+KB_PHRASES = ("asks for", "This needs", "That was search")
+"""The knowledge base's phrasing (`kb_phrasing`): what the question asks for, the count, which search it was."""
+KB_ONLY = re.compile(r"The question asks for the [^.]*\. | This needs \d+ search(?:es)?\."
+                     r"|That was search \d+ of \d+\. ")
+
+
+def test_plain_wording_is_the_kb_wording_without_its_phrases():
+    """kb_phrasing=False: the same turns (same queries, facts, answer, the same phrasings drawn)
+    with the relation sentence, "This needs N searches" and "That was search i of n" left out."""
+    plans = {"bridge": (PL.plan_queries({**KB_BRIDGE, "relation": "author>birthplace"}, 2), "Grulcrest"),
+             "single": (PL.Plan(["Grulcrest country"], ["Tadyvia"], asks="country"), "Tadyvia"),
+             "years": (PL.Plan(["Ann Lee birth year", "Bo Li birth year"], ["1901", "1899"], comparison=True), "Bo Li"),
+             "words": (PL.Plan(["Ann Lee nationality", "Bo Lee nationality"], ["Dutch", "Danish"], comparison=True),
+                       "Ann Lee"),
+             "unknown hop": (PL.Plan(["q one", "q two"], [None, None]), "Zed"),
+             "chain": (PL.Plan(["Who founded X?", "Ann Lee"], ["Ann Lee", None], chain=True), "Boston"),
+             "question only": (PL.plan_queries({"question": "who wrote x", "golden_answers": ["y"]}, 2), "y")}
+    for kind, (plan, answer) in plans.items():
+        for seed in range(30):
+            kb = PL.write_segments(plan, answer, random.Random(seed))
+            plain = PL.write_segments(plan, answer, random.Random(seed), kb_phrasing=False)
+            assert [KB_ONLY.sub("", s) for s in kb] == plain, kind
+            assert not any(p in s for p in KB_PHRASES for s in plain), kind
+            acts = [P.parse(s) for s in plain]
+            assert [a.query for a in acts[:-1]] == plan.queries and acts[-1].content == answer, kind
 
 
 # ----------------------------------------------------------------------------- real server
@@ -371,6 +399,72 @@ def test_search_chains_find_the_bridge_from_the_first_observation(aio, kb_rows, 
           f"bridge questions; {hits} searched the data's bridge entity")
 
 
+# ----------------------------------------------------------------------------- rows without hops
+# Real NQ / HotpotQA rows: a question and gold answers, no hops, no relation, no kind.
+PLAIN_ROWS = [
+    {"id": "nq_1", "question": "who wrote he ain't heavy he's my brother lyrics",
+     "golden_answers": ["Bobby Scott", "Bob Russell"]},
+    {"id": "nq_2", "question": "how many seasons of the bastard executioner are there",
+     "golden_answers": ["one", "one season"]},
+    {"id": "hp_1", "question": "Were Scott Derrickson and Ed Wood of the same nationality?", "golden_answers": ["yes"]},
+    {"id": "hp_2", "question": "What government position was held by the woman who portrayed Corliss Archer in the "
+                               "film Kiss and Tell?", "golden_answers": ["Chief of Protocol"]},
+]
+
+
+def _answering_search(rows: list[dict]):
+    """`search(queries, topk)` whose one passage for a row's question holds its first gold answer
+    (and for any other query, a passage without it)."""
+    gold = {str(r["question"]).strip(): str(r["golden_answers"][0]) for r in rows}
+
+    async def search(queries, topk):
+        return [[{"document": {"id": f"d{i}", "contents": f'"Passage {i}"\nThe record names {gold[q]} here.'
+                               if q in gold else f'"Passage {i}"\nNothing of use.'}, "score": 1.0}]
+                for i, q in enumerate(queries)]
+
+    return search
+
+
+def _check_demos_of_rows_without_hops(aio, tokenizer, rows: list[dict], kb_phrasing: bool) -> list[dict]:
+    """Build demonstrations for `rows` and check each: the protocol parses every model turn as
+    the search of the question or the answer, the answer is a gold answer, and the loss mask
+    is 1 on exactly the model turns' tokens (the observations between them 0)."""
+    cfg = _cfg()
+    cfg.actor_rollout_ref.rollout.max_tokens_per_turn = 128  # a long question is written twice in the first turn
+    res = aio(D.build_demos(rows, _answering_search(rows), tokenizer, cfg, max_searches=2, kb_phrasing=kb_phrasing))
+    by_id = {str(r["id"]): r for r in rows}
+    for d in res.rows:
+        src = by_id[d["id"]]
+        acts = [P.parse(seg) for seg in d["segments"]]
+        assert [a.kind for a in acts] == ["tool", "answer"], d["segments"]
+        assert acts[0].query == str(src["question"]).strip()
+        assert acts[-1].content == d["answer"] and R.em(d["answer"], list(src["golden_answers"])) == 1.0
+        assert R.format_error(d["response_text"]) is None
+        assert _spans(d["response_ids"], d["loss_mask"]) == [PR.encode_text(tokenizer, seg) for seg in d["segments"]]
+        observed = [t for t, m in zip(d["response_ids"], d["loss_mask"]) if not m]
+        assert tokenizer.decode(observed).strip().startswith("<information>") and d["num_searches"] == 1
+        assert any(p in d["segments"][0] for p in KB_PHRASES) == kb_phrasing  # "This needs 1 search." or nothing
+        if not kb_phrasing:
+            assert not any(p in seg for p in KB_PHRASES for seg in d["segments"])
+    return res.rows
+
+
+@pytest.mark.parametrize("kb_phrasing", [True, False], ids=["kb_phrasing", "plain"])
+def test_rows_without_hops_or_relation_make_well_formed_demonstrations(aio, tokenizer, kb_phrasing):
+    built = _check_demos_of_rows_without_hops(aio, tokenizer, PLAIN_ROWS, kb_phrasing)
+    assert [d["id"] for d in built] == [r["id"] for r in PLAIN_ROWS]
+
+
+def test_real_qa_rows_make_well_formed_plain_demonstrations(aio, tokenizer, shared_data):
+    """The first NQ and HotpotQA questions of ../shared/data, as the CLI reads them (skipped without it)."""
+    from data_prep.qa import read_qa
+
+    rows = [r for f in ("qa/nq/test.jsonl", "qa/hotpotqa/dev.jsonl")
+            for r in read_qa(shared_data / f).head(20).to_dict("records")]
+    built = _check_demos_of_rows_without_hops(aio, tokenizer, rows, kb_phrasing=False)
+    assert len(built) >= 0.9 * len(rows)
+
+
 def test_chain_candidates_are_titles_then_new_names_of_the_observation():
     obs = ('Doc 1(Title: "Journal of Psychotherapy Integration") The Journal of Psychotherapy Integration is '
            "published by the American Psychological Association on behalf of the Society for the Exploration of "
@@ -434,6 +528,23 @@ def test_cli_writes_parquet_with_settings_and_a_drop_report(kb_rows, tiny_kb, re
     for t in trajs:
         assert len(t.loss_mask) == len(t.response_ids) and t.loss_mask[0] == 1 and t.loss_mask[-1] == 1
         assert R.is_valid_format(t.response_text)
+
+
+def test_cli_plain_wording_writes_plain_demonstrations_and_says_so(tiny_kb, retriever_url, model_dir, tmp_path):
+    import pandas as pd
+
+    from data_prep.cli import main as prep_main
+
+    args = ["--qa", str(tiny_kb / "train.parquet"), "--retriever-url", retriever_url, "--limit", "12",
+            "--model", str(model_dir), "max_turns=2", "retriever.topk=1", "data.max_response_length=640"]
+    kb, plain = tmp_path / "kb.parquet", tmp_path / "plain.parquet"
+    assert prep_main(["demos", *args, "--out", str(kb)]) == 0
+    assert prep_main(["demos", *args, "--out", str(plain), "--plain-wording"]) == 0
+    assert DF.read_settings(kb)["kb_phrasing"] is True and DF.read_settings(plain)["kb_phrasing"] is False
+    kb_rows, plain_rows = pd.read_parquet(kb), pd.read_parquet(plain)
+    assert list(kb_rows["id"]) == list(plain_rows["id"]) and len(kb_rows)  # the same questions, grounded alike
+    for k, p in zip(kb_rows["segments"], plain_rows["segments"]):
+        assert [KB_ONLY.sub("", s) for s in k] == list(p)
 
 
 def test_cli_reports_bad_input_in_one_line(tiny_kb, model_dir, tmp_path, capsys):

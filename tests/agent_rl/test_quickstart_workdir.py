@@ -1,0 +1,126 @@
+"""`quickstart --workdir DIR` reads and writes DIR's files only.
+
+The demo is driven end to end for a second workdir with its expensive parts faked: `run`
+records each stage's command instead of starting it (writing only the calibration figures the
+plan reads), and the retriever, the retrieval preview and the report are stand-ins that record
+their paths. Every path a command names, and every path-valued field of the config it loads
+(with the command's own overrides, through `load_config`), must lie under that workdir.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from agent_rl import quickstart
+from agent_rl.config import SFTConfig, TrainConfig, load_config
+
+PATH_FIELDS = {"data.train_files", "data.val_files", "actor_rollout_ref.model.path", "critic.model_path",
+               "retriever.api_key_file", "trainer.default_local_dir", "trainer.resume_from_path"}
+"""The config fields that name files or directories (the others that hold a "/" are caught too)."""
+
+
+def _leaves(obj, key: str = ""):
+    """(dotted key, value) of every leaf of a config; list items keep their list's key."""
+    if dataclasses.is_dataclass(obj):
+        for f in dataclasses.fields(obj):
+            yield from _leaves(getattr(obj, f.name), f"{key}.{f.name}" if key else f.name)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _leaves(v, key)
+    else:
+        yield key, obj
+
+
+def config_paths(cfg) -> list[tuple[str, str]]:
+    return [(k, v) for k, v in _leaves(cfg) if isinstance(v, str) and v
+            and (k in PATH_FIELDS or ("/" in v and "://" not in v))]
+
+
+def loaded_config(cmd: list[str]):
+    """The config `cmd` loads, as the command loads it: its --config with its overrides."""
+    module, argv = cmd[2], cmd[3:]
+    if "--config" not in argv:
+        return None
+    if module == "agent_rl.evaluation.evaluate":  # adds --model and its flags to the overrides
+        from agent_rl.evaluation.evaluate import build_parser, config_from_args
+
+        return config_from_args(build_parser().parse_args(argv))
+    path = argv[argv.index("--config") + 1]
+    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    return load_config(SFTConfig if module == "agent_rl.coldstart.sft" else TrainConfig, quickstart.ROOT / path,
+                       overrides)
+
+
+def named_paths(cmd: list[str]) -> list[str]:
+    """The paths a command names on its command line (its --config, a recipe file, left out)."""
+    argv, out = cmd[3:], []
+    for prev, a in zip(["", *argv], argv):
+        if a.startswith("-") or prev in ("--config", "--retriever-url") or "=" in a:
+            continue  # overrides are checked in the config they produce
+        if "/" in a:
+            out.append(a)
+    return out
+
+
+def under(path: str | Path, work: Path) -> bool:
+    return (quickstart.ROOT / path).resolve().is_relative_to(work.resolve())
+
+
+@pytest.mark.parametrize("extra", [[], ["--protocol", "hermes"], ["--plain-wording"]],
+                         ids=["search_r1", "hermes", "plain_wording"])
+def test_every_stage_reads_and_writes_the_workdir_only(tmp_path, monkeypatch, extra):
+    from retriever_server import launch
+
+    work = tmp_path / "second"
+    cmds: list[list[str]] = []
+    seen: dict[str, list] = {}
+
+    def fake_run(cmd, what):
+        cmds.append([str(c) for c in cmd])
+        if "agent_rl.calibrate" in cmd:  # the figures the plan reads
+            out = quickstart.ROOT / cmd[cmd.index("--out") + 1]
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps({"update_tok_s": 900.0, "gen_tok_s": 800.0, "engine_load_s": 10.0}))
+
+    def fake_report(runs, evals, rl_dir, plan=None, test_parquet=None):
+        seen["report"] = [runs, *evals.values(), rl_dir, test_parquet]
+        return Path(runs) / "report.md"
+
+    def fake_server(index, corpus, port=None, log_path=None):
+        seen["retriever"] = [index, corpus, log_path]
+        return object(), "http://127.0.0.1:9"
+
+    monkeypatch.setattr(quickstart, "run", fake_run)
+    monkeypatch.setattr(quickstart, "write_report", fake_report)
+    monkeypatch.setattr(quickstart, "show_retrieval", lambda url, qa: seen.setdefault("preview", [qa]))
+    monkeypatch.setattr(quickstart, "stop_on_sigterm", lambda: None)
+    monkeypatch.setattr(quickstart, "MEMORY", None)
+    monkeypatch.setattr(launch, "start_server", fake_server)
+    monkeypatch.setattr(launch, "wait_healthy", lambda *a, **k: {})
+    monkeypatch.setattr(launch, "stop_server", lambda proc: 0)
+
+    assert quickstart.main(["--workdir", str(work), "--budget-minutes", "60", "--rl-minutes", "2",
+                            "--eval-limit", "10", *extra]) == 0
+    modules = [c[2] if c[2] != "data_prep" else f"data_prep {c[3]}" for c in cmds]
+    for stage in ("data_prep model", "data_prep synthetic", "data_prep index", "agent_rl.calibrate", "data_prep demos",
+                  "agent_rl.coldstart.sft", "agent_rl.evaluation.evaluate", "agent_rl.training.cli"):
+        assert stage in modules, (stage, modules)
+    assert modules.count("agent_rl.evaluation.evaluate") == 3  # base, SFT, SFT+RL
+    demos = cmds[modules.index("data_prep demos")]
+    # the plain wording reaches the demonstrations, which go beside the default's
+    assert ("--plain-wording" in demos) == ("--plain-wording" in extra)
+    assert demos[demos.index("--out") + 1].endswith("_plain.parquet") == ("--plain-wording" in extra)
+
+    outside = []
+    for cmd, module in zip(cmds, modules):
+        outside += [f"{module}: {p}" for p in named_paths(cmd) if not under(p, work)]
+        cfg = loaded_config(cmd)
+        if cfg is not None:
+            outside += [f"{module}: config {k}={v}" for k, v in config_paths(cfg) if not under(v, work)]
+    for what, paths in seen.items():
+        outside += [f"{what}: {p}" for p in paths if p is not None and not under(p, work)]
+    assert not outside, "\n".join(outside)
