@@ -14,7 +14,7 @@ setup:
 	@bash scripts/setup.sh
 
 demo: setup
-	$(PY) -m agent_rl.quickstart
+	$(PY) -m agent_rl.demo
 
 test: setup
 	$(PY) -m pytest -q -x --timeout=1800 tests

@@ -2,7 +2,7 @@
 
     python benchmarks/gpu_loop.py --runs artifacts/demo_runs --rollout R.json --train T.json [--json OUT]
 
-Reads what one run on the GPU machine wrote: `make demo`'s pipeline (`agent_rl.quickstart`:
+Reads what one run on the GPU machine wrote: `make demo`'s pipeline (`agent_rl.demo`:
 its GRPO metrics and its report's SFT vs SFT+RL comparison), `benchmarks/rollout.py --json`
 (interleaved rollout vs plain generation of the same prompts and lengths, same engine) and
 `benchmarks/gpu.py --only training --json` (one PPO update vs the bare forward+backward of

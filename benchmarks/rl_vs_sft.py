@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -45,22 +44,20 @@ from data_prep.hardware import offline_env  # noqa: E402
 
 offline_env()
 
-PY = sys.executable
-TRAIN_CFG = "configs/train/demo_grpo_cpu.yaml"
-SFT_CFG = "configs/sft/demo_cpu.yaml"
+from agent_rl.demo import stages  # noqa: E402
+from agent_rl.demo.stages import Workdir  # noqa: E402
+
 DEV_KB_SEED = 0
 """The knowledge base every design decision of the demo's recipe was tuned on: never report on it."""
 
 
-def run(cmd: list[str], what: str, done: Path | None = None) -> None:
-    """Run a stage unless `done` exists (a finished stage of an earlier attempt)."""
-    if done is not None and done.exists():
+def run(cmd: list, what: str, done: Path) -> None:
+    """A stage of the benchmark, unless `done` exists (a finished stage of an earlier attempt)."""
+    if done.exists():
         print(f"[rl_vs_sft] {what}: done earlier ({done})", flush=True)
         return
-    print(f"\n[rl_vs_sft] {what}\n$ {' '.join(map(str, cmd))}", flush=True)
-    t0 = time.time()
-    subprocess.run([str(c) for c in cmd], check=True, cwd=ROOT)
-    print(f"[rl_vs_sft] {what}: {time.time() - t0:.0f}s", flush=True)
+    secs = stages.run_stage(cmd, what, tag="rl_vs_sft")
+    print(f"[rl_vs_sft] {what}: {secs:.0f}s", flush=True)
 
 
 def split_test(kb: Path, val_n: int) -> tuple[Path, Path]:
@@ -76,37 +73,29 @@ def split_test(kb: Path, val_n: int) -> tuple[Path, Path]:
     return val, rep
 
 
-def evaluate(model: Path, data: Path, url: str, out: Path, limit: int, seed: int) -> Path:
-    run([PY, "-m", "agent_rl.evaluation.evaluate", "--model", model, "--config", TRAIN_CFG, "--retriever-url", url,
-         "--data", data, "--mode", "agent", "--limit", limit, "--seed", seed, "--out", out, "--no-progress",
-         "actor_rollout_ref.rollout.max_num_seqs=128"],
-        f"evaluate {out.name} ({limit} questions)", done=out / "summary.json")
+def evaluate(w: Workdir, model: Path, data: Path, url: str, out: Path, limit: int) -> Path:
+    """Greedy, agent mode, the same seeded sample (seed 0) for every model."""
+    run(stages.evaluation(w, model, url, data, out, limit, seed=0), f"evaluate {out.parent.name}/{out.name} "
+        f"({limit} questions)", done=out / "summary.json")
     return out
 
 
-def sft(demos: Path, out: Path, seed: int, steps: int, max_time_s: float, model: Path | None = None) -> Path:
-    over = [f"data.train_files=[{demos}]", f"data.seed={seed}", f"trainer.total_training_steps={steps}",
-            f"trainer.max_time_s={int(max_time_s)}", f"trainer.default_local_dir={out}", "trainer.save_freq=-1"]
-    if model is not None:
-        over.append(f"actor_rollout_ref.model.path={model}")
-    run([PY, "-m", "agent_rl.coldstart.sft", "--config", SFT_CFG, *over], f"SFT -> {out.name}",
+def sft(w: Workdir, out: Path, seed: int, steps: int, max_time_s: float, model: Path) -> Path:
+    run(stages.sft(w.demos, model, out, steps, max_time_s, seed=seed), f"SFT -> {out.parent.name}/{out.name}",
         done=out / "model" / "config.json")
     return out / "model"
 
 
-def grpo(start: Path, kb: Path, val: Path, url: str, out: Path, seed: int, minutes: float, args) -> Path:
-    over = [f"actor_rollout_ref.model.path={start}", f"retriever.url=[{url}/retrieve]",
-            f"data.train_files=[{kb / 'train.parquet'}]", f"data.val_files=[{val}]", f"data.val_data_num={args.val_n}",
-            f"data.seed={seed}", f"actor_rollout_ref.rollout.seed={seed}", "trainer.total_training_steps=1000000",
-            f"trainer.max_time_s={int(60 * minutes)}", f"trainer.test_freq={args.val_every}",
-            "trainer.val_before_train=true", "trainer.save_freq=-1", f"trainer.default_local_dir={out}",
-            *args.overrides]
-    run([PY, "-m", "agent_rl.training.cli", "--config", TRAIN_CFG, *over], f"GRPO -> {out.name} ({minutes:g} min)",
-        done=out / "finished.json")
-    if not (out / "finished.json").exists():
-        (out / "finished.json").write_text(json.dumps({"minutes": minutes}) + "\n")
+def grpo(w: Workdir, start: Path, val: Path, url: str, out: Path, seed: int, args) -> Path:
     from agent_rl.evaluation.evaluate import resolve_model_dir
 
+    over = [f"data.val_files=[{val}]", f"data.val_data_num={args.val_n}", f"data.seed={seed}",
+            f"actor_rollout_ref.rollout.seed={seed}", f"trainer.test_freq={args.val_every}",
+            "trainer.val_before_train=true", *args.overrides]
+    done = out / "finished.json"
+    run(stages.grpo(w, start, url, 60 * args.minutes, run_dir=out, overrides=over),
+        f"GRPO -> {out.parent.name}/{out.name} ({args.minutes:g} min)", done=done)
+    done.write_text(json.dumps({"minutes": args.minutes}) + "\n")
     return resolve_model_dir(out)
 
 
@@ -236,31 +225,32 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.kb_server import serve_index
     from data_prep.hardware import hardware_line
 
+    stages.stop_on_sigterm()
+
     work = Path(args.workdir or ROOT / "runs" / "rl_vs_sft" / f"kb{args.kb_seed}").resolve()
-    kb = work / "kb"
+    w = Workdir(work)
     t0 = time.time()
-    run([PY, "-m", "data_prep", "synthetic", "--seed", args.kb_seed, "--out", kb], f"knowledge base seed {args.kb_seed}",
-        done=kb / "test.parquet")
-    val, rep = split_test(kb, args.val_n)
+    run(stages.prepare_model(w), "prepare the embedded policy", done=w.model / ".complete")
+    run(stages.knowledge_base(w, args.kb_seed), f"knowledge base seed {args.kb_seed}", done=w.kb / "test.parquet")
+    val, rep = split_test(w.kb, args.val_n)
     import pandas as pd
 
-    kinds = dict(zip(*(pd.read_parquet(kb / "test.parquet", columns=["id", "kind"])[c].astype(str) for c in ("id", "kind"))))
+    kb_test = pd.read_parquet(w.kb / "test.parquet", columns=["id", "kind"])
+    kinds = dict(zip(kb_test["id"].astype(str), kb_test["kind"].astype(str)))
     rows = []
     try:
-        with serve_index(work / "index", kb / "corpus.jsonl", log_path=work / "retriever.log") as url:
-            demos = work / "demos.parquet"
-            run([PY, "-m", "data_prep", "demos", "--qa", kb / "train.parquet", "--retriever-url", url, "--out", demos,
-                 "--config", TRAIN_CFG, "--limit", args.demos, *args.demo_args.split()],
-                "grounded demonstrations", done=demos)
+        with serve_index(w.index, w.kb / "corpus.jsonl", log_path=work / "retriever.log") as url:
+            run(stages.demonstrations(w, url, args.demos, args.demo_args.split()), "grounded demonstrations",
+                done=w.demos)
             for s in args.seeds:
                 d = work / f"seed{s}"
-                start = sft(demos, d / "start", s, args.start_steps, 24 * 3600)
-                evaluate(start, rep, url, d / "eval_start", args.eval_limit, 0)
-                more = sft(demos, d / "sft_more", 1000 + s, 1_000_000, 60 * args.minutes, model=start)
-                evaluate(more, rep, url, d / "eval_sft_more", args.eval_limit, 0)
-                evaluate(more, val, url, d / "val_sft_more", args.val_n, 0)
-                rl = grpo(start, kb, val, url, d / "grpo", s, args.minutes, args)
-                evaluate(rl, rep, url, d / "eval_grpo", args.eval_limit, 0)
+                start = sft(w, d / "start", s, args.start_steps, 24 * 3600, w.model)
+                evaluate(w, start, rep, url, d / "eval_start", args.eval_limit)
+                more = sft(w, d / "sft_more", 1000 + s, 1_000_000, 60 * args.minutes, start)
+                evaluate(w, more, rep, url, d / "eval_sft_more", args.eval_limit)
+                evaluate(w, more, val, url, d / "val_sft_more", args.val_n)
+                rl = grpo(w, start, val, url, d / "grpo", s, args)
+                evaluate(w, rl, rep, url, d / "eval_grpo", args.eval_limit)
                 rows.append(seed_row(s, d, kinds, args.gain))
     except KeyboardInterrupt:
         print("\n[rl_vs_sft] interrupted (a re-run with the same --workdir goes on)", file=sys.stderr)

@@ -166,7 +166,7 @@ loop_start() {
     set -e
     # stage c outlives this call (its own session); loop-finish waits for it
     # shellcheck disable=SC2086
-    setsid "$py" -m agent_rl.quickstart $QUICKSTART_ARGS > artifacts/gpu_quickstart.log 2>&1 < /dev/null &
+    setsid "$py" -m agent_rl.demo $QUICKSTART_ARGS > artifacts/gpu_quickstart.log 2>&1 < /dev/null &
     echo $! > artifacts/gpu_quickstart.pid
     sleep "${START_WAIT_S:-15}"
     echo "[loop] stage c started (pid $(cat artifacts/gpu_quickstart.pid)):"; tail -n 5 artifacts/gpu_quickstart.log

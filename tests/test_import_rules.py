@@ -26,10 +26,13 @@ FORBIDDEN = [
     ("agent_rl.training", "agent_rl.coldstart", "RL does not depend on cold start"),
     ("agent_rl.training", "agent_rl.evaluation", "the trainer validates with rollout + reward, not evaluation"),
     ("agent_rl.coldstart", "agent_rl.evaluation", "cold start does not depend on evaluation"),
+    *[(lib, "agent_rl.demo", "the library knows nothing of the demo that sits above it")
+      for lib in ("agent_rl.config", "agent_rl.types", "agent_rl.precision", "agent_rl.rollout", "agent_rl.coldstart",
+                  "agent_rl.training", "agent_rl.evaluation")],
 ]
 ALLOWED = {  # (importer prefix, imported prefix): the exceptions the rules name
     ("agent_rl", "retriever_server.schemas"),  # the wire types
-    ("agent_rl.quickstart", "retriever_server.launch"),  # the pipeline runner starts the service as a process
+    ("agent_rl.demo", "retriever_server.launch"),  # the demo starts the service as a process
     ("agent_rl.training.algos", "agent_rl.training.algos"),  # within the package
     # the pure modules of the rollout read each other (the reward's tags are the protocol's)
     ("agent_rl.rollout.reward", "agent_rl.rollout.protocol"),

@@ -1,10 +1,8 @@
 """Measure, in a few seconds, how fast this host updates and generates with a given model.
 
-`python -m agent_rl.calibrate --model DIR --config configs/train/demo_grpo_cpu.yaml --out cal.json`
+`python -m agent_rl.demo.calibrate --model DIR --config configs/train/demo_grpo_cpu.yaml --out cal.json`
 
-The quickstart sizes its stages from these two numbers (a host without native bf16 runs the
-same job several times slower, so fixed stage sizes would either overrun the budget there or
-waste it elsewhere). Both use the precisions the run itself will use (`auto` resolved here):
+The demo sizes its stages from these two numbers (agent_rl/demo/budget.py). Both use the precisions the run itself will use (`auto` resolved here):
 - update tok/s: forward + backward of the policy on packed random token rows, the trainer's
   dominant cost (optimizer step excluded: <5% for a 135M model);
 - generation tok/s: the real vLLM engine, `--batch` sequences of `--gen-tokens` tokens each,
@@ -78,7 +76,7 @@ def calibrate(model_dir: str, cfg, batch: int = 32, gen_tokens: int = 32) -> dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m agent_rl.calibrate", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m agent_rl.demo.calibrate", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="HF model directory")
     ap.add_argument("--config", default=None, help="train config whose precisions and engine settings to use")
     ap.add_argument("--batch", type=int, default=32, help="sequences decoded together")

@@ -1,4 +1,5 @@
-"""The demo's stage sizing: fits the budget, gives GRPO its share, re-plans, sizes the budget to the host."""
+"""The demo's budget: the stages fit the time left, GRPO gets its share, a re-fit keeps GRPO at
+the edge, the default budget follows the host; the report; how an interrupted stage stops."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import time
 
 import pytest
 
-from agent_rl.quickstart import (BUDGET_MINUTES, EVAL_LIMIT, MIN_RL_STEPS, RL_SHARE, SFT_STEPS, Speeds,
-                                 default_budget_minutes, needed_s, plan_stages, rl_seconds_left)
+from agent_rl.demo.budget import SIZES, Speeds, default_budget_minutes, fit_budget, needed_s, rl_seconds_left
+
+BUDGET_MINUTES, EVAL_LIMIT, MIN_RL_STEPS = SIZES.budget_minutes, SIZES.eval_limit, SIZES.min_rl_steps
+RL_SHARE, SFT_STEPS = SIZES.rl_share, SIZES.sft_steps
 
 # calibrated speeds (update tok/s, generation tok/s, engine load s): an AVX2 host in fp32 and
-# an AVX512-BF16 host in bf16, as measured by `python -m agent_rl.calibrate`
+# an AVX512-BF16 host in bf16, as measured by `python -m agent_rl.demo.calibrate`
 SLOW = Speeds(130.0, 100.0, 8.0)
 FAST = Speeds(900.0, 800.0, 10.0)
 
@@ -20,7 +23,7 @@ FAST = Speeds(900.0, 800.0, 10.0)
 @pytest.mark.parametrize("sp", [SLOW, FAST])
 @pytest.mark.parametrize("remaining_s", [900.0, 1200.0, 2000.0])
 def test_plan_fits_the_time_left(sp, remaining_s):
-    plan = plan_stages(remaining_s, sp)
+    plan = fit_budget(remaining_s, sp)
     total = sum(plan.estimate_s.values())
     if plan.sft_minutes > 1.0:  # SFT is not at its floor: the plan fills the time, no more
         assert total == pytest.approx(remaining_s), plan.describe()
@@ -30,7 +33,7 @@ def test_plan_fits_the_time_left(sp, remaining_s):
 
 def test_grpo_gets_its_share_of_the_training_minutes():
     # SLOW: SFT_STEPS would take more than SFT's share, so the share decides
-    plan = plan_stages(1550.0, SLOW, min_eval_limit=None)
+    plan = fit_budget(1550.0, SLOW, min_eval_limit=None)
     assert 12 <= plan.sft_steps < SFT_STEPS and plan.rl_steps >= 1
     assert plan.rl_minutes == pytest.approx(RL_SHARE / (1 - RL_SHARE) * plan.sft_minutes)
 
@@ -38,7 +41,7 @@ def test_grpo_gets_its_share_of_the_training_minutes():
 def test_sft_stops_at_its_steps_and_grpo_gets_the_rest():
     """Where SFT's share would buy more than SFT_STEPS (past which the demonstrations teach no
     more), SFT gets those steps' minutes and GRPO everything else."""
-    plan = plan_stages(1080.0, FAST)
+    plan = fit_budget(1080.0, FAST)
     assert plan.rl_steps >= MIN_RL_STEPS
     assert plan.sft_minutes == pytest.approx(SFT_STEPS * FAST.sft_step_s / 60) and plan.sft_steps == SFT_STEPS
     assert plan.rl_minutes > RL_SHARE / (1 - RL_SHARE) * plan.sft_minutes
@@ -46,12 +49,12 @@ def test_sft_stops_at_its_steps_and_grpo_gets_the_rest():
 
 
 def test_a_slow_host_compares_on_fewer_questions_before_it_drops_grpo():
-    fast, slow = plan_stages(1200.0, FAST), plan_stages(1200.0, SLOW)
+    fast, slow = fit_budget(1200.0, FAST), fit_budget(1200.0, SLOW)
     assert fast.eval_limit == EVAL_LIMIT and fast.rl_minutes > 0
     assert 100 <= slow.eval_limit < EVAL_LIMIT and slow.rl_minutes > 0
-    assert plan_stages(1200.0, SLOW, min_eval_limit=None).rl_minutes == 0  # the limit kept: no GRPO fits
+    assert fit_budget(1200.0, SLOW, min_eval_limit=None).rl_minutes == 0  # the limit kept: no GRPO fits
     # with little time even 100 questions leave too little: SFT and its evaluation only
-    plan = plan_stages(900.0, SLOW)
+    plan = fit_budget(900.0, SLOW)
     assert plan.rl_minutes == 0 and plan.rl_steps == 0 and "grpo" not in plan.estimate_s
     assert plan.eval_limit == EVAL_LIMIT and plan.estimate_s["sft"] > 60
 
@@ -59,23 +62,23 @@ def test_a_slow_host_compares_on_fewer_questions_before_it_drops_grpo():
 def test_demonstrations_do_not_depend_on_the_calibration():
     """SFT stops on the clock, not at the planned step count: a calibration taken while the host
     was busy (fewer planned steps) must not leave SFT repeating a small set of demonstrations."""
-    assert plan_stages(1100.0, SLOW).demos == plan_stages(1100.0, FAST).demos == 1500
-    assert plan_stages(1100.0, FAST, max_demos=400).demos == 400
+    assert fit_budget(1100.0, SLOW).demos == fit_budget(1100.0, FAST).demos == 1500
+    assert fit_budget(1100.0, FAST, max_demos=400).demos == 400
 
 
 def test_a_re_plan_does_not_drop_grpo_at_the_edge():
     """The plan after the demonstrations revises one that runs GRPO: it does not charge the
     demonstrations again, and a few seconds less than estimated keep GRPO (with fewer steps)
     instead of dropping it at the MIN_RL_STEPS / 2 edge and giving SFT every minute."""
-    edge = next(t for t in range(600, 3000, 5) if plan_stages(float(t), SLOW, min_eval_limit=None).rl_minutes > 0)
-    first = plan_stages(float(edge), SLOW, min_eval_limit=None)
+    edge = next(t for t in range(600, 3000, 5) if fit_budget(float(t), SLOW, min_eval_limit=None).rl_minutes > 0)
+    first = fit_budget(float(edge), SLOW, min_eval_limit=None)
     later = edge - 30.0  # the demonstrations took 30 s longer than their estimate... and more
-    assert plan_stages(later - 15.0, SLOW, min_eval_limit=None).rl_minutes == 0  # a fresh plan drops it
-    revised = plan_stages(later - 15.0, SLOW, min_eval_limit=None, demos_built=True, keep_rl=True)
+    assert fit_budget(later - 15.0, SLOW, min_eval_limit=None).rl_minutes == 0  # a fresh plan drops it
+    revised = fit_budget(later - 15.0, SLOW, min_eval_limit=None, demos_built=True, keep_rl=True)
     assert revised.rl_minutes > 0 and "demonstrations" not in {k for k, v in revised.estimate_s.items() if v}
     assert revised.eval_limit == first.eval_limit
     # kept only while a step fits
-    assert plan_stages(300.0, SLOW, min_eval_limit=None, demos_built=True, keep_rl=True).rl_minutes == 0
+    assert fit_budget(300.0, SLOW, min_eval_limit=None, demos_built=True, keep_rl=True).rl_minutes == 0
 
 
 def test_the_default_budget_grows_with_what_the_host_needs():
@@ -84,7 +87,7 @@ def test_the_default_budget_grows_with_what_the_host_needs():
     assert slow == pytest.approx(min(BUDGET_MINUTES[1], (120 + needed_s(SLOW)) / 60 + 0.5))
     assert BUDGET_MINUTES[0] < slow <= BUDGET_MINUTES[1]
     # inside that budget the slow host's plan runs GRPO
-    assert plan_stages(60 * slow - 120, SLOW).rl_minutes > 0
+    assert fit_budget(60 * slow - 120, SLOW).rl_minutes > 0
     # a host with native bf16 keeps the short budget even where it is slow (README: within 20 min)
     assert default_budget_minutes(SLOW, spent_s=120, native_bf16=True) == BUDGET_MINUTES[0]
 
@@ -103,7 +106,8 @@ def test_report_leads_with_what_grpo_adds(tmp_path):
     import pandas as pd
 
     from agent_rl.evaluation import report
-    from agent_rl.quickstart import Plan, write_report
+    from agent_rl.demo.budget import Budget
+    from agent_rl.demo.report import write_report
 
     kinds = ["single", "bridge", "comparison", "bridge"]
     pd.DataFrame({"id": [f"q{i}" for i in range(4)], "kind": kinds}).to_parquet(tmp_path / "test.parquet")
@@ -126,7 +130,7 @@ def test_report_leads_with_what_grpo_adds(tmp_path):
     (rl / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward/mean": 0.1 * s, "reward/em": 0.05 * s,
                                                           "reward/valid_format": 1.0, "rollout/searches_mean": 1.5})
                                               + "\n" for s in range(1, 6)))
-    plan = Plan(demos=200, sft_minutes=5, rl_minutes=5, eval_limit=4, base_eval_limit=4, estimate_s={"sft": 300.0},
+    plan = Budget(demos=200, sft_minutes=5, rl_minutes=5, eval_limit=4, base_eval_limit=4, estimate_s={"sft": 300.0},
                 budget_minutes=18)
     md = write_report(tmp_path, evals, rl, plan, tmp_path / "test.parquet").read_text()
     assert md.index("What GRPO adds") < md.index("grpo_curves.png") < md.index("Every model and mode")
@@ -155,31 +159,29 @@ def test_sigterm_to_the_demo_stops_its_stage_as_ctrl_c_would(tmp_path, monkeypat
     import signal
     import threading
 
-    from agent_rl import quickstart
+    from agent_rl.demo import stages
 
     marker = tmp_path / "marker"
     old = signal.getsignal(signal.SIGTERM)
-    monkeypatch.setattr(quickstart, "MEMORY", None)
-    quickstart._TERMINATED.clear()
+    stages._TERMINATED.clear()
     try:
-        quickstart.stop_on_sigterm()
+        stages.stop_on_sigterm()
         threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
         t0 = time.time()
         with pytest.raises(KeyboardInterrupt):
-            quickstart.run([sys.executable, "-c", CHILD, str(marker)], "a stage that sleeps")
+            stages.run_stage([sys.executable, "-c", CHILD, str(marker)], "a stage that sleeps")
         assert time.time() - t0 < 30
         assert marker.read_text() == "cleaned up"
     finally:
         signal.signal(signal.SIGTERM, old)
-        quickstart._TERMINATED.clear()
+        stages._TERMINATED.clear()
 
 
 def test_a_failing_stage_raises_with_its_exit_code(monkeypatch):
     import subprocess
 
-    from agent_rl import quickstart
+    from agent_rl.demo import stages
 
-    monkeypatch.setattr(quickstart, "MEMORY", None)
     with pytest.raises(subprocess.CalledProcessError) as e:
-        quickstart.run([sys.executable, "-c", "import sys; sys.exit(3)"], "a failing stage")
+        stages.run_stage([sys.executable, "-c", "import sys; sys.exit(3)"], "a failing stage")
     assert e.value.returncode == 3

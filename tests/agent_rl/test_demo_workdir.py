@@ -1,6 +1,6 @@
-"""`quickstart --workdir DIR` reads and writes DIR's files only.
+"""`python -m agent_rl.demo --workdir DIR` reads and writes DIR's files only.
 
-The demo is driven end to end for a second workdir with its expensive parts faked: `run`
+The demo is driven end to end for a second workdir with its expensive parts faked: `run_stage`
 records each stage's command instead of starting it (writing only the calibration figures the
 plan reads), and the retriever, the retrieval preview and the report are stand-ins that record
 their paths. Every path a command names, and every path-valued field of the config it loads
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_rl import quickstart
+from agent_rl.demo import pipeline, stages
 from agent_rl.config import SFTConfig, TrainConfig, load_config
 
 PATH_FIELDS = {"data.train_files", "data.val_files", "actor_rollout_ref.model.path", "critic.model_path",
@@ -51,7 +51,7 @@ def loaded_config(cmd: list[str]):
         return config_from_args(build_parser().parse_args(argv))
     path = argv[argv.index("--config") + 1]
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]
-    return load_config(SFTConfig if module == "agent_rl.coldstart.sft" else TrainConfig, quickstart.ROOT / path,
+    return load_config(SFTConfig if module == "agent_rl.coldstart.sft" else TrainConfig, stages.ROOT / path,
                        overrides)
 
 
@@ -67,7 +67,7 @@ def named_paths(cmd: list[str]) -> list[str]:
 
 
 def under(path: str | Path, work: Path) -> bool:
-    return (quickstart.ROOT / path).resolve().is_relative_to(work.resolve())
+    return (stages.ROOT / path).resolve().is_relative_to(work.resolve())
 
 
 @pytest.mark.parametrize("extra", [[], ["--protocol", "hermes"], ["--plain-wording"]],
@@ -79,14 +79,16 @@ def test_every_stage_reads_and_writes_the_workdir_only(tmp_path, monkeypatch, ex
     cmds: list[list[str]] = []
     seen: dict[str, list] = {}
 
-    def fake_run(cmd, what):
-        cmds.append([str(c) for c in cmd])
-        if "agent_rl.calibrate" in cmd:  # the figures the plan reads
-            out = quickstart.ROOT / cmd[cmd.index("--out") + 1]
+    def fake_run(cmd, what, tag="demo", on_start=None):
+        cmd = [str(c) for c in cmd]
+        cmds.append(cmd)
+        if "agent_rl.demo.calibrate" in cmd:  # the figures the budget reads
+            out = stages.ROOT / cmd[cmd.index("--out") + 1]
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps({"update_tok_s": 900.0, "gen_tok_s": 800.0, "engine_load_s": 10.0}))
+        return 0.0
 
-    def fake_report(runs, evals, rl_dir, plan=None, test_parquet=None):
+    def fake_report(runs, evals, rl_dir, budget=None, test_parquet=None, stage_s=None):
         seen["report"] = [runs, *evals.values(), rl_dir, test_parquet]
         return Path(runs) / "report.md"
 
@@ -94,19 +96,18 @@ def test_every_stage_reads_and_writes_the_workdir_only(tmp_path, monkeypatch, ex
         seen["retriever"] = [index, corpus, log_path]
         return object(), "http://127.0.0.1:9"
 
-    monkeypatch.setattr(quickstart, "run", fake_run)
-    monkeypatch.setattr(quickstart, "write_report", fake_report)
-    monkeypatch.setattr(quickstart, "show_retrieval", lambda url, qa: seen.setdefault("preview", [qa]))
-    monkeypatch.setattr(quickstart, "stop_on_sigterm", lambda: None)
-    monkeypatch.setattr(quickstart, "MEMORY", None)
+    monkeypatch.setattr(stages, "run_stage", fake_run)
+    monkeypatch.setattr(pipeline, "write_report", fake_report)
+    monkeypatch.setattr(pipeline, "show_retrieval", lambda url, qa: seen.setdefault("preview", [qa]))
+    monkeypatch.setattr(stages, "stop_on_sigterm", lambda: None)
     monkeypatch.setattr(launch, "start_server", fake_server)
     monkeypatch.setattr(launch, "wait_healthy", lambda *a, **k: {})
     monkeypatch.setattr(launch, "stop_server", lambda proc: 0)
 
-    assert quickstart.main(["--workdir", str(work), "--budget-minutes", "60", "--rl-minutes", "2",
+    assert pipeline.main(["--workdir", str(work), "--budget-minutes", "60", "--rl-minutes", "2",
                             "--eval-limit", "10", *extra]) == 0
     modules = [c[2] if c[2] != "data_prep" else f"data_prep {c[3]}" for c in cmds]
-    for stage in ("data_prep model", "data_prep synthetic", "data_prep index", "agent_rl.calibrate", "data_prep demos",
+    for stage in ("data_prep model", "data_prep synthetic", "data_prep index", "agent_rl.demo.calibrate", "data_prep demos",
                   "agent_rl.coldstart.sft", "agent_rl.evaluation.evaluate", "agent_rl.training.cli"):
         assert stage in modules, (stage, modules)
     assert modules.count("agent_rl.evaluation.evaluate") == 3  # base, SFT, SFT+RL

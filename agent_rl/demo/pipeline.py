@@ -1,0 +1,245 @@
+"""`make demo`: the whole pipeline on the embedded default, offline, on a CPU or a GPU.
+
+prepare model + knowledge base -> build index -> start retriever -> show retrieval
+-> calibrate and fit the budget -> grounded demonstrations -> cold-start SFT -> evaluate base and
+SFT (agent / rag / direct) -> GRPO from the SFT model for the time left -> evaluate SFT+RL
+(agent) -> report: SFT vs SFT+RL on the same held-out questions (paired interval, by question
+kind), the GRPO curves as PNG, every model and mode as context.
+
+Every stage is a real command a user could type (printed before it runs), reads and writes
+the files of `--workdir` only, and is skipped when its artifact already exists; the services
+the demo starts are stopped on exit, Ctrl-C or SIGTERM. Wall time and peak memory (whole
+process tree) are printed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+from agent_rl.demo import stages
+from agent_rl.demo.budget import (SIZES, Budget, Speeds, default_budget_minutes, fit_budget,
+                                  rl_seconds_left)
+from agent_rl.demo.report import write_report
+from agent_rl.demo.stages import ROOT, Workdir
+
+
+class PeakMemory:
+    """Samples the summed RSS of this process and all its descendants (psutil)."""
+
+    def __init__(self, every_s: float = 0.5):
+        import psutil
+
+        self._psutil = psutil
+        self.peak = 0
+        self.stage_peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(every_s,), daemon=True)
+
+    def _run(self, every_s: float) -> None:
+        me = self._psutil.Process()
+        while not self._stop.is_set():
+            total = 0
+            for p in [me, *me.children(recursive=True)]:
+                try:
+                    total += p.memory_info().rss
+                except self._psutil.Error:
+                    pass
+            self.peak = max(self.peak, total)
+            self.stage_peak = max(self.stage_peak, total)
+            self._stop.wait(every_s)
+
+    def new_stage(self) -> int:
+        """The peak since the last call (or the start), and start a new stage."""
+        peak, self.stage_peak = self.stage_peak, 0
+        return peak
+
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class Demo:
+    """One demo run: its workdir, its options, the stages' times and peaks."""
+
+    def __init__(self, args: argparse.Namespace, memory: PeakMemory | None = None):
+        self.args = args
+        # another protocol or wording has its own demonstrations and runs, beside the default's
+        variant = ("" if args.protocol == "search_r1" else f"_{args.protocol}") + ("_plain" if args.plain_wording else "")
+        self.w = Workdir(ROOT / args.workdir, variant)
+        self.memory = memory
+        self.stage_s: dict[str, float] = {}
+        self.proto = [f"actor_rollout_ref.rollout.protocol={args.protocol}"]
+        if args.protocol != "search_r1":  # a call's JSON costs ~20 tokens more than <search> q </search>
+            self.proto.append(f"actor_rollout_ref.rollout.max_tokens_per_turn={SIZES.native_tokens_per_turn}")
+
+    def run(self, cmd: list, what: str) -> None:
+        start = self.memory.new_stage if self.memory is not None else None
+        secs = stages.run_stage(cmd, what, on_start=start)
+        self.stage_s[what] = secs
+        peak = f", peak memory {self.memory.new_stage() / 2**30:.2f} GiB" if self.memory is not None else ""
+        print(f"[demo] {what}: done in {secs:.0f}s{peak}", flush=True)
+
+    # ------------------------------------------------------------------ the stages
+    def prepare(self) -> None:
+        w = self.w
+        self.run(stages.prepare_model(w), "prepare the embedded policy")
+        if not (w.kb / "test.parquet").exists():
+            self.run(stages.knowledge_base(w), "generate the knowledge base")
+        if not (w.index / "meta.json").exists():
+            self.run(stages.dense_index(w), "build the dense index")
+
+    def calibrate(self) -> tuple[Speeds, dict]:
+        """Update and generation tok/s of this host in the run's dtypes (a few seconds plus an engine load)."""
+        self.run(stages.calibration(self.w), "calibrate this host (update and generation speed)")
+        cal = json.loads(self.w.calibration.read_text())
+        return Speeds(cal["update_tok_s"], cal["gen_tok_s"], cal["engine_load_s"]), cal
+
+    def evaluate(self, label: str, model: Path, url: str, limit: int, modes: tuple[str, ...]) -> Path:
+        out = self.w.runs / f"eval_{label.lower().replace('+', '_')}"
+        self.run(stages.evaluation(self.w, model, url, self.w.kb / "test.parquet", out, limit, modes, self.proto,
+                                   max_num_seqs=SIZES.eval_max_num_seqs),
+                 f"evaluate {label} ({' / '.join(modes)}, {limit} questions)")
+        return out
+
+    def train_and_evaluate(self, url: str, t_start: float) -> Path:
+        """Calibrate -> budget -> demonstrations -> SFT -> evaluate base and SFT -> GRPO for the
+        time left -> evaluate SFT+RL -> report; re-fitted after each stage with the time left.
+        Explicit --demos / --sft-minutes / --rl-minutes / --rl-steps / --eval-limit win."""
+        args, w = self.args, self.w
+        sp, cal = self.calibrate()
+        native_bf16 = bool(cal.get("hardware", {}).get("native_bf16"))
+        budget_s = 60 * (args.budget_minutes or default_budget_minutes(sp, time.time() - t_start, native_bf16))
+        left = lambda: budget_s - (time.time() - t_start)  # noqa: E731
+        eval_limit = args.eval_limit or SIZES.eval_limit
+
+        def refit(stage: str, fixed_eval_limit: bool, revises: Budget | None = None) -> Budget:
+            b = fit_budget(left(), sp, eval_limit=eval_limit,
+                           min_eval_limit=None if fixed_eval_limit or args.eval_limit else 100,
+                           demos_built=revises is not None, keep_rl=revises is not None and revises.rl_minutes > 0)
+            b.calibration, b.budget_minutes = cal, budget_s / 60
+            for name in ("demos", "sft_minutes", "rl_minutes"):
+                if getattr(args, name) is not None:
+                    setattr(b, name, getattr(args, name))
+            print(f"\n[demo] budget {stage}, {left() / 60:.1f} of {budget_s / 60:.1f} minutes left on this host: "
+                  f"{b.describe()}", flush=True)
+            return b
+
+        budget = refit("after calibration", fixed_eval_limit=False)
+        eval_limit = budget.eval_limit  # fixed from here: SFT and SFT+RL are compared on the same questions
+        if not w.demos.exists():
+            extra = (["--plain-wording"] if args.plain_wording else []) + self.proto
+            self.run(stages.demonstrations(w, url, budget.demos, extra),
+                     "build grounded demonstrations (real retriever observations)")
+            budget = refit("after the demonstrations", fixed_eval_limit=True, revises=budget)
+        if not (w.sft_dir / "model" / "config.json").exists():
+            self.run(stages.sft(w.demos, w.model, w.sft_dir, SIZES.sft_steps,
+                                budget.sft_minutes * 60 * SIZES.sft_clock_slack),
+                     f"cold-start SFT ({budget.sft_minutes:.1f} min)")
+        evals = {"base": self.evaluate("base", w.model, url, budget.base_eval_limit, stages.MODES),
+                 "SFT": self.evaluate("SFT", w.sft_dir, url, eval_limit, stages.MODES)}
+        rl_s = 60 * args.rl_minutes if args.rl_minutes is not None else (
+            rl_seconds_left(left(), sp, eval_limit) if budget.rl_minutes > 0 else 0.0)
+        budget.rl_minutes, budget.rl_steps = rl_s / 60, int(rl_s / sp.rl_step_s)
+        if rl_s >= 60:
+            print(f"\n[demo] {left() / 60:.1f} minutes left: GRPO gets {rl_s / 60:.1f}", flush=True)
+            self.run(stages.grpo(w, w.sft_dir / "model", url, rl_s, args.rl_steps, overrides=self.proto),
+                     f"GRPO from the SFT model ({rl_s / 60:.1f} min)")
+            evals["SFT+RL"] = self.evaluate("SFT+RL", w.rl_dir, url, eval_limit, ("agent",))
+        else:
+            print(f"\n[demo] GRPO skipped: {rl_s / 60:.1f} minutes left for it on this host "
+                  "(--rl-minutes N or a larger --budget-minutes to run it)", flush=True)
+        return write_report(w.runs, evals, w.rl_dir if "SFT+RL" in evals else None, budget, w.kb / "test.parquet",
+                            self.stage_s)
+
+
+def show_retrieval(base_url: str, qa_path: Path, n: int = 3) -> None:
+    """Retrieve for a few held-out questions over HTTP, as the rollout will."""
+    from agent_rl.rollout.observation import format_passages
+    from agent_rl.rollout.retrieval_client import SyncRetrieverClient
+    from data_prep.qa import read_qa
+
+    rows = read_qa(qa_path).head(n)
+    client = SyncRetrieverClient([base_url])
+    results = client.search(list(rows.question), topk=3)
+    for (_, row), docs in zip(rows.iterrows(), results):
+        print(f"\nQ: {row.question}   gold: {list(row.golden_answers)}")
+        print(format_passages(docs))
+
+
+def parser() -> argparse.ArgumentParser:
+    lo, hi = SIZES.budget_minutes
+    ap = argparse.ArgumentParser(prog="python -m agent_rl.demo", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workdir", default="artifacts", help="where artifacts go (default: artifacts/)")
+    ap.add_argument("--port", type=int, default=0, help="retriever port (0: a free port)")
+    ap.add_argument("--budget-minutes", type=float, default=None,
+                    help="wall-time budget of the whole demo: after a short calibration the stages below are sized "
+                         f"to end inside it on this host (default: {lo:g}; on a host without native bf16 up to "
+                         f"{hi:g} where it needs that long for {SIZES.min_sft_steps} SFT and {SIZES.min_rl_steps} "
+                         "GRPO steps)")
+    ap.add_argument("--demos", type=int, default=None, help="training questions to build demonstrations from (default: budgeted)")
+    ap.add_argument("--sft-minutes", type=float, default=None, help="SFT time budget (default: budgeted)")
+    ap.add_argument("--rl-minutes", type=float, default=None,
+                    help="GRPO time budget after SFT; 0 skips GRPO (default: what is left before the last evaluation)")
+    ap.add_argument("--rl-steps", type=int, default=None, help="at most this many GRPO steps (default: the clock decides)")
+    ap.add_argument("--eval-limit", type=int, default=None,
+                    help=f"held-out questions on which SFT and SFT+RL are compared (default {SIZES.eval_limit})")
+    ap.add_argument("--retrieval-only", action="store_true", help="stop after showing retrieval")
+    ap.add_argument("--protocol", default="search_r1", choices=("search_r1", "hermes"),
+                    help="how the model acts: search_r1 (<search> tags, default) or hermes (native <tool_call> JSON, "
+                         "results as tool messages); demonstrations, SFT, GRPO and evaluation all use it")
+    ap.add_argument("--plain-wording", action="store_true",
+                    help="demonstrations in plain Search-R1 wording, without the knowledge base's phrasing (what the "
+                         "question asks for, \"This needs N searches\", \"That was search i of n\"): what that "
+                         "phrasing adds; its own demonstrations and runs, beside the default's")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    from data_prep.hardware import hardware_line, offline_env
+
+    offline_env()
+    stages.stop_on_sigterm()
+    t_start = time.time()
+    print(hardware_line(), flush=True)
+    server = None
+    with PeakMemory() as mem:
+        demo = Demo(args, mem)
+        w = demo.w
+        try:
+            demo.prepare()
+            # the retriever in its own process, as `agent-rl-retriever`; it exits if this process dies
+            from retriever_server.launch import start_server, stop_server, wait_healthy
+
+            print("\n[demo] start the retriever service", flush=True)
+            server, base_url = start_server(w.index, w.kb / "corpus.jsonl", port=args.port or None,
+                                            log_path=w.root / "retriever.log")
+            wait_healthy(base_url, timeout=300, proc=server)
+            print(f"[demo] retriever ready at {base_url}", flush=True)
+            show_retrieval(base_url, w.kb / "test.parquet")
+            if not args.retrieval_only:
+                report = demo.train_and_evaluate(base_url, t_start)
+                print(f"\n[demo] report: {report}")
+        except KeyboardInterrupt:
+            print("\n[demo] interrupted", flush=True)
+            return 130
+        finally:
+            if server is not None:
+                stop_server(server)
+                print("[demo] retriever stopped", flush=True)
+    print(f"\n[demo] wall time {time.time() - t_start:.0f}s, peak memory {mem.peak / 2**30:.2f} GiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

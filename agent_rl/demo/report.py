@@ -1,0 +1,62 @@
+"""The demo's report (`<workdir>/demo_runs/report.md` and `plan.json`): it leads with what GRPO
+added to cold-start SFT on the same held-out questions, then every model and mode as context,
+the hardware line, the budget and the stage times."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from agent_rl.demo.budget import Budget
+
+
+def question_kinds(test_parquet: Path) -> dict[str, str]:
+    """Question id -> kind (single / bridge / comparison) of the generated knowledge base."""
+    import pandas as pd
+
+    df = pd.read_parquet(test_parquet, columns=["id", "kind"])
+    return dict(zip(df["id"].astype(str), df["kind"].astype(str)))
+
+
+def write_report(runs: Path, evals: dict[str, Path], rl_dir: Path | None, budget: Budget | None = None,
+                 test_parquet: Path | None = None, stage_s: dict[str, float] | None = None) -> Path:
+    """Markdown led by SFT vs SFT+RL (agent EM on the same held-out questions, the paired 95%
+    interval of the difference, by question kind, searches per question, the GRPO curves as
+    PNG), then every model x mode as context, the hardware line, the budget and stage times."""
+    from agent_rl.evaluation.plot import plot_run
+    from agent_rl.evaluation.report import (comparison, comparison_markdown, paired_comparison,
+                                            paired_comparison_markdown)
+    from data_prep.hardware import hardware_line
+
+    stage_s = stage_s or {}
+    text = "# Demo report\n\n"
+    summary: dict = {}
+    if rl_dir is not None and "SFT" in evals and "SFT+RL" in evals:
+        kinds = question_kinds(test_parquet) if test_parquet is not None else None
+        cmp = paired_comparison(evals["SFT"], evals["SFT+RL"], group_of=kinds)
+        summary["sft_vs_rl"] = cmp
+        text += (f"## What GRPO adds to cold-start SFT\n\nAgent mode (the model searches), greedy, on the same "
+                 f"{cmp['n']} held-out questions:\n\n" + paired_comparison_markdown(cmp) + "\n")
+        png = plot_run(rl_dir, runs / "grpo_curves.png",
+                       keys=["reward/mean", "reward/em", "reward/valid_format", "rollout/searches_mean",
+                             "rollout/invalid_action_rate", "rollout/repeated_query_rate"])
+        text += (f"![GRPO training curves: reward, EM, valid format, searches per trajectory, invalid-action and "
+                 f"repeated-query rates]({png.name})\n\n")
+    table = comparison(list(evals.items()))
+    text += comparison_markdown(table, title="Every model and mode (context)") + "\n"
+    text += f"`{hardware_line()}`\n\n"
+    if budget is not None:
+        cal = budget.calibration
+        text += (f"Calibration: update {cal.get('update_tok_s', 0):.0f} tok/s ({cal.get('update_dtype')}), "
+                 f"generation {cal.get('gen_tok_s', 0):.0f} tok/s ({cal.get('engine_dtype')}).\n\n"
+                 f"Budget ({budget.budget_minutes:.1f} minutes; GRPO as re-fitted after SFT): "
+                 f"{budget.describe()}.\n\n")
+        summary["plan"] = asdict(budget)
+    text += "Stage times: " + ", ".join(f"{k}: {v / 60:.1f} min" for k, v in stage_s.items()) + "\n"
+    summary["stage_s"] = stage_s
+    (runs / "plan.json").write_text(json.dumps(summary, indent=2))
+    md = runs / "report.md"
+    md.write_text(text)
+    print("\n" + text)
+    return md
