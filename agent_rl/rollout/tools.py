@@ -181,18 +181,52 @@ def tool_metrics(delta: dict[str, ToolStats]) -> dict[str, float]:
 
 
 # ----------------------------------------------------------------------------- calculator
+# Every operation is bounded before it runs: the calculator is synchronous, so a timeout cannot
+# interrupt it (and a big-int operation holds the GIL). Integers grow only through **, * and
+# round(x, -n) (which builds 10**n), so those check the size of their result first; no integer
+# may exceed MAX_INT_BITS (about 1200 digits: far beyond any answer, under str()'s 4300-digit
+# limit). Too large is the policy's input, refused as such (ToolInputError), not an outage.
+MAX_EXPRESSION_CHARS = 200
+MAX_INT_BITS = 4096
+MAX_ROUND_DIGITS = 1000
+
+
+def _bounded(value: Any) -> Any:
+    if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+        raise ToolInputError(f"result too large (more than {MAX_INT_BITS} bits, about 1200 digits)")
+    if isinstance(value, complex):
+        raise ToolInputError("the result is not a real number")
+    return value
+
+
+def _pow(a: Any, b: Any) -> Any:
+    if isinstance(a, int) and isinstance(b, int) and b > 0 and abs(a) > 1 and (a.bit_length() - 1) * b > MAX_INT_BITS:
+        raise ToolInputError(f"result too large (more than {MAX_INT_BITS} bits, about 1200 digits)")
+    return a ** b
+
+
+def _mul(a: Any, b: Any) -> Any:
+    if isinstance(a, int) and isinstance(b, int) and a.bit_length() + b.bit_length() - 1 > MAX_INT_BITS:
+        raise ToolInputError(f"result too large (more than {MAX_INT_BITS} bits, about 1200 digits)")
+    return a * b
+
+
+def _round(x: Any, ndigits: Any = None) -> Any:
+    if ndigits is not None and (not isinstance(ndigits, int) or abs(ndigits) > MAX_ROUND_DIGITS):
+        raise ToolInputError(f"round()'s digits must be an integer between -{MAX_ROUND_DIGITS} and {MAX_ROUND_DIGITS}")
+    return round(x, ndigits)
+
+
 _BINOPS: dict[type, Callable[[Any, Any], Any]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: _mul, ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: _pow,
 }
 _UNARY: dict[type, Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 _FUNCS: dict[str, Callable[..., Any]] = {
-    "sqrt": math.sqrt, "log": math.log, "exp": math.exp, "abs": abs, "round": round,
+    "sqrt": math.sqrt, "log": math.log, "exp": math.exp, "abs": abs, "round": _round,
     "min": min, "max": max, "floor": math.floor, "ceil": math.ceil,
 }
 _CONSTS = {"pi": math.pi, "e": math.e}
-MAX_EXPRESSION_CHARS = 200
-MAX_POWER = 1000
 
 
 def _eval(node: ast.AST) -> float | int:
@@ -203,33 +237,30 @@ def _eval(node: ast.AST) -> float | int:
     if isinstance(node, ast.Name) and node.id in _CONSTS:
         return _CONSTS[node.id]
     if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-        a, b = _eval(node.left), _eval(node.right)
-        if isinstance(node.op, ast.Pow) and (abs(b) > MAX_POWER or abs(a) > 10**6):
-            raise ToolInputError(f"exponent too large (|base| <= 1e6, |exponent| <= {MAX_POWER})")
-        return _BINOPS[type(node.op)](a, b)
+        return _bounded(_BINOPS[type(node.op)](_eval(node.left), _eval(node.right)))
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         return _UNARY[type(node.op)](_eval(node.operand))
     if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS
             and not node.keywords):
-        return _FUNCS[node.func.id](*(_eval(a) for a in node.args))
+        return _bounded(_FUNCS[node.func.id](*(_eval(a) for a in node.args)))
     raise ToolInputError(f"not allowed in an expression: {type(node).__name__}")
 
 
 def calculate(expression: str) -> str:
     """The value of an arithmetic expression: numbers, + - * / // % **, parentheses, pi, e and
     sqrt log exp abs round min max floor ceil. Nothing else is evaluated (no names, attributes
-    or calls beyond these), so the policy cannot run code through it."""
+    or calls beyond these), so the policy cannot run code through it; no operation's work or
+    result can be large (see MAX_INT_BITS), so it returns at once whatever the input."""
     if len(expression) > MAX_EXPRESSION_CHARS:
         raise ToolInputError(f"expression longer than {MAX_EXPRESSION_CHARS} characters")
     try:
         tree = ast.parse(expression.strip(), mode="eval")
-    except SyntaxError:
-        raise ToolInputError(f"not an arithmetic expression: {expression[:60]!r}") from None
-    try:
         value = _eval(tree)
     except ToolInputError:
         raise
-    except (ArithmeticError, ValueError, TypeError) as e:
+    except SyntaxError:
+        raise ToolInputError(f"not an arithmetic expression: {expression[:60]!r}") from None
+    except (ArithmeticError, ValueError, TypeError, RecursionError, MemoryError) as e:
         raise ToolInputError(f"cannot evaluate {expression[:60]!r}: {e}") from None
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
         value = int(value)

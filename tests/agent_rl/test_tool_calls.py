@@ -8,6 +8,8 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -198,6 +200,41 @@ def test_calculator_values(expr, value):
 def test_calculator_refuses_everything_else(expr):
     with pytest.raises(ToolInputError):
         calculate(expr)
+
+
+# Issue 48: inputs whose evaluation was unbounded (10**(10**9) inside round, hours of CPU in a
+# synchronous call that no timeout interrupts) or whose result was too large to print (a
+# ValueError reported as a tool outage). Run in a child process: on code without the bounds
+# the first one never returns, and a big-int operation cannot be interrupted in-process.
+CALCULATOR_BOMBS = ["999999 ** 1000", "999999 ** 999 * 999999 ** 999", "(2 ** 1000) ** 1000", "9 ** 9 ** 9",
+                    "round(1, 10 ** 9)", "round(1.5, -10 ** 9)", "round(7, 2.5)", "round(1, -10 ** 6)",
+                    "round(1, -10 ** 9)"]
+
+
+def test_calculator_work_is_bounded_and_too_large_is_a_rejection():
+    code = ("import json, sys\nfrom agent_rl.rollout.tools import ToolInputError, calculate\nout = {}\n"
+            "for e in json.loads(sys.argv[1]):\n"
+            "    try:\n        out[e] = 'value ' + calculate(e)[:20]\n"
+            "    except ToolInputError as x:\n        out[e] = 'rejected'\n"
+            "    except Exception as x:\n        out[e] = type(x).__name__\n"
+            "    print(json.dumps({e: out[e]}), flush=True)\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    try:
+        done = subprocess.run([sys.executable, "-c", code, json.dumps(CALCULATOR_BOMBS)], capture_output=True,
+                              text=True, timeout=30, env=env)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the calculator did not return within 30 s; finished: {e.stdout!r}")
+    assert done.returncode == 0, done.stderr
+    got = {k: v for line in done.stdout.splitlines() for k, v in json.loads(line).items()}
+    assert got == {e: "rejected" for e in CALCULATOR_BOMBS}
+
+
+def test_a_result_too_large_is_the_models_mistake_not_an_outage():
+    tool = calculator_tool()
+    r = run(tool.invoke({"expression": "999999 ** 1000"}))
+    assert r.ok and r.error == "rejected" and "too large" in r.text
+    assert (tool.stats.rejected, tool.stats.errors) == (1, 0)
+    assert calculate("2 ** 64") == "18446744073709551616" and calculate("round(123456, -3)") == "123000"
 
 
 def test_tool_arguments_are_checked_against_the_schema():
