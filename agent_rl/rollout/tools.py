@@ -78,13 +78,23 @@ JSON_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-def check_arguments(schema: dict, arguments: Any) -> dict:
+def _as_dict(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def check_arguments(schema: Any, arguments: Any) -> dict:
     """`arguments` checked against a function's JSON schema (object, properties, required,
-    property types, additionalProperties=false); raises ToolArgumentError naming the problem."""
+    property types, additionalProperties=false); raises ToolArgumentError naming the problem,
+    and nothing else whatever the schema: an MCP server sends any JSON as its schema, and a part
+    this check cannot read (a boolean `true` subschema, a nested or unknown type, a
+    `properties` that is not an object) is left to the tool to judge; a `false` subschema
+    refuses its argument, as JSON Schema says."""
     if not isinstance(arguments, dict):
         raise ToolArgumentError(f"arguments must be a JSON object, got {type(arguments).__name__}")
-    props = schema.get("properties", {}) or {}
-    missing = [k for k in schema.get("required", []) or [] if k not in arguments]
+    schema = _as_dict(schema)
+    props = _as_dict(schema.get("properties"))
+    required = schema.get("required")
+    missing = [k for k in required if isinstance(k, str) and k not in arguments] if isinstance(required, list) else []
     if missing:
         raise ToolArgumentError(f"missing required argument(s) {missing}")
     if schema.get("additionalProperties") is False:
@@ -92,11 +102,14 @@ def check_arguments(schema: dict, arguments: Any) -> dict:
         if extra:
             raise ToolArgumentError(f"unknown argument(s) {extra}; allowed: {sorted(props)}")
     for k, v in arguments.items():
-        want = (props.get(k) or {}).get("type")
-        if want is None:
-            continue
-        kinds = [want] if isinstance(want, str) else list(want)
-        types = tuple(t for kind in kinds for t in JSON_TYPES.get(kind, (object,)))
+        sub = props.get(k, True)
+        if sub is False:
+            raise ToolArgumentError(f"argument {k!r} is not allowed")
+        want = _as_dict(sub).get("type")
+        kinds = [want] if isinstance(want, str) else want if isinstance(want, list) else []
+        if not kinds or not all(isinstance(kind, str) and kind in JSON_TYPES for kind in kinds):
+            continue  # no type, or one this check cannot read: the tool judges
+        types = tuple(t for kind in kinds for t in JSON_TYPES[kind])
         bool_bad = isinstance(v, bool) and "boolean" not in kinds  # JSON true is not a number
         if not isinstance(v, types) or bool_bad:
             raise ToolArgumentError(f"argument {k!r} must be {'/'.join(kinds)}, got {type(v).__name__}")
@@ -145,7 +158,7 @@ class Tool:
         async with self._semaphore():
             t0 = time.perf_counter()
             try:
-                text = await asyncio.wait_for(self.fn(**args), self.timeout_s)
+                text = str(await asyncio.wait_for(self.fn(**args), self.timeout_s))
             except self.fatal:
                 raise
             except ToolInputError as e:
@@ -163,7 +176,7 @@ class Tool:
                 return ToolResult(self.failure_text or f"Tool {self.name} failed: {type(e).__name__}.", ok=False, error="error")
             finally:
                 self.stats.seconds += time.perf_counter() - t0
-        return ToolResult(str(text))
+        return ToolResult(text)
 
 
 def tool_metrics(delta: dict[str, ToolStats]) -> dict[str, float]:

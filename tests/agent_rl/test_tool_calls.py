@@ -19,7 +19,8 @@ from agent_rl.rollout import protocol as PR
 from agent_rl.rollout.engine import Sampling
 from agent_rl.rollout.manager import RolloutManager, rollout_metrics
 from agent_rl.rollout.reward import evaluate_response
-from agent_rl.rollout.tools import ToolInputError, builtin_tool, calculate, calculator_tool, check_arguments
+from agent_rl.rollout.tools import (Tool, ToolArgumentError, ToolInputError, ToolResult, builtin_tool, calculate,
+                                    calculator_tool, check_arguments)
 from rollout_fakes import FakeRetriever, Q, ScriptedEngine, make_cfg
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -244,6 +245,47 @@ def test_tool_arguments_are_checked_against_the_schema():
                      ("1+1", "JSON object")]:
         with pytest.raises(ValueError, match=why):
             check_arguments(schema, bad)
+
+
+# Issue 48: schemas as MCP servers may send them. A boolean subschema, a nested type list or
+# a malformed `properties`/`required` raised AttributeError/TypeError outside invoke's try.
+@pytest.mark.parametrize("schema,arguments,accepted", [
+    ({"type": "object", "properties": {"q": True}}, {"q": 1}, True),
+    ({"type": "object", "properties": {"q": False}}, {"q": 1}, False),
+    ({"type": "object", "properties": {"q": {"type": ["string", ["null"]]}}}, {"q": None}, True),
+    ({"type": "object", "properties": {"q": {"type": ["string", "null"]}}}, {"q": 3}, False),
+    ({"type": "object", "properties": {"q": {"type": 7}}}, {"q": 1}, True),
+    ({"type": "object", "properties": ["q"]}, {"q": 1}, True),
+    ({"type": "object", "properties": ["q"], "additionalProperties": False}, {"q": 1}, False),
+    ({"type": "object", "required": [{"a": 1}, "q"]}, {"x": 1}, False),
+    ({"type": "object", "required": "q"}, {}, True),
+    (True, {"q": 1}, True),
+    (None, {"q": 1}, True),
+])
+def test_argument_checking_is_total(schema, arguments, accepted):
+    if accepted:
+        assert check_arguments(schema, arguments) == arguments
+    else:
+        with pytest.raises(ToolArgumentError):
+            check_arguments(schema, arguments)
+
+
+def test_a_tool_with_an_odd_schema_is_called_not_raised():
+    async def echo(**kw):
+        return json.dumps(kw)
+
+    tool = Tool("t", "", {"type": "object", "properties": {"q": True, "n": {"type": ["integer", ["null"]]}}}, echo)
+    assert run(tool.invoke({"q": [1], "n": 2})) == ToolResult('{"q": [1], "n": 2}')
+
+
+@pytest.mark.parametrize("body", ["[" * 1200, '{"name": "search", "arguments": "' + "[" * 1200 + '"}',
+                                  '{"name": "search", "arguments": {"query": ' + "1" * 5000 + "}}",
+                                  '{"a": ' * 1200])
+def test_hermes_parse_is_total(body):
+    """Issue 48: deep nesting raised RecursionError, a 5000-digit number ValueError (int
+    digits limit), out of `parse` and through the TaskGroup of the whole batch."""
+    a = PR.HermesToolCalls().parse(f"<tool_call>{body}</tool_call>", ("search",))
+    assert a.kind == "invalid" and a.error
 
 
 # ----------------------------------------------------------------------------- MCP + calculator
