@@ -41,7 +41,7 @@ def test_stdio_tools_calls_errors_and_stats():
         async with McpServer(command=STDIO, name="test") as server:
             assert server.connected
             tools = await server.tools(timeout_s=20)
-            assert [t.name for t in tools] == ["capital", "add", "sleep"]
+            assert [t.name for t in tools] == ["capital", "add", "sleep", "canned"]
             by = {t.name: t for t in tools}
             cap, add = by["capital"], by["add"]
             assert cap.description == "The capital city of a country."
@@ -122,7 +122,7 @@ def test_streamable_http(http_server):
             assert "capital" in str(ei.value) and "sleep" in str(ei.value)  # lists the server's tools
 
             by = {t.name: t for t in await server.tools(timeout_s=30)}
-            assert set(by) == {"capital", "add", "sleep"}
+            assert set(by) == {"capital", "add", "sleep", "canned"}
             assert await by["capital"].invoke({"country": "Japan"}) == ToolResult("Tokyo")
             bad = await by["capital"].invoke({"country": "Mars"})
             assert bad.error == "rejected" and "Mars" in bad.text
