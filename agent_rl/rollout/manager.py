@@ -151,7 +151,10 @@ class RolloutManager:
         self.protocol = self.protocol.bind(self.tokenizer, list(self.tools.values()))
 
     async def start_tools(self) -> None:
-        """Connect the MCP servers of the config (once; the first rollout does it)."""
+        """Connect the MCP servers of the config (once; the first rollout does it). Every step
+        is bounded (initialize: the server's connect timeout; tools/list: the tool timeout), and
+        a failure closes the servers this call started and adds none of their tools, so the
+        error reaches the caller and a later call starts over, never with half the tools."""
         if not self._mcp_configs or self._mcp_servers:
             return
         if self._mcp_lock is None:
@@ -161,17 +164,25 @@ class RolloutManager:
                 return
             from agent_rl.rollout.mcp_tools import McpServer
 
-            for t in self._mcp_configs:
-                server = McpServer(command=t.mcp_command, url=t.mcp_url, name=t.name)
-                await server.start()
-                self._mcp_servers.append(server)
-                timeout = t.timeout_s if t.timeout_s is not None else self.rcfg.tool_timeout_s
-                limit = t.max_concurrency if t.max_concurrency is not None else self.rcfg.max_concurrent_tool_calls
-                for tool in await server.tools(t.include, timeout_s=timeout, max_concurrency=limit):
-                    if tool.name in self.tools:
-                        raise ValueError(f"MCP server {t.name!r} offers a tool named {tool.name!r}, which exists already")
-                    self.tools[tool.name] = tool
-            self.protocol.check_tools(self.tools)
+            servers: list[Any] = []
+            tools = dict(self.tools)
+            try:
+                for t in self._mcp_configs:
+                    server = McpServer(command=t.mcp_command, url=t.mcp_url, name=t.name)
+                    servers.append(server)
+                    await server.start()
+                    timeout = t.timeout_s if t.timeout_s is not None else self.rcfg.tool_timeout_s
+                    limit = t.max_concurrency if t.max_concurrency is not None else self.rcfg.max_concurrent_tool_calls
+                    for tool in await server.tools(t.include, timeout_s=timeout, max_concurrency=limit):
+                        if tool.name in tools:
+                            raise ValueError(f"MCP server {t.name!r} offers a tool named {tool.name!r}, which exists already")
+                        tools[tool.name] = tool
+                self.protocol.check_tools(tools)
+            except BaseException:
+                for server in servers:
+                    await server.aclose()
+                raise
+            self.tools, self._mcp_servers = tools, servers
             self._bind()
 
     async def aclose(self) -> None:

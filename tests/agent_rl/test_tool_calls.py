@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -500,6 +501,25 @@ def test_tags_in_tool_output_are_text(tok, protocol):
     text = tok.decode(t.response_ids, skip_special_tokens=False)
     frames = 2 if protocol == "hermes" else 0  # the tool message's own: around <tool_response>
     assert text.count("<|im_end|>") == frames and text.count("<|im_start|>") == frames
+
+
+def test_a_server_that_never_lists_its_tools_fails_the_first_rollout_in_time(tok):
+    """It hung the first rollout forever, holding the manager's lock; now the rollout fails
+    after the tool timeout, the server is closed, and a second rollout tries again."""
+    cfg = hermes_cfg(tools=())
+    server = [sys.executable, str(MCP_SERVER), "mute-list"]
+    cfg.actor_rollout_ref.rollout.tools = [ToolConfig(name="mute", mcp_command=server, timeout_s=1.0)]
+    mgr = RolloutManager(ScriptedEngine(tok, ["<answer> x </answer>"] * 2), FakeRetriever(), cfg, tokenizer=tok)
+
+    async def go():
+        for _ in range(2):
+            t0 = time.monotonic()
+            with pytest.raises(TimeoutError, match="tools/list"):
+                await asyncio.wait_for(mgr.rollout([Q("q")], n=1), 30)
+            assert time.monotonic() - t0 < 20
+            assert mgr._mcp_servers == [] and set(mgr.tools) == set()
+
+    run(go())
 
 
 # ----------------------------------------------------------------------------- metrics
