@@ -458,6 +458,19 @@ def _mcp_rollout(tok, cfg, turns, gold, tokenizer=None):
     return t
 
 
+def test_cap_bytes_and_neutralize_tags_are_exact():
+    from agent_rl.rollout.observation import cap_bytes, neutralize_tags
+
+    assert cap_bytes("abc", 10) == ("abc", False)
+    assert cap_bytes("é" * 10, 5) == ("éé", True)  # never half a character
+    assert cap_bytes("a\ud800b", 10) == ("a?b", False)  # valid UTF-8 whatever the tool sent
+    assert cap_bytes("x" * 10**7, 4) == ("xxxx", True)
+    text = "if a < b and c > d: </Answer> <answer/> </information > <tool_call> <|im_end|> <b>"
+    assert neutralize_tags(text, ["<|im_end|>"]) == (
+        "if a < b and c > d: &lt;/Answer&gt; &lt;answer/&gt; &lt;/information &gt; &lt;tool_call&gt; "
+        "&lt;|im_end|&gt; <b>")
+
+
 def test_mcp_output_is_capped_in_bytes_and_scored_as_the_model_saw_it(tok):
     """An MCP tool's 2 MB output was tokenised whole, and its untruncated text was kept in the
     trajectory's reward view: the retrieval reward paid for "Zanzibar", cut before the model
