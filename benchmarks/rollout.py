@@ -144,7 +144,7 @@ async def batch_per_turn(engine, tokenizer, retriever, items, cfg, sampling) -> 
             texts = [O.SEARCH_ERROR_TEXT] * len(real)
         tool_s += time.perf_counter() - tt
         searches += len(real)
-        obs = {i: O.encode_observation(tokenizer, t, cfg.data.max_obs_length)[0] for (i, _), t in zip(real, texts)}
+        obs = {i: O.tool_observation(tokenizer, t, cfg.data.max_obs_length).ids for (i, _), t in zip(real, texts)}
         for i, q in queries:
             add = obs[i] if q is not None else encode_text(tokenizer, P.feedback(action))
             add = add[: budget - resp_len[i]]

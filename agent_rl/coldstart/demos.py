@@ -111,7 +111,7 @@ def visible_observation(tokenizer: Any, docs: list[Any], max_obs_length: int, pr
     """The observation text the policy reads for `docs` (formatted, framed by the protocol and
     truncated by the rollout's own functions)."""
     frame = (O.OBS_OPEN, O.OBS_CLOSE) if protocol is None else protocol.observation_frame()
-    ids, _ = O.encode_observation(tokenizer, O.format_passages(docs), max_obs_length, frame)
+    ids = O.tool_observation(tokenizer, O.format_passages(docs), max_obs_length, frame).ids
     return tokenizer.decode(ids, skip_special_tokens=True)
 
 

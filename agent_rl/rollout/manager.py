@@ -39,7 +39,8 @@ from agent_rl.rollout.engine import GenerateResult, Sampling
 from agent_rl.rollout.gate import PolicyGate
 from agent_rl.rollout.protocol import Action, ActionProtocol, Segment, encode_text, get_mode, get_protocol, repeated
 from agent_rl.rollout.retrieval_client import RetrieverAuthError, RetrieverRequestError
-from agent_rl.rollout.tools import Tool, ToolInputError, ToolStats, calculator_tool, search_tool, tool_metrics
+from agent_rl.rollout.tools import (Tool, ToolFatalError, ToolInputError, ToolStats, calculator_tool, search_tool,
+                                    tool_metrics)
 from agent_rl.types import Trajectory
 
 log = logging.getLogger(__name__)
@@ -150,7 +151,10 @@ class RolloutManager:
         self.protocol = self.protocol.bind(self.tokenizer, list(self.tools.values()))
 
     async def start_tools(self) -> None:
-        """Connect the MCP servers of the config (once; the first rollout does it)."""
+        """Connect the MCP servers of the config (once; the first rollout does it). Every step
+        is bounded (initialize: the server's connect timeout; tools/list: the tool timeout), and
+        a failure closes the servers this call started and adds none of their tools, so the
+        error reaches the caller and a later call starts over, never with half the tools."""
         if not self._mcp_configs or self._mcp_servers:
             return
         if self._mcp_lock is None:
@@ -160,17 +164,25 @@ class RolloutManager:
                 return
             from agent_rl.rollout.mcp_tools import McpServer
 
-            for t in self._mcp_configs:
-                server = McpServer(command=t.mcp_command, url=t.mcp_url, name=t.name)
-                await server.start()
-                self._mcp_servers.append(server)
-                timeout = t.timeout_s if t.timeout_s is not None else self.rcfg.tool_timeout_s
-                limit = t.max_concurrency if t.max_concurrency is not None else self.rcfg.max_concurrent_tool_calls
-                for tool in await server.tools(t.include, timeout_s=timeout, max_concurrency=limit):
-                    if tool.name in self.tools:
-                        raise ValueError(f"MCP server {t.name!r} offers a tool named {tool.name!r}, which exists already")
-                    self.tools[tool.name] = tool
-            self.protocol.check_tools(self.tools)
+            servers: list[Any] = []
+            tools = dict(self.tools)
+            try:
+                for t in self._mcp_configs:
+                    server = McpServer(command=t.mcp_command, url=t.mcp_url, name=t.name)
+                    servers.append(server)
+                    await server.start()
+                    timeout = t.timeout_s if t.timeout_s is not None else self.rcfg.tool_timeout_s
+                    limit = t.max_concurrency if t.max_concurrency is not None else self.rcfg.max_concurrent_tool_calls
+                    for tool in await server.tools(t.include, timeout_s=timeout, max_concurrency=limit):
+                        if tool.name in tools:
+                            raise ValueError(f"MCP server {t.name!r} offers a tool named {tool.name!r}, which exists already")
+                        tools[tool.name] = tool
+                self.protocol.check_tools(tools)
+            except BaseException:
+                for server in servers:
+                    await server.aclose()
+                raise
+            self.tools, self._mcp_servers = tools, servers
             self._bind()
 
     async def aclose(self) -> None:
@@ -271,7 +283,7 @@ class RolloutManager:
             # vLLM cuts `text` right after the stop string; the ids may run a few characters on
             # (a token spanning the end of the tag). Parse the text, keep the ids.
             st.append_sampled(out.token_ids, out.logprobs, out.text, version)
-            action = self.protocol.parse(out.text, self.tools)
+            action = self._parse(out.text)
             if action.kind == "answer":
                 finish = "answer"
                 break
@@ -284,12 +296,8 @@ class RolloutManager:
             if turn == max_turns:  # last turn: no tool is executed (Search-R1)
                 finish = "max_turns"
                 break
-            if action.kind == "tool":
-                obs = await self._observation(action, st)
-            else:
-                obs = self._feedback(action, st)
             room = self.max_response_length - len(st.response_ids)
-            kind, text, ids = obs
+            kind, text, ids = await self._respond(action, st, min(self.max_obs_length, room))
             st.append_context(ids[:room], kind, text)
             if len(ids) > room:
                 finish = "length"
@@ -337,16 +345,50 @@ class RolloutManager:
         return O.format_passages(docs[0])
 
     def _framed(self, text: str, frame: tuple[str, str], st: _State, limit: int) -> tuple[list[int], bool]:
-        """Ids of `text` in `frame`, cut to `limit`. A turn that ended in the template's
-        end-of-turn token (the model closed its message itself) has it already: the frame's
-        copy of that special token is not appended twice."""
+        """Ids of our own `text` (feedback, an error observation) in `frame`, cut to `limit`."""
         ids, truncated = O.encode_observation(self.tokenizer, text, limit, frame)
+        return self._without_repeated_end(ids, st), truncated
+
+    def _without_repeated_end(self, ids: list[int], st: _State) -> list[int]:
+        """A turn that ended in the template's end-of-turn token (the model closed its message
+        itself) has it already: the frame's copy of that special token is not appended twice."""
         if (ids and st.loss_mask and st.loss_mask[-1] == 1 and ids[0] == st.response_ids[-1]
                 and ids[0] in set(getattr(self.tokenizer, "all_special_ids", ()))):
-            ids = ids[1:]
-        return ids, truncated
+            return ids[1:]
+        return ids
 
-    async def _observation(self, action: Action, st: _State) -> tuple[str, str, list[int]]:
+    def _parse(self, text: str) -> Action:
+        """The turn's action; `parse` is total by design, and should it still raise, the turn is
+        the model's invalid action, not the end of the batch (a TaskGroup cancels every
+        trajectory of the step when one raises)."""
+        try:
+            return self.protocol.parse(text, self.tools)
+        except Exception as e:  # noqa: BLE001 - last resort: one turn's text must not stop the batch
+            log.exception("could not parse a turn (%d characters); it is an invalid action", len(text))
+            return Action("invalid", error=f"the turn could not be read ({type(e).__name__})")
+
+    async def _respond(self, action: Action, st: _State, limit: int) -> tuple[str, str, list[int]]:
+        """(kind, text, ids) appended after a turn: the protocol's feedback, or the tool's
+        observation (at most `limit` ids). A tool call never raises but a tool's fatal error
+        (e.g. a refused API key: every call would fail, the run stops): anything else that
+        escapes the checks (a tool's output the path cannot handle) gives this trajectory an
+        error observation, counted as a tool failure, and the batch goes on (a TaskGroup
+        cancels every trajectory of the step when one raises)."""
+        if action.kind != "tool":
+            return self._feedback(action, st)
+        try:
+            return await self._observation(action, st, limit)
+        except Exception as e:  # noqa: BLE001 - last resort, see the docstring
+            tool = self.tools.get(action.tool or "")
+            if isinstance(e, ToolFatalError) or (tool is not None and isinstance(e, tool.fatal)):
+                raise
+            log.exception("tool %r: its call or output failed outside the tool; an error observation", action.tool)
+            st.tool_failures += 1
+            text = f"Tool {action.tool} failed: {type(e).__name__}."
+            ids, _ = self._framed(text, self.protocol.observation_frame(), st, limit)
+            return "observation", text, ids
+
+    async def _observation(self, action: Action, st: _State, limit: int) -> tuple[str, str, list[int]]:
         tool = self.tools[action.tool]
         st.tool_calls += 1
         if action.tool == "search":
@@ -363,9 +405,9 @@ class RolloutManager:
             st.bad_calls += 1
         if not res.ok:
             st.tool_failures += 1
-        ids, truncated = self._framed(res.text, self.protocol.observation_frame(), st, self.max_obs_length)
-        st.obs_truncated += int(truncated)
-        return "observation", res.text, ids
+        obs = O.tool_observation(self.tokenizer, res.text, limit, self.protocol.observation_frame())
+        st.obs_truncated += int(obs.truncated)
+        return "observation", obs.text, self._without_repeated_end(obs.ids, st)
 
     def _feedback(self, action: Action, st: _State) -> tuple[str, str, list[int]]:
         text = self.protocol.feedback(action)

@@ -16,8 +16,13 @@ What a call can give (see `tools.Tool.invoke`):
 - a result with isError=True, or a JSON-RPC "invalid params" error: `ToolInputError` with the
   server's text (the policy's mistake, shown to it);
 - a dead connection (the server crashed or went away), a protocol error: `McpCallError`, an
-  ordinary tool error. Calls pending when the connection dies fail at once, never hang; later
-  calls fail at once too, until `start()` is awaited again, which reconnects.
+  ordinary tool error. Calls pending when the connection dies fail at once, never hang (they
+  may have run: they are not repeated); the next call starts the server again (stdio: a new
+  process) and goes on. A restart that fails is tried again only after RECONNECT_BACKOFF_S,
+  calls meanwhile fail at once; `aclose()` ends it for good (until `start()`);
+- no answer in time: every request has a limit (`initialize`: connect_timeout_s; `tools/list`
+  and `tools/call`: the tools' timeout_s), `McpTimeoutError`, a TimeoutError, so `Tool.invoke`
+  counts it as a timeout.
 
 A stdio child gets the SDK's small default environment (HOME, LOGNAME, PATH, SHELL, TERM, USER)
 plus `env`, not the parent's whole environment; its stderr is forwarded to ours, prefixed with
@@ -40,6 +45,7 @@ from typing import Any
 from agent_rl.rollout.tools import Tool, ToolInputError
 
 STOP_GRACE_S = 10.0  # aclose(): time for a clean shutdown (stdio: stdin closed, child reaped) before cancelling
+RECONNECT_BACKOFF_S = 5.0  # after a failed restart, calls fail at once for this long (a crash loop costs one try)
 STDERR_TAIL_LINES = 20
 MAX_TOOL_PAGES = 100
 
@@ -50,6 +56,10 @@ class McpConnectError(ConnectionError):
 
 class McpCallError(RuntimeError):
     """A tool call failed on the MCP side: lost connection, server crash, protocol error."""
+
+
+class McpTimeoutError(McpCallError, TimeoutError):
+    """The server did not answer a request within its limit (a TimeoutError: a tool timeout)."""
 
 
 class _StderrTap:
@@ -176,6 +186,10 @@ class McpServer:
         self._scope: Any = None  # the anyio CancelScope around the connection
         self._lock: asyncio.Lock | None = None
         self._stderr: _StderrTap | None = None
+        self._closed = True  # not started, or aclose()d: a call does not reconnect
+        self._retry_at = 0.0  # loop time before which a failed restart is not tried again
+        self._restart_error = ""
+        self._restarting: asyncio.Task | None = None
 
     # ------------------------------------------------------------------ description
     @property
@@ -194,35 +208,43 @@ class McpServer:
         """Connect and initialize (a no-op when connected; reconnects after a lost connection).
         Raises McpConnectError naming the command/url and why, at the latest after
         connect_timeout_s."""
+        async with self._locked():
+            self._closed = False
+            self._retry_at = 0.0
+            if not self.connected:
+                await self._connect()
+
+    def _locked(self) -> asyncio.Lock:
         if self._lock is None:
             self._lock = asyncio.Lock()
-        async with self._lock:
-            if self.connected:
-                return
-            await self._shutdown()  # the remains of a lost connection
-            loop = asyncio.get_running_loop()
-            ready: asyncio.Future = loop.create_future()
-            self._stop = asyncio.Event()
-            self._gone = loop.create_future()
-            self._task = loop.create_task(self._hold(ready, self._stop, self._gone), name=f"mcp:{self.name}")
-            try:
-                done, _ = await asyncio.wait({ready}, timeout=self.connect_timeout_s)
-            except BaseException:  # start() itself cancelled: leave nothing behind
-                await self._shutdown(grace_s=0.0)
-                if ready.done():
-                    ready.exception()  # retrieved: no "never retrieved" warning
-                raise
-            if not done:
-                tail = self._stderr_text()
-                await self._shutdown(grace_s=0.0)
-                if ready.done():
-                    ready.exception()
-                raise McpConnectError(
-                    f"MCP server {self.name!r} ({self.target}) did not connect within "
-                    f"{self.connect_timeout_s:g} s" + (f"; its stderr:\n{tail}" if tail else ""))
-            if ready.exception() is not None:
-                await self._shutdown(grace_s=0.0)
-                raise ready.exception()
+        return self._lock
+
+    async def _connect(self) -> None:
+        """`start()`'s work, under the lock."""
+        await self._shutdown()  # the remains of a lost connection
+        loop = asyncio.get_running_loop()
+        ready: asyncio.Future = loop.create_future()
+        self._stop = asyncio.Event()
+        self._gone = loop.create_future()
+        self._task = loop.create_task(self._hold(ready, self._stop, self._gone), name=f"mcp:{self.name}")
+        try:
+            done, _ = await asyncio.wait({ready}, timeout=self.connect_timeout_s)
+        except BaseException:  # start() itself cancelled: leave nothing behind
+            await self._shutdown(grace_s=0.0)
+            if ready.done():
+                ready.exception()  # retrieved: no "never retrieved" warning
+            raise
+        if not done:
+            tail = self._stderr_text()
+            await self._shutdown(grace_s=0.0)
+            if ready.done():
+                ready.exception()
+            raise McpConnectError(
+                f"MCP server {self.name!r} ({self.target}) did not connect within "
+                f"{self.connect_timeout_s:g} s" + (f"; its stderr:\n{tail}" if tail else ""))
+        if ready.exception() is not None:
+            await self._shutdown(grace_s=0.0)
+            raise ready.exception()
 
     async def _hold(self, ready: asyncio.Future, stop: asyncio.Event, gone: asyncio.Future) -> None:
         """The background task: open the transport and session, initialize, then hold them
@@ -314,11 +336,46 @@ class McpServer:
         self._task = None
 
     async def aclose(self) -> None:
-        """Close the connection (a stdio child is terminated); idempotent."""
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:
+        """Close the connection (a stdio child is terminated); idempotent. Later calls fail
+        at once (no reconnection) until `start()`."""
+        async with self._locked():
+            self._closed = True
             await self._shutdown()
+
+    def _session_closed(self) -> bool:
+        """The session's connection ended while no call was pending (e.g. the stdio child
+        exited between calls): the SDK's dispatcher says so (a private flag, read defensively)."""
+        return bool(getattr(getattr(self._session, "_dispatcher", None), "_closed", False))
+
+    async def _reconnect(self) -> None:
+        """Before a request: a connection that died is made again (stdio: the server process is
+        started anew), never sooner than RECONNECT_BACKOFF_S after a failed restart. Callers
+        share one restart, run as its own task: a call cancelled by its tool timeout does not
+        cancel it (bounded by connect_timeout_s), or a timeout shorter than the server's start
+        would restart it on every call and never connect."""
+        if self.connected and not self._session_closed():
+            return
+        if self._restarting is None or self._restarting.done():
+            self._restarting = asyncio.get_running_loop().create_task(self._restart(), name=f"mcp-restart:{self.name}")
+            self._restarting.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved
+        await asyncio.shield(self._restarting)
+
+    async def _restart(self) -> None:
+        async with self._locked():
+            if self._closed:
+                raise McpCallError(f"MCP server {self.name!r} is not connected (closed or not started)")
+            if self.connected and self._session_closed():
+                self._lost(self._gone, "connection closed")
+            if self.connected:
+                return
+            loop = asyncio.get_running_loop()
+            if loop.time() < self._retry_at:
+                raise McpCallError(f"MCP server {self.name!r} is down; restarting it failed: {self._restart_error}")
+            try:
+                await self._connect()
+            except McpConnectError as e:
+                self._retry_at, self._restart_error = loop.time() + RECONNECT_BACKOFF_S, str(e)
+                raise McpCallError(f"MCP server {self.name!r} is down; restarting it failed: {e}") from None
 
     async def __aenter__(self) -> "McpServer":
         await self.start()
@@ -332,10 +389,11 @@ class McpServer:
                     max_concurrency: int = 64) -> list[Tool]:
         """The server's tools as `Tool`s (name, description, inputSchema as parameters), in the
         server's order, or in `include`'s order for only those names (an unknown name in
-        include raises ValueError listing the server's tools). Starts the connection if needed."""
+        include raises ValueError listing the server's tools). Starts the connection if needed.
+        `timeout_s` limits each tools/list request and each later call of the tools."""
         if not self.connected:
             await self.start()
-        listed = await self._list_tools()
+        listed = await self._list_tools(timeout_s)
         by_name = {t.name: t for t in listed}
         if include is not None:
             unknown = [n for n in include if n not in by_name]
@@ -343,53 +401,63 @@ class McpServer:
                 raise ValueError(f"MCP server {self.name!r} has no tool(s) {unknown}; "
                                  f"its tools: {sorted(by_name)}")
             listed = [by_name[n] for n in dict.fromkeys(include)]
-        return [Tool(name=t.name, description=t.description or "", parameters=dict(t.input_schema or {"type": "object"}),
-                     fn=self._tool_fn(t.name), timeout_s=timeout_s, max_concurrency=max_concurrency)
-                for t in listed]
+        return [self._tool(t, timeout_s, max_concurrency) for t in listed]
 
-    async def _list_tools(self) -> list[Any]:
+    async def _list_tools(self, timeout_s: float) -> list[Any]:
         import mcp
 
         out: list[Any] = []
         cursor: str | None = None
         for _ in range(MAX_TOOL_PAGES):
             params = mcp.types.PaginatedRequestParams(cursor=cursor) if cursor else None
-            page = await self._request(lambda s: s.list_tools(params=params))
+            page = await self._request("tools/list", lambda s: s.list_tools(params=params), timeout_s)
             out.extend(page.tools)
             cursor = page.next_cursor
             if not cursor:
                 break
         return out
 
-    def _tool_fn(self, tool_name: str):
+    def _tool(self, listed: Any, timeout_s: float, max_concurrency: int) -> Tool:
+        """A listed tool as a `Tool`; its function is one tools/call, limited by the tool's
+        timeout (read at call time) also when called directly, not through `Tool.invoke`."""
+        tool_name = listed.name
+
         async def call(**arguments: Any) -> str:
-            result = await self._request(lambda s: s.call_tool(tool_name, arguments))
+            result = await self._request(f"tools/call {tool_name}", lambda s: s.call_tool(tool_name, arguments),
+                                         tool.timeout_s)
             text = _content_text(result)
             if result.is_error:
                 raise ToolInputError(text or f"tool {tool_name} reported an error")
             return text
 
         call.__name__ = f"mcp_{tool_name}"
-        return call
+        tool = Tool(name=tool_name, description=listed.description or "",
+                    parameters=dict(listed.input_schema or {"type": "object"}), fn=call, timeout_s=timeout_s,
+                    max_concurrency=max_concurrency)
+        return tool
 
-    async def _request(self, send):
-        """`send(session)` on the live session, failing at once when the connection ends."""
+    async def _request(self, what: str, send, timeout_s: float):
+        """`send(session)` on the live session (reconnected first if it died), failing at once
+        when the connection ends and after `timeout_s` without an answer."""
         from mcp.shared.exceptions import MCPError
         from mcp.types import CONNECTION_CLOSED, INVALID_PARAMS
 
+        await self._reconnect()
         session, gone = self._session, self._gone
         if session is None or gone is None or gone.done():
             why = gone.result() if gone is not None and gone.done() else "not started"
             raise McpCallError(f"MCP server {self.name!r} is not connected ({why})")
         call = asyncio.ensure_future(send(session))
         try:
-            await asyncio.wait({call, gone}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({call, gone}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
         finally:
             if not call.done():
                 call.cancel()  # the SDK sends the server a courtesy cancel
                 call.add_done_callback(lambda f: f.cancelled() or f.exception())
         if not call.done():
-            raise McpCallError(f"connection to MCP server {self.name!r} lost: {gone.result()}")
+            if gone.done():
+                raise McpCallError(f"connection to MCP server {self.name!r} lost: {gone.result()}")
+            raise McpTimeoutError(f"MCP server {self.name!r} did not answer {what} within {timeout_s:g} s")
         try:
             return call.result()
         except MCPError as e:

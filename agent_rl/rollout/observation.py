@@ -1,16 +1,22 @@
-"""The observation path, whole: retrieved passages -> observation text -> observation token ids.
+"""The observation path, whole: a tool's output -> observation text -> observation token ids.
 
 `format_passages` (Search-R1's passage formatting), `format_observation` (the protocol's
 framing: `<information>` tags, or the chat template's tool message), `encode_observation` (ids,
-truncated to `data.max_obs_length` with the closing frame kept). The rollout manager, the demonstration builder and the benchmarks all
+truncated to `data.max_obs_length` with the closing frame kept), and `tool_observation`, the one
+way a tool's output (search passages, the calculator, MCP servers, a user's tool) becomes ids:
+tags neutralised, capped in bytes before tokenising, cut in tokens, and the text kept is the
+text the policy read. The rollout manager, the demonstration builder and the benchmarks all
 call these, so an observation has the same ids wherever it is built.
 """
 
 from __future__ import annotations
 
+import functools
+import re
+from dataclasses import dataclass
 from typing import Any, Sequence
 
-from agent_rl.rollout.protocol import OBS_CLOSE, OBS_OPEN, encode_text
+from agent_rl.rollout.protocol import OBS_CLOSE, OBS_OPEN, REWARD_TAGS, encode_text
 from retriever_server.schemas import ScoredDocument
 
 # Shown (inside <information>) when the retriever fails after its retries; not in Search-R1,
@@ -50,6 +56,17 @@ def format_observation(docs_text: str, frame: tuple[str, str] = (OBS_OPEN, OBS_C
     return f"{frame[0]}{docs_text.strip()}{frame[1]}"
 
 
+@dataclass
+class Observation:
+    """A tool's output as the policy read it: `ids` (framed, at most max_obs_length), `text`
+    (the output inside the frame as those ids hold it: what rewards score and checkpoints
+    keep), `truncated` (the output was cut, in bytes or tokens)."""
+
+    ids: list[int]
+    text: str
+    truncated: bool
+
+
 def encode_observation(tokenizer: Any, docs_text: str, max_obs_length: int,
                        frame: tuple[str, str] = (OBS_OPEN, OBS_CLOSE)) -> tuple[list[int], bool]:
     """Ids of the observation block for `docs_text` in `frame`, at most `max_obs_length`
@@ -62,13 +79,77 @@ def encode_observation(tokenizer: Any, docs_text: str, max_obs_length: int,
     and its answer there counts as retrieved text (no `<answer>` outside `<information>`).
     Only when `max_obs_length` cannot hold the two tags is the block itself cut.
     """
+    obs = _cut(tokenizer, docs_text.strip(), max_obs_length, frame)
+    return obs.ids, obs.truncated
+
+
+def _cut(tokenizer: Any, text: str, max_obs_length: int, frame: tuple[str, str]) -> Observation:
+    """`encode_observation`'s cut, with the text its ids hold (`text` is stripped)."""
     if max_obs_length < 0:
         raise ValueError(f"max_obs_length must be >= 0, got {max_obs_length}")
-    ids = encode_text(tokenizer, format_observation(docs_text, frame))
+    ids = encode_text(tokenizer, format_observation(text, frame))
     if len(ids) <= max_obs_length:
-        return ids, False
+        return Observation(ids, text, False)
     head, tail = encode_text(tokenizer, frame[0]), encode_text(tokenizer, frame[1])
     room = max_obs_length - len(head) - len(tail)
     if room <= 0:
-        return ids[:max_obs_length], True
-    return head + encode_text(tokenizer, docs_text.strip())[:room] + tail, True
+        return Observation(ids[:max_obs_length], "", True)
+    body = encode_text(tokenizer, text)[:room]
+    return Observation(head + body + tail, tokenizer.decode(body), True)
+
+
+# ----------------------------------------------------------------------------- tool output
+TOOL_TAGS = (*REWARD_TAGS, "tool_call", "tool_response")
+"""Tags the protocols and the reward read (`protocol`); inside a tool's output they are text."""
+BYTES_PER_TOKEN = 32
+"""Bytes of tool output tokenised per observation token allowed: far more than any text needs
+(English ~4, CJK ~3-6), so the byte cap only binds on output that would be cut anyway."""
+
+
+@functools.lru_cache(maxsize=16)
+def _tag_pattern(specials: tuple[str, ...]) -> re.Pattern:
+    tags = r"</?\s*(?:" + "|".join(TOOL_TAGS) + r")\s*/?>"
+    return re.compile("|".join([tags, *map(re.escape, specials)]), re.IGNORECASE)
+
+
+def special_texts(tokenizer: Any) -> tuple[str, ...]:
+    """The tokenizer's special and added tokens written with `<` (`<|im_end|>`, `</s>`,
+    `<jupyter_code>`, ...): in a text it encodes them as their ids, so a tool's output holding
+    one would end the tool message or open a turn."""
+    texts = set(getattr(tokenizer, "all_special_tokens", None) or ())
+    for t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+        texts.add(str(getattr(t, "content", t)))
+    return tuple(sorted((t for t in texts if "<" in t), key=lambda t: (-len(t), t)))
+
+
+def neutralize_tags(text: str, specials: Sequence[str] = ()) -> str:
+    """`text` with every protocol tag (`TOOL_TAGS`, any case) and every `specials` text
+    written with `&lt;`/`&gt;`: a passage or a tool's output that holds `</information>`,
+    `<answer>`, `<tool_call>` or `<|im_end|>` would otherwise close the observation, be scored
+    as the model's answer, or fake a turn. The model reads them as quoted text."""
+    pattern = _tag_pattern(tuple(specials))
+    return pattern.sub(lambda m: m.group(0).replace("<", "&lt;").replace(">", "&gt;"), text)
+
+
+def cap_bytes(text: str, limit: int) -> tuple[str, bool]:
+    """(the longest prefix of `text` of at most `limit` UTF-8 bytes, whether it was cut). Only
+    the first `limit` characters are encoded (a character is at least a byte), so the work is
+    bounded whatever the output's size; what cannot be encoded (a lone surrogate) becomes "?"."""
+    data = text[:limit].encode("utf-8", "replace")
+    return data[:limit].decode("utf-8", "ignore"), len(text) > limit or len(data) > limit
+
+
+def tool_observation(tokenizer: Any, output: str, max_obs_length: int,
+                     frame: tuple[str, str] = (OBS_OPEN, OBS_CLOSE)) -> Observation:
+    """A tool's output in `frame` as the policy reads it: its tags neutralised (`neutralize_tags`,
+    with the tokenizer's special tokens), at most `max_obs_length * BYTES_PER_TOKEN` bytes
+    tokenised (an MCP server's output has no size limit of its own), cut to `max_obs_length`
+    tokens with the closing frame kept (`encode_observation`); `.text` is the part the ids
+    hold, so the reward can only pay for text the model saw."""
+    limit = max(1, max_obs_length) * BYTES_PER_TOKEN
+    text, cut = cap_bytes(output, limit)
+    # the escapes lengthen the text: capped again
+    text, cut_escaped = cap_bytes(neutralize_tags(text, special_texts(tokenizer)).strip(), limit)
+    obs = _cut(tokenizer, text, max_obs_length, frame)
+    obs.truncated = obs.truncated or cut or cut_escaped
+    return obs

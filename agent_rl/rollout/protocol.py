@@ -402,18 +402,15 @@ class HermesToolCalls(ActionProtocol):
             return Action("invalid")
         if m.group(1) == "answer":
             return Action("answer", content=m.group(2).strip())
-        raw = m.group(2).strip()
-        try:
-            call = json.loads(raw)
-        except json.JSONDecodeError as e:
-            return Action("invalid", error=f"malformed JSON in the tool call ({e.msg} at character {e.pos})")
+        call, why = _load_json(m.group(2).strip())
+        if why:
+            return Action("invalid", error=f"malformed JSON in the tool call ({why})")
         if not isinstance(call, dict) or not isinstance(call.get("name"), str):
             return Action("invalid", error='a tool call must be a JSON object {"name": ..., "arguments": {...}}')
         args = call.get("arguments", {})
         if isinstance(args, str):
-            try:
-                args = json.loads(args) if args.strip() else {}
-            except json.JSONDecodeError:
+            args, why = _load_json(args) if args.strip() else ({}, None)
+            if why:
                 return Action("invalid", tool=call["name"], error="the arguments are not a JSON object")
         if call["name"] not in names:
             return Action("invalid", tool=call["name"],
@@ -463,6 +460,20 @@ class HermesToolCalls(ActionProtocol):
 
 
 _TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+def _load_json(text: str) -> tuple[Any, str | None]:
+    """(value, None), or (None, why) for text that is not JSON the parser can hold: besides
+    syntax errors, nesting deeper than the recursion limit (RecursionError) and integers past
+    Python's digit limit (ValueError) are the model's malformed call, never an exception."""
+    try:
+        return json.loads(text), None
+    except json.JSONDecodeError as e:
+        return None, f"{e.msg} at character {e.pos}"
+    except RecursionError:
+        return None, "nested too deeply"
+    except ValueError as e:
+        return None, str(e).split(":")[0]
 
 
 def _as_search(m: re.Match) -> str:

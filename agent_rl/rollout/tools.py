@@ -78,13 +78,23 @@ JSON_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-def check_arguments(schema: dict, arguments: Any) -> dict:
+def _as_dict(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def check_arguments(schema: Any, arguments: Any) -> dict:
     """`arguments` checked against a function's JSON schema (object, properties, required,
-    property types, additionalProperties=false); raises ToolArgumentError naming the problem."""
+    property types, additionalProperties=false); raises ToolArgumentError naming the problem,
+    and nothing else whatever the schema: an MCP server sends any JSON as its schema, and a part
+    this check cannot read (a boolean `true` subschema, a nested or unknown type, a
+    `properties` that is not an object) is left to the tool to judge; a `false` subschema
+    refuses its argument, as JSON Schema says."""
     if not isinstance(arguments, dict):
         raise ToolArgumentError(f"arguments must be a JSON object, got {type(arguments).__name__}")
-    props = schema.get("properties", {}) or {}
-    missing = [k for k in schema.get("required", []) or [] if k not in arguments]
+    schema = _as_dict(schema)
+    props = _as_dict(schema.get("properties"))
+    required = schema.get("required")
+    missing = [k for k in required if isinstance(k, str) and k not in arguments] if isinstance(required, list) else []
     if missing:
         raise ToolArgumentError(f"missing required argument(s) {missing}")
     if schema.get("additionalProperties") is False:
@@ -92,11 +102,14 @@ def check_arguments(schema: dict, arguments: Any) -> dict:
         if extra:
             raise ToolArgumentError(f"unknown argument(s) {extra}; allowed: {sorted(props)}")
     for k, v in arguments.items():
-        want = (props.get(k) or {}).get("type")
-        if want is None:
-            continue
-        kinds = [want] if isinstance(want, str) else list(want)
-        types = tuple(t for kind in kinds for t in JSON_TYPES.get(kind, (object,)))
+        sub = props.get(k, True)
+        if sub is False:
+            raise ToolArgumentError(f"argument {k!r} is not allowed")
+        want = _as_dict(sub).get("type")
+        kinds = [want] if isinstance(want, str) else want if isinstance(want, list) else []
+        if not kinds or not all(isinstance(kind, str) and kind in JSON_TYPES for kind in kinds):
+            continue  # no type, or one this check cannot read: the tool judges
+        types = tuple(t for kind in kinds for t in JSON_TYPES[kind])
         bool_bad = isinstance(v, bool) and "boolean" not in kinds  # JSON true is not a number
         if not isinstance(v, types) or bool_bad:
             raise ToolArgumentError(f"argument {k!r} must be {'/'.join(kinds)}, got {type(v).__name__}")
@@ -145,7 +158,7 @@ class Tool:
         async with self._semaphore():
             t0 = time.perf_counter()
             try:
-                text = await asyncio.wait_for(self.fn(**args), self.timeout_s)
+                text = str(await asyncio.wait_for(self.fn(**args), self.timeout_s))
             except self.fatal:
                 raise
             except ToolInputError as e:
@@ -163,7 +176,7 @@ class Tool:
                 return ToolResult(self.failure_text or f"Tool {self.name} failed: {type(e).__name__}.", ok=False, error="error")
             finally:
                 self.stats.seconds += time.perf_counter() - t0
-        return ToolResult(str(text))
+        return ToolResult(text)
 
 
 def tool_metrics(delta: dict[str, ToolStats]) -> dict[str, float]:
@@ -181,18 +194,52 @@ def tool_metrics(delta: dict[str, ToolStats]) -> dict[str, float]:
 
 
 # ----------------------------------------------------------------------------- calculator
+# Every operation is bounded before it runs: the calculator is synchronous, so a timeout cannot
+# interrupt it (and a big-int operation holds the GIL). Integers grow only through **, * and
+# round(x, -n) (which builds 10**n), so those check the size of their result first; no integer
+# may exceed MAX_INT_BITS (about 1200 digits: far beyond any answer, under str()'s 4300-digit
+# limit). Too large is the policy's input, refused as such (ToolInputError), not an outage.
+MAX_EXPRESSION_CHARS = 200
+MAX_INT_BITS = 4096
+MAX_ROUND_DIGITS = 1000
+
+
+def _bounded(value: Any) -> Any:
+    if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+        raise ToolInputError(f"result too large (more than {MAX_INT_BITS} bits, about 1200 digits)")
+    if isinstance(value, complex):
+        raise ToolInputError("the result is not a real number")
+    return value
+
+
+def _pow(a: Any, b: Any) -> Any:
+    if isinstance(a, int) and isinstance(b, int) and b > 0 and abs(a) > 1 and (a.bit_length() - 1) * b > MAX_INT_BITS:
+        raise ToolInputError(f"result too large (more than {MAX_INT_BITS} bits, about 1200 digits)")
+    return a ** b
+
+
+def _mul(a: Any, b: Any) -> Any:
+    if isinstance(a, int) and isinstance(b, int) and a.bit_length() + b.bit_length() - 1 > MAX_INT_BITS:
+        raise ToolInputError(f"result too large (more than {MAX_INT_BITS} bits, about 1200 digits)")
+    return a * b
+
+
+def _round(x: Any, ndigits: Any = None) -> Any:
+    if ndigits is not None and (not isinstance(ndigits, int) or abs(ndigits) > MAX_ROUND_DIGITS):
+        raise ToolInputError(f"round()'s digits must be an integer between -{MAX_ROUND_DIGITS} and {MAX_ROUND_DIGITS}")
+    return round(x, ndigits)
+
+
 _BINOPS: dict[type, Callable[[Any, Any], Any]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: _mul, ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: _pow,
 }
 _UNARY: dict[type, Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 _FUNCS: dict[str, Callable[..., Any]] = {
-    "sqrt": math.sqrt, "log": math.log, "exp": math.exp, "abs": abs, "round": round,
+    "sqrt": math.sqrt, "log": math.log, "exp": math.exp, "abs": abs, "round": _round,
     "min": min, "max": max, "floor": math.floor, "ceil": math.ceil,
 }
 _CONSTS = {"pi": math.pi, "e": math.e}
-MAX_EXPRESSION_CHARS = 200
-MAX_POWER = 1000
 
 
 def _eval(node: ast.AST) -> float | int:
@@ -203,33 +250,30 @@ def _eval(node: ast.AST) -> float | int:
     if isinstance(node, ast.Name) and node.id in _CONSTS:
         return _CONSTS[node.id]
     if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-        a, b = _eval(node.left), _eval(node.right)
-        if isinstance(node.op, ast.Pow) and (abs(b) > MAX_POWER or abs(a) > 10**6):
-            raise ToolInputError(f"exponent too large (|base| <= 1e6, |exponent| <= {MAX_POWER})")
-        return _BINOPS[type(node.op)](a, b)
+        return _bounded(_BINOPS[type(node.op)](_eval(node.left), _eval(node.right)))
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         return _UNARY[type(node.op)](_eval(node.operand))
     if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS
             and not node.keywords):
-        return _FUNCS[node.func.id](*(_eval(a) for a in node.args))
+        return _bounded(_FUNCS[node.func.id](*(_eval(a) for a in node.args)))
     raise ToolInputError(f"not allowed in an expression: {type(node).__name__}")
 
 
 def calculate(expression: str) -> str:
     """The value of an arithmetic expression: numbers, + - * / // % **, parentheses, pi, e and
     sqrt log exp abs round min max floor ceil. Nothing else is evaluated (no names, attributes
-    or calls beyond these), so the policy cannot run code through it."""
+    or calls beyond these), so the policy cannot run code through it; no operation's work or
+    result can be large (see MAX_INT_BITS), so it returns at once whatever the input."""
     if len(expression) > MAX_EXPRESSION_CHARS:
         raise ToolInputError(f"expression longer than {MAX_EXPRESSION_CHARS} characters")
     try:
         tree = ast.parse(expression.strip(), mode="eval")
-    except SyntaxError:
-        raise ToolInputError(f"not an arithmetic expression: {expression[:60]!r}") from None
-    try:
         value = _eval(tree)
     except ToolInputError:
         raise
-    except (ArithmeticError, ValueError, TypeError) as e:
+    except SyntaxError:
+        raise ToolInputError(f"not an arithmetic expression: {expression[:60]!r}") from None
+    except (ArithmeticError, ValueError, TypeError, RecursionError, MemoryError) as e:
         raise ToolInputError(f"cannot evaluate {expression[:60]!r}: {e}") from None
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
         value = int(value)

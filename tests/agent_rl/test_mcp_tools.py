@@ -41,7 +41,7 @@ def test_stdio_tools_calls_errors_and_stats():
         async with McpServer(command=STDIO, name="test") as server:
             assert server.connected
             tools = await server.tools(timeout_s=20)
-            assert [t.name for t in tools] == ["capital", "add", "sleep"]
+            assert [t.name for t in tools] == ["capital", "add", "sleep", "canned"]
             by = {t.name: t for t in tools}
             cap, add = by["capital"], by["add"]
             assert cap.description == "The capital city of a country."
@@ -122,7 +122,7 @@ def test_streamable_http(http_server):
             assert "capital" in str(ei.value) and "sleep" in str(ei.value)  # lists the server's tools
 
             by = {t.name: t for t in await server.tools(timeout_s=30)}
-            assert set(by) == {"capital", "add", "sleep"}
+            assert set(by) == {"capital", "add", "sleep", "canned"}
             assert await by["capital"].invoke({"country": "Japan"}) == ToolResult("Tokyo")
             bad = await by["capital"].invoke({"country": "Mars"})
             assert bad.error == "rejected" and "Mars" in bad.text
@@ -181,23 +181,108 @@ def test_stdio_server_killed_mid_call(tmp_path):
         os.kill(pid, signal.SIGKILL)
         t0 = time.monotonic()
         results = await asyncio.wait_for(asyncio.gather(*pending), 10)
-        assert all(not r.ok and r.error == "error" for r in results)
+        assert all(not r.ok and r.error == "error" for r in results)  # they may have run: not repeated
         assert time.monotonic() - t0 < 5
         assert not server.connected
-        later = await asyncio.wait_for(add.invoke({"a": 1, "b": 1}), 10)
-        assert not later.ok and later.error == "error"
-        with pytest.raises(McpCallError, match="doomed"):
-            await add.fn(a=1, b=1)
         assert sleep.stats.errors == 3
+
+        # issue 48: the next call starts the server again (a new process) and goes on
+        later = await asyncio.wait_for(add.invoke({"a": 1, "b": 1}), 30)
+        assert later == ToolResult("2.0")
+        assert server.connected and int(pid_file.read_text()) != pid
+
+        # a server that dies between calls: the next call reconnects before sending
+        pid = int(pid_file.read_text())
+        os.kill(pid, signal.SIGKILL)
+        await asyncio.sleep(0.5)
+        assert await asyncio.wait_for(add.invoke({"a": 2, "b": 2}), 30) == ToolResult("4.0")
+        assert int(pid_file.read_text()) != pid
 
         t1 = time.monotonic()
         await asyncio.wait_for(server.aclose(), 15)
         assert time.monotonic() - t1 < 10
+        # closed on purpose: calls fail at once, nothing is restarted
+        with pytest.raises(McpCallError, match="doomed"):
+            await add.fn(a=1, b=1)
+        assert not server.connected
 
         # start() again reconnects (a new server process) and the same Tool objects work again
         await server.start()
-        assert int(pid_file.read_text()) != pid
         assert await add.invoke({"a": 2, "b": 2}) == ToolResult("4.0")
+        await server.aclose()
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(90)
+def test_a_server_that_cannot_restart_is_tried_again_only_after_a_backoff(tmp_path, monkeypatch):
+    """Restarts are bounded: a server whose restart fails costs one try per
+    RECONNECT_BACKOFF_S; the calls in between fail at once without starting a process."""
+    from agent_rl.rollout import mcp_tools
+
+    monkeypatch.setattr(mcp_tools, "RECONNECT_BACKOFF_S", 2.0, raising=False)
+    pid_file, starts, refuse = tmp_path / "pid", tmp_path / "starts", tmp_path / "refuse"
+    env = {"MCP_TEST_PID_FILE": str(pid_file), "MCP_TEST_STARTS_FILE": str(starts), "MCP_TEST_REFUSE_FILE": str(refuse)}
+
+    async def main():
+        server = McpServer(command=STDIO, env=env, name="fragile", connect_timeout_s=20)
+        (add,) = await server.tools(include=["add"], timeout_s=20)
+        refuse.touch()
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        await asyncio.sleep(0.5)
+        t0 = time.monotonic()
+        first = await asyncio.wait_for(add.invoke({"a": 1, "b": 1}), 30)
+        assert not first.ok and first.error == "error"
+        quick = await asyncio.gather(*(add.invoke({"a": 1, "b": 1}) for _ in range(5)))
+        assert all(not r.ok for r in quick) and time.monotonic() - t0 < 15
+        assert len(starts.read_text().split()) == 2  # the first start and one failed restart
+        refuse.unlink()
+        await asyncio.sleep(2.5)
+        assert await asyncio.wait_for(add.invoke({"a": 1, "b": 1}), 30) == ToolResult("2.0")
+        assert len(starts.read_text().split()) == 3
+        await server.aclose()
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(60)
+def test_a_restart_outlives_a_call_timeout_shorter_than_the_servers_start(tmp_path):
+    """The restart runs on its own: the call whose timeout fires first fails, the server still
+    comes up, and a later call uses it (else every call would restart it and none connect)."""
+    pid_file, starts = tmp_path / "pid", tmp_path / "starts"
+
+    async def main():
+        server = McpServer(command=STDIO, env={"MCP_TEST_PID_FILE": str(pid_file), "MCP_TEST_STARTS_FILE": str(starts)},
+                           name="slow-start", connect_timeout_s=20)
+        (add,) = await server.tools(include=["add"], timeout_s=0.05)
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        await asyncio.sleep(0.5)
+        r = await add.invoke({"a": 1, "b": 1})
+        assert not r.ok and r.error == "timeout"  # a Python MCP server takes longer than 50 ms to start
+        for _ in range(200):
+            if server.connected:
+                break
+            await asyncio.sleep(0.1)
+        add.timeout_s = 10
+        assert await add.invoke({"a": 1, "b": 1}) == ToolResult("2.0")
+        assert len(starts.read_text().split()) == 2
+        await server.aclose()
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(60)
+def test_a_server_that_never_lists_its_tools_times_out():
+    """Issue 48: a server that answers initialize but never tools/list hung `tools()` (and the
+    manager's first rollout, holding its lock) forever."""
+    async def main():
+        server = McpServer(command=[sys.executable, str(SERVER), "mute-list"], name="mute", connect_timeout_s=20)
+        await server.start()
+        assert server.connected
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"mute.*tools/list.*1 s"):
+            await asyncio.wait_for(server.tools(timeout_s=1.0), 20)
+        assert 1.0 <= time.monotonic() - t0 < 10
         await server.aclose()
 
     asyncio.run(main())
