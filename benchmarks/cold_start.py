@@ -61,7 +61,7 @@ async def measure(model: str, url: str, args: argparse.Namespace) -> dict:
     from agent_rl.rollout.engine import RolloutEngine
     from agent_rl.rollout.manager import RolloutManager
     from agent_rl.rollout.retrieval_client import RetrieverClient
-    from agent_rl.rollout.protocol import score_trajectory
+    from agent_rl.rollout.reward import score_trajectory
     from agent_rl.training.algos.filtering import filter_groups
     from agent_rl.training.data import load_prompts
 

@@ -34,9 +34,8 @@ ALLOWED = {  # (importer prefix, imported prefix): the exceptions the rules name
     ("agent_rl", "retriever_server.schemas"),  # the wire types
     ("agent_rl.demo", "retriever_server.launch"),  # the demo starts the service as a process
     ("agent_rl.training.algos", "agent_rl.training.algos"),  # within the package
-    # the pure modules of the rollout read each other (the reward's tags are the protocol's)
+    # the pure modules of the rollout: the reward reads the protocol's tags, the protocol offers the tools
     ("agent_rl.rollout.reward", "agent_rl.rollout.protocol"),
-    ("agent_rl.rollout.protocol", "agent_rl.rollout.reward"),
     ("agent_rl.rollout.protocol", "agent_rl.rollout.tools"),
 }
 STDLIB_AND_TORCH_ONLY = ("agent_rl.training.algos", "agent_rl.rollout.reward", "agent_rl.rollout.protocol",
@@ -114,3 +113,60 @@ def test_the_checker_catches_a_violation(tmp_path, monkeypatch):
     got = violations(tmp_path)
     assert any("_planted_violation.py:1" in v and "agent_rl.training" in v for v in got)
     assert any("_planted_violation.py:2" in v and "retriever_server.app" in v for v in got)
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Module -> the project modules it imports (at the top or inside functions)."""
+    mods = modules(root)
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for module, path in mods.items():
+        for imported, _ in imports(path, module):
+            parts = imported.split(".")
+            target = next((".".join(parts[:i]) for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in mods), None)
+            if target is not None and target != module and not under(module, target):  # a package's own __init__ aside
+                graph[module].add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circle():
+    assert cycles(import_graph()) == []
+
+
+def test_the_circle_check_finds_a_planted_circle(tmp_path):
+    pkg = tmp_path / "agent_rl"
+    pkg.mkdir()
+    (pkg / "a.py").write_text("from agent_rl.b import x\n")
+    (pkg / "b.py").write_text("def f():\n    from agent_rl import a\n")
+    assert cycles(import_graph(tmp_path)) == [["agent_rl.a", "agent_rl.b"]]

@@ -42,7 +42,7 @@ from typing import Any
 
 from agent_rl.config import TrainConfig, load_config, to_dict
 from agent_rl.evaluation.report import MODES, summarize, summary_markdown, write_summary
-from agent_rl.rollout.protocol import score_trajectory
+from agent_rl.rollout.reward import score_trajectory
 from agent_rl.rollout.reward import em, f1, is_valid_format, subem
 from agent_rl.training.data import Prompt, load_prompts
 from data_prep.atomic import atomic_write

@@ -495,20 +495,6 @@ def get_protocol(name: str = "search_r1", chat_template: str = "auto") -> Action
         raise ValueError(f"unknown protocol {name!r}; expected one of {tuple(PROTOCOLS)}") from None
 
 
-def score_trajectory(traj: Any, golden_answers: Sequence[str] | None = None, reward_cfg: Any = None,
-                     protocol: ActionProtocol = SEARCH_R1):
-    """The reward of a trajectory (its `RewardResult`), read from the view its protocol made
-    (`traj.reward_text`, set by the rollout) or, for a trajectory without one, from
-    `protocol.reward_view(traj.response_text)`. Trainer, evaluation and benchmarks call this."""
-    from agent_rl.rollout.reward import evaluate_response  # reward reads this module's tags
-
-    text = getattr(traj, "reward_text", None)
-    if text is None:
-        text = protocol.reward_view(traj.response_text)
-    golds = golden_answers if golden_answers is not None else traj.golden_answers
-    return evaluate_response(text, golds, reward_cfg)
-
-
 def repeated(query: str, earlier: Iterable[str]) -> bool:
     """A search query the trajectory already made (compared case- and space-insensitively)."""
     key = " ".join(query.lower().split())

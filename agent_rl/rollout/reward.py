@@ -20,9 +20,10 @@ import re
 import string
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
-from agent_rl.rollout.protocol import ANSWER_CLOSE, ANSWER_OPEN, INFO_CLOSE, INFO_OPEN, REWARD_TAGS
+from agent_rl.rollout.protocol import (ANSWER_CLOSE, ANSWER_OPEN, INFO_CLOSE, INFO_OPEN, REWARD_TAGS, SEARCH_R1,
+                                       ActionProtocol)
 
 # ----------------------------------------------------------------------------- normalisation
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -243,3 +244,16 @@ def evaluate_response(response_text: str, golden_answers: str | Iterable[str], c
 def score(response_text: str, golden_answers: str | Iterable[str], cfg=None, **overrides) -> float:
     """The reward of one response (see `evaluate_response` for the rules)."""
     return evaluate_response(response_text, golden_answers, cfg, **overrides).score
+
+
+def score_trajectory(traj: Any, golden_answers: Sequence[str] | None = None, reward_cfg: Any = None,
+                     protocol: ActionProtocol = SEARCH_R1) -> RewardResult:
+    """The reward of a trajectory, read from the view its protocol made (`traj.reward_text`,
+    set by the rollout) or, for a trajectory without one, from
+    `protocol.reward_view(traj.response_text)`: never from raw response text, where Search-R1's
+    feedback could be read as an answer. Trainer, evaluation and benchmarks call this."""
+    text = getattr(traj, "reward_text", None)
+    if text is None:
+        text = protocol.reward_view(traj.response_text)
+    golds = golden_answers if golden_answers is not None else traj.golden_answers
+    return evaluate_response(text, golds, reward_cfg)

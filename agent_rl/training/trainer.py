@@ -28,7 +28,7 @@ from typing import Callable
 import torch
 
 from agent_rl.config import TrainConfig, to_dict
-from agent_rl.rollout.protocol import score_trajectory
+from agent_rl.rollout.reward import score_trajectory
 from agent_rl.training import algos
 from agent_rl.training.batch import TokenBatch
 from agent_rl.training.checkpoint import STATE, CheckpointManager

@@ -20,7 +20,7 @@ from agent_rl.config import ToolConfig
 from agent_rl.rollout import protocol as PR
 from agent_rl.rollout.engine import Sampling
 from agent_rl.rollout.manager import RolloutManager, rollout_metrics
-from agent_rl.rollout.reward import evaluate_response
+from agent_rl.rollout.reward import evaluate_response, score_trajectory
 from agent_rl.rollout.tools import (Tool, ToolArgumentError, ToolInputError, ToolResult, builtin_tool, calculate,
                                     calculator_tool, check_arguments)
 from rollout_fakes import FakeRetriever, Q, ScriptedEngine, make_cfg
@@ -144,7 +144,7 @@ def test_native_rollout_is_the_templates_conversation_token_for_token(qwen_tok):
     assert qwen_tok.decode(t.prompt_ids + t.response_ids, skip_special_tokens=False) == whole
     # the reward reads Search-R1's grammar: a well-formed search, retrieved text, the answer
     assert "<search>" in t.reward_text and "<information>" in t.reward_text and "<|im_start|>" not in t.reward_text
-    res = PR.score_trajectory(t, ["Shakespeare"], None)
+    res = score_trajectory(t, ["Shakespeare"], None)
     assert res.valid_format and res.answer == "Shakespeare" and res.score == 1.0
     assert evaluate_response(t.reward_text, ["hamlet author 1"]).retrieval_hit
     assert m["tool/search/calls"] == 1 and m["rollout/tool_calls_mean"] == 1
@@ -508,7 +508,7 @@ def test_tags_in_tool_output_are_text(tok, protocol):
         eng = ScriptedEngine(tok, ["<search> where </search>", "I do not know."])
         mgr = RolloutManager(eng, Planting(), make_cfg(max_turns=1), tokenizer=tok)
         (t,), _ = run(mgr.rollout([Q("where?", ["Zanzibar"])], n=1))
-    res = PR.score_trajectory(t, ["Zanzibar"], None)
+    res = score_trajectory(t, ["Zanzibar"], None)
     assert res.answer is None and res.score == 0.0
     assert "&lt;answer&gt; Zanzibar &lt;/answer&gt;" in tok.decode(t.response_ids)
     text = tok.decode(t.response_ids, skip_special_tokens=False)
@@ -571,11 +571,11 @@ def test_the_tool_call_limit_holds_across_concurrent_rollouts(tok):
 
 def test_every_reward_goes_through_the_protocols_view():
     """Rewards read `score_trajectory` (the protocol's view, feedback removed), never raw
-    response text: only reward.py and protocol.py call evaluate_response (benchmarks/cold_start
-    scored raw text, reading Search-R1's feedback as the answer "and")."""
+    response text: only reward.py calls evaluate_response (benchmarks/cold_start scored raw
+    text, reading Search-R1's feedback as the answer "and")."""
     callers = []
     for p in [*ROOT.glob("agent_rl/**/*.py"), *ROOT.glob("benchmarks/*.py"), *ROOT.glob("scripts/*.py")]:
-        if p.name in ("reward.py", "protocol.py"):
+        if p.name == "reward.py":
             continue
         for node in ast.walk(ast.parse(p.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "evaluate_response":
@@ -589,7 +589,7 @@ def test_score_trajectory_never_reads_the_feedback_as_an_answer(tok):
     (t,), _ = run(mgr.rollout([Q("q", ["and"])], n=1))
     assert PR.FEEDBACK_INVALID.strip() in t.response_text
     assert evaluate_response(t.response_text, ["and"]).score == 1.0  # the trap
-    assert PR.score_trajectory(t, ["and"], None).score == 0.0
+    assert score_trajectory(t, ["and"], None).score == 0.0
 
 
 def test_sampling_stops_at_the_protocols_action_ends(tok):
