@@ -224,7 +224,8 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path | None = None,
                 if on_step is not None:
                     on_step(step, metrics)
                 if run.save_due():
-                    run.save({}, to_dict(cfg), lambda p: actor.call_all("save", str(p / "actor")))
+                    run.save({}, to_dict(cfg), lambda p: actor.call_all("save", str(p / "actor")),
+                             actor.call_all("state_bytes")[0])
         if (msg := run.stop_message()) is not None:
             print("\n" + msg, flush=True)
         save_final_model(lambda d: actor.call_all("save", d), model_dir, {"step": run.step, "trained_s": run.trained_s})

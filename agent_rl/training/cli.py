@@ -5,7 +5,8 @@ Loads the config (YAML, then dotted overrides with veRL names), waits for the re
 `RayTrainer.fit()` under a progress bar with ETA. Resumes from the run's latest checkpoint
 unless `trainer.resume_mode=disable`; a run whose checkpoint has already spent its budget
 (trainer.max_time_s, trainer.total_training_steps) returns before anything starts. Ctrl-C
-stops cleanly (actors and Ray shut down); the last checkpoint stays usable.
+stops cleanly (actors and Ray shut down); the last checkpoint stays usable, as after a save
+refused for disk space.
 
     agent-rl-train --config configs/train/demo_grpo_cpu.yaml trainer.total_training_steps=5
     python -m agent_rl.training.cli --config ... (same)
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     import ray
     from tqdm import tqdm
 
+    from agent_rl.training.checkpoint import NoSpaceForCheckpoint
     from agent_rl.training.ray_workers import init_ray
     from agent_rl.training.trainer import RayTrainer
 
@@ -109,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         latest = trainer.checkpoints.latest() if trainer is not None else None
         print(f"\n[train] interrupted; last checkpoint: {latest or 'none'} (rerun the same command to resume)", flush=True)
         return 130
+    except NoSpaceForCheckpoint as e:  # the message says what to free and that the last checkpoint is intact
+        print(f"agent-rl-train: error: {e.strerror}", file=sys.stderr)
+        return 1
     finally:
         if trainer is not None:
             trainer.shutdown()

@@ -115,8 +115,12 @@ class Run:
         freq = self.tr.save_freq
         return (freq > 0 and self.step % freq == 0) or self.stopping()
 
-    def save(self, state: dict, config: dict, save_workers: Callable[[Path], None]) -> Path:
-        return self.checkpoints.save(self.step, {**state, "trained_s": self.trained_s}, config, save_workers)
+    def save(self, state: dict, config: dict, save_workers: Callable[[Path], None] | None,
+             expected_bytes: int = 0) -> Path:
+        """A checkpoint of this step: `state` with the time trained; `expected_bytes`: about what
+        `save_workers` writes (the free-space check)."""
+        return self.checkpoints.save(self.step, {**state, "trained_s": self.trained_s}, config, save_workers,
+                                     expected_bytes)
 
     def stop_message(self) -> str | None:
         """What to print when the clock stopped the run before its last step."""

@@ -296,8 +296,9 @@ class RayTrainer:
             if self.ahead is not None:  # the groups not trained yet, with their trajectories in flight
                 (d / ROLLOUTS).write_text(json.dumps(self.ahead.state()))
 
+        expected = self.actor.rank0("state_bytes") + (self.critic.rank0("state_bytes") if self.critic else 0)
         return self.run.save({"data": self.loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict()},
-                             to_dict(self.cfg), save_workers)
+                             to_dict(self.cfg), save_workers, expected)
 
     def _maybe_resume(self) -> None:
         path = self.run.resume_path()
