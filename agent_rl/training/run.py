@@ -6,6 +6,11 @@ time budget (`trainer.max_time_s`, summed over resumed attempts), the timing of 
 when to checkpoint (`trainer.save_freq`, and always when the run stops: its last step or the
 budget). The RL trainer and SFT each add only what their checkpoints hold and what a step does.
 
+A resume continues the checkpoint's run: each checkpoint records the run's `identity` (what
+its state is shaped by: the model, the tokenizer, rollout.n, trainer.mode;
+agent_rl.training.identity), and a resume under another one is refused in one line before
+anything starts (agent_rl.training.trainer.check_resume).
+
 The time budget: the next step is not started when it would end past the budget, judged by
 the run's mean step time or by the longest step of this attempt if longer (GRPO's steps vary
 with the group filter's rounds: 60-175 s on real data, where the mean alone let a run end 22 s
@@ -15,7 +20,7 @@ past a 60-minute budget).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +58,12 @@ class Run:
     """The lifecycle state of one run: step, time trained, checkpoints. `name` prefixes its
     messages ("train", "sft")."""
 
-    def __init__(self, tr: Any, run_dir: str | Path, total_steps: int, name: str):
+    def __init__(self, tr: Any, run_dir: str | Path, total_steps: int, name: str,
+                 identity: Mapping[str, Any] | None = None):
+        """`identity`: what a resume must find unchanged, saved in every checkpoint
+        (agent_rl.training.identity)."""
         self.tr, self.run_dir, self.total_steps, self.name = tr, Path(run_dir), total_steps, name
+        self.identity = dict(identity or {})
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", tr.max_ckpt_to_keep)
         self.step = 0
         self.trained_s = 0.0
@@ -117,10 +126,10 @@ class Run:
 
     def save(self, state: dict, config: dict, save_workers: Callable[[Path], None] | None,
              expected_bytes: int = 0) -> Path:
-        """A checkpoint of this step: `state` with the time trained; `expected_bytes`: about what
-        `save_workers` writes (the free-space check)."""
-        return self.checkpoints.save(self.step, {**state, "trained_s": self.trained_s}, config, save_workers,
-                                     expected_bytes)
+        """A checkpoint of this step: `state` with the time trained and the run's identity;
+        `expected_bytes`: about what `save_workers` writes (the free-space check)."""
+        return self.checkpoints.save(self.step, {**state, "trained_s": self.trained_s, "identity": self.identity},
+                                     config, save_workers, expected_bytes)
 
     def stop_message(self) -> str | None:
         """What to print when the clock stopped the run before its last step."""
