@@ -380,9 +380,14 @@ class RunConfig:
     logger: list[str] = field(default_factory=lambda: ["console", "tensorboard", "jsonl"])
     """Metric sinks: console, tensorboard, jsonl, wandb."""
     resume_mode: str = "auto"
-    """auto (resume from the latest checkpoint if any) | disable."""
+    """auto: resume from the run's latest checkpoint if any (RL: one saved with another model,
+    tokenizer, rollout.n or trainer.mode is refused in one line naming the difference) |
+    disable: start from scratch; an earlier run in default_local_dir is first moved whole to
+    `<dir>.prev-<YYYYmmdd-HHMMSS>` (said in one line), so its metrics, TensorBoard events and
+    checkpoints are neither rewritten nor mixed with the new run's (veRL would write over them)."""
     resume_from_path: str | None = None
-    """Resume from this checkpoint directory (global_step_K) instead of the run's latest."""
+    """Resume from this checkpoint directory (global_step_K) instead of the run's latest (checked
+    as with auto)."""
     max_ckpt_to_keep: int | None = 2
     """Keep only the newest K run checkpoints (None: keep all). veRL: max_actor_ckpt_to_keep."""
     n_gpus_per_node: int = 0

@@ -165,8 +165,10 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path | None = None,
     print(f"[sft] {len(train)} demonstrations ({skipped} longer than {d.max_length} tokens skipped), "
           f"{len(val)} for validation; {total} steps of {bs}", flush=True)
 
-    run = Run(tr, run_dir, total, "sft")
-    latest = run.resume_path()
+    inputs = {"actor_rollout_ref.model.path": cfg.actor_rollout_ref.model.path,
+              **{f"data.files[{i}]": f for i, f in enumerate(d.train_files + d.val_files)}}
+    run = Run(tr, run_dir, total, "sft", inputs=inputs)
+    latest = run.start()  # resume_mode=disable: an earlier run here is moved aside
     model_dir = run_dir / "model"
     clear_partial_model(model_dir)
     if latest is not None:

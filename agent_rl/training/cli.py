@@ -3,7 +3,7 @@
 Loads the config (YAML, then dotted overrides with veRL names), waits for the retriever's
 /health, starts a local Ray cluster (or joins one: `trainer.ray_address=auto`), and runs
 `RayTrainer.fit()` under a progress bar with ETA. Resumes from the run's latest checkpoint
-unless `trainer.resume_mode=disable`; a run whose checkpoint
+unless `trainer.resume_mode=disable` (which moves an earlier run aside); a run whose checkpoint
 has already spent its budget (trainer.max_time_s, trainer.total_training_steps) returns before
 anything starts, and one whose checkpoint was saved under other settings (rollout.n,
 trainer.mode, the model or its tokenizer) is refused in one line. Ctrl-C stops cleanly (actors

@@ -83,7 +83,7 @@ class RayTrainer:
         self.loader = PromptLoader(load_train_prompts(cfg), cfg.data.train_batch_size, cfg.data.shuffle, cfg.data.seed,
                                    balanced=cfg.data.balance_by is not None)
         self.total_steps = cfg.trainer.total_training_steps or cfg.trainer.total_epochs * self.loader.steps_per_epoch
-        self.run = Run(cfg.trainer, self.run_dir, self.total_steps, "train", identity)
+        self.run = Run(cfg.trainer, self.run_dir, self.total_steps, "train", identity, run_inputs(cfg))
         self.checkpoints = self.run.checkpoints
         self.invalid_watch = RisingRate("rollout/invalid_action_rate")
         self.adv_fn = algos.get_adv_estimator(cfg.algorithm.adv_estimator)
@@ -304,7 +304,7 @@ class RayTrainer:
                              to_dict(self.cfg), save_workers, expected)
 
     def _maybe_resume(self) -> None:
-        path = self.run.resume_path()
+        path = self.run.start()
         if path is None:
             return
         state = self.run.restore(path)
@@ -375,6 +375,15 @@ def check_resume(cfg: TrainConfig, identity: dict | None = None, run_dir: str | 
         raise ResumeMismatch(f"cannot resume {path}: {'; '.join(found)}. Resume with the checkpoint's settings, or "
                              f"start a new run (another trainer.default_local_dir, or trainer.resume_mode=disable, "
                              f"which moves this run aside)")
+
+
+def run_inputs(cfg: TrainConfig) -> dict[str, str]:
+    """The paths an RL run reads (config key -> path): a new run never moves them aside."""
+    d = cfg.data
+    paths = {"actor_rollout_ref.model.path": cfg.actor_rollout_ref.model.path, "critic.model_path": cfg.critic.model_path}
+    paths.update({f"data.train_files[{i}]": f for i, f in enumerate(d.train_files)})
+    paths.update({f"data.val_files[{i}]": f for i, f in enumerate(d.val_files)})
+    return {k: v for k, v in paths.items() if v}
 
 
 def load_train_prompts(cfg: TrainConfig) -> list[Prompt]:

@@ -1,6 +1,6 @@
 """One run's lifecycle (agent_rl/training/run.py) where it meets an earlier run: a resume that
 must continue the checkpoint's run (the same model, tokenizer, rollout.n and trainer.mode, and
-its in-flight rollouts whole).
+its in-flight rollouts whole), and a new run that must not rewrite an earlier one's history.
 
 The checks are end to end through `agent-rl-train`'s entry point where they stop a command:
 one line, before the retriever, Ray or the engine (no retriever listens on the configured
@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from agent_rl.config import TrainConfig, load_config, to_dict
+from agent_rl.config import TrainConfig, TrainerConfig, load_config, to_dict
 from agent_rl.training.checkpoint import CheckpointManager
+from agent_rl.training.metrics import MetricsLogger, read_jsonl
 from agent_rl.training.run import Run
 
 
@@ -149,3 +150,60 @@ def test_rollouts_json_is_checked_when_it_is_loaded_naming_the_file_and_field(tm
     ckpt = save_checkpoint(args, rollouts)
     rc, err = train_cli(args, capsys)
     assert rc == 2 and f"{ckpt / 'rollouts.json'}: {said}" in err and err.count("\n") == 1, err
+
+
+# ----------------------------------------------------------------------------- a new run: history kept
+def _earlier_run(run_dir: Path) -> dict[Path, bytes]:
+    """Three logged steps (jsonl, TensorBoard) and the checkpoint of step 3; returns its files."""
+    logger = MetricsLogger(run_dir, ["jsonl", "tensorboard"])
+    for step in (1, 2, 3):
+        logger.log({"reward/mean": float(step)}, step)
+    logger.close()
+    CheckpointManager(run_dir / "checkpoints").save(3, {"data": {}}, {})
+    return {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+
+
+def test_resume_mode_disable_moves_the_earlier_run_aside_and_never_rewrites_it(tmp_path, capsys):
+    """It cut the earlier run's metrics.jsonl to step <= 0, purged its TensorBoard events and
+    mixed the two runs' checkpoints, so a later auto-resume took the earlier run's step 3."""
+    run_dir = tmp_path / "run"
+    earlier = _earlier_run(run_dir)
+    capsys.readouterr()
+    run = Run(TrainerConfig(default_local_dir=str(run_dir), resume_mode="disable"), run_dir, 2, "train")
+    assert run.start() is None and run.step == 0
+    (aside,) = [p for p in tmp_path.iterdir() if p.name.startswith("run.prev-")]
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and f"moved the earlier run in {run_dir} to {aside}" in out, out
+    assert {p.relative_to(aside): p.read_bytes() for p in aside.rglob("*") if p.is_file()} == earlier
+    # the new run, as the trainer goes on: its logger, one step, its checkpoint
+    logger = MetricsLogger(run_dir, ["jsonl", "tensorboard"], resume_step=run.step)
+    run.begin_step()
+    logger.log({"reward/mean": 0.5}, run.step)
+    logger.close()
+    run.end_step()
+    run.save({"data": {}}, {}, None)
+    assert [r["step"] for r in read_jsonl(run_dir)] == [1]
+    assert {p.relative_to(aside): p.read_bytes() for p in aside.rglob("*") if p.is_file()} == earlier
+    later = Run(TrainerConfig(default_local_dir=str(run_dir)), run_dir, 2, "train")  # resume_mode=auto
+    assert later.start() == run_dir / "checkpoints" / "global_step_1"
+
+
+def test_a_directory_that_holds_the_command_or_the_runs_model_is_refused_not_moved(tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    earlier = _earlier_run(run_dir)
+    tr = TrainerConfig(default_local_dir=str(run_dir), resume_mode="disable")
+    model = run_dir / "checkpoints" / "global_step_3"  # a new run from the earlier run's weights
+    with pytest.raises(ValueError, match="actor_rollout_ref.model.path .* is inside it"):
+        Run(tr, run_dir, 2, "train", inputs={"actor_rollout_ref.model.path": str(model)}).start()
+    monkeypatch.chdir(run_dir / "checkpoints")
+    with pytest.raises(ValueError, match="the current directory is inside it"):
+        Run(tr, run_dir, 2, "train").start()
+    assert {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == earlier
+
+
+def test_a_new_run_in_an_empty_or_absent_directory_moves_nothing(tmp_path, capsys):
+    for run_dir in (tmp_path / "absent", tmp_path / "empty"):
+        if run_dir.name == "empty":
+            run_dir.mkdir()
+        Run(TrainerConfig(default_local_dir=str(run_dir), resume_mode="disable"), run_dir, 2, "train").start()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"] and capsys.readouterr().out == ""
