@@ -5,7 +5,7 @@ Layout under `<run_dir>/checkpoints/`:
     global_step_20/
         trainer_state.json   step, loader position, kl controller, anything small
         rng.pt               python / numpy / torch RNG states of the driver
-        config.yaml          the resolved config the run used
+        config.yaml          the resolved config the run used (secrets redacted)
         actor/  critic/      written by the workers' own `save(dir)`
         manifest.json        written last: every other file's relative path -> size in bytes
     latest                   text file naming the newest checkpoint saved (for people and
@@ -46,6 +46,7 @@ import numpy as np
 import torch
 import yaml
 
+from agent_rl.config import redacted
 from data_prep.atomic import atomic_write, fsync, replace_dir
 
 LATEST = "latest"
@@ -215,7 +216,7 @@ class CheckpointManager:
             if save_workers is not None:
                 save_workers(tmp)
             torch.save(rng_state(), tmp / "rng.pt")
-            (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+            (tmp / "config.yaml").write_text(yaml.safe_dump(redacted(config), sort_keys=False))
             (tmp / STATE).write_text(json.dumps({"step": step, **state}, indent=1))
             (tmp / MANIFEST).write_text(json.dumps(manifest_of(tmp), indent=1))
             replace_dir(tmp, final)  # fsyncs every file first; a re-saved step is swapped whole
