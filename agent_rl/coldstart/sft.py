@@ -166,7 +166,8 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path | None = None,
           f"{len(val)} for validation; {total} steps of {bs}", flush=True)
 
     inputs = {"actor_rollout_ref.model.path": cfg.actor_rollout_ref.model.path,
-              **{f"data.files[{i}]": f for i, f in enumerate(d.train_files + d.val_files)}}
+              **{f"data.train_files[{i}]": f for i, f in enumerate(d.train_files)},
+              **{f"data.val_files[{i}]": f for i, f in enumerate(d.val_files)}}
     run = Run(tr, run_dir, total, "sft", inputs=inputs)
     latest = run.start()  # resume_mode=disable: an earlier run here is moved aside
     model_dir = run_dir / "model"
