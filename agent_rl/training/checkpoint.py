@@ -143,11 +143,16 @@ class CheckpointManager:
         Found by scanning, not from the `latest` pointer: a kill between the rename and the
         pointer update leaves the pointer one checkpoint behind. A damaged checkpoint (a
         power loss before its data reached the disk) is skipped with a message."""
+        return self._newest_complete(report=True)
+
+    def _newest_complete(self, report: bool = False) -> Path | None:
+        """The newest checkpoint whose files match its manifest; `report`: say which were skipped."""
         for path in reversed(self._step_dirs()):
             why = damage(path)
             if why is None:
                 return path
-            print(f"[checkpoint] skipping {path}: {why}; falling back to the one before", flush=True)
+            if report:
+                print(f"[checkpoint] skipping {path}: {why}; falling back to the one before", flush=True)
         return None
 
     def _step_dirs(self) -> list[Path]:
@@ -182,7 +187,7 @@ class CheckpointManager:
         """Raise NoSpaceForCheckpoint unless the disk holds the checkpoint about to be saved:
         `expected_bytes` (the caller's estimate of the state being saved) or the newest
         checkpoint's size if larger (the same weights and optimizer state again)."""
-        newest = self.latest()
+        newest = self._newest_complete()
         last = sum(manifest_of(newest).values()) if newest is not None else 0
         need = max(expected_bytes, last)
         free = shutil.disk_usage(self.root).free

@@ -84,6 +84,7 @@ class RayTrainer:
                                    balanced=cfg.data.balance_by is not None)
         self.total_steps = cfg.trainer.total_training_steps or cfg.trainer.total_epochs * self.loader.steps_per_epoch
         self.run = Run(cfg.trainer, self.run_dir, self.total_steps, "train", identity, run_inputs(cfg))
+        resume_from = self.run.start()  # before the workers start: a refused move aside costs nothing
         self.checkpoints = self.run.checkpoints
         self.invalid_watch = RisingRate("rollout/invalid_action_rate")
         self.adv_fn = algos.get_adv_estimator(cfg.algorithm.adv_estimator)
@@ -109,7 +110,7 @@ class RayTrainer:
             from agent_rl.training.ahead import AheadCollector
 
             self.ahead = AheadCollector(self.rollout, self.loader, cfg, self.total_steps)
-        self._maybe_resume()
+        self._maybe_resume(resume_from)
         self.metrics = MetricsLogger(
             self.run_dir,
             cfg.trainer.logger,
@@ -303,8 +304,7 @@ class RayTrainer:
         return self.run.save({"data": self.loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict()},
                              to_dict(self.cfg), save_workers, expected)
 
-    def _maybe_resume(self) -> None:
-        path = self.run.start()
+    def _maybe_resume(self, path: Path | None) -> None:
         if path is None:
             return
         state = self.run.restore(path)
