@@ -197,8 +197,8 @@ class CheckpointManager:
         kept = f"{newest.name} is intact" if newest is not None else "no earlier checkpoint was touched"
         raise NoSpaceForCheckpoint(
             errno.ENOSPC, f"checkpoint {name} needs about {need / 2**30:.2f} GiB ({basis}) and {self.root} has "
-            f"{free / 2**30:.2f} GiB free: nothing was written; {kept}. Free some space (or lower "
-            f"trainer.max_ckpt_to_keep) and run the same command again to continue from it")
+            f"{free / 2**30:.2f} GiB free: nothing was written; {kept}. Free some space on that disk and run "
+            f"the same command again to continue from it")
 
     def save(
         self, step: int, state: dict, config: dict, save_workers: Callable[[Path], None] | None = None,
