@@ -333,8 +333,8 @@ class RetrieverConfig:
     """File whose first line is the retriever's API key (sent as X-API-Key). Unset: env
     RETRIEVER_API_KEY when set. A refused key stops the command at start-up."""
     api_key: str | None = None
-    """The key itself; prefer api_key_file or the env variable (this one is written into the
-    run's config.yaml and shows on a command line)."""
+    """The key itself; prefer api_key_file or the env variable (a key given here shows on a
+    command line; loggers and checkpoints' config.yaml get "<redacted>": `SECRETS`)."""
 
 
 @dataclass
@@ -380,9 +380,14 @@ class RunConfig:
     logger: list[str] = field(default_factory=lambda: ["console", "tensorboard", "jsonl"])
     """Metric sinks: console, tensorboard, jsonl, wandb."""
     resume_mode: str = "auto"
-    """auto (resume from the latest checkpoint if any) | disable."""
+    """auto: resume from the run's latest checkpoint if any (RL: one saved with another model,
+    tokenizer, rollout.n or trainer.mode is refused in one line naming the difference) |
+    disable: start from scratch; an earlier run in default_local_dir is first moved whole to
+    `<dir>.prev-<YYYYmmdd-HHMMSS>` (said in one line), so its metrics, TensorBoard events and
+    checkpoints are neither rewritten nor mixed with the new run's (veRL would write over them)."""
     resume_from_path: str | None = None
-    """Resume from this checkpoint directory (global_step_K) instead of the run's latest."""
+    """Resume from this checkpoint directory (global_step_K) instead of the run's latest (checked
+    as with auto)."""
     max_ckpt_to_keep: int | None = 2
     """Keep only the newest K run checkpoints (None: keep all). veRL: max_actor_ckpt_to_keep."""
     n_gpus_per_node: int = 0
@@ -716,8 +721,31 @@ def _deep_update(base: dict, new: dict, where: str) -> None:
 
 
 def to_dict(cfg: Any) -> dict:
-    """Plain dict of a config (for logging and checkpoints)."""
+    """Plain dict of a config (for logging and checkpoints, which pass it through `redacted`)."""
     return dataclasses.asdict(cfg)
+
+
+SECRETS = ("retriever.api_key",)
+"""Settings that hold a secret (tests/agent_rl/test_config.py checks that every field named
+like a key, token or password is here)."""
+REDACTED = "<redacted>"
+
+
+def redacted(config: dict) -> dict:
+    """A copy of the plain config `config` (`to_dict`) with every secret that is set replaced by
+    REDACTED: the one form of a config that leaves the process, to a logger (W&B's run config)
+    or a file (each checkpoint's config.yaml). The key went to both before."""
+    import copy
+
+    out = copy.deepcopy(config)
+    for key in SECRETS:
+        *sections, name = key.split(".")
+        node: Any = out
+        for section in sections:
+            node = node.get(section) if isinstance(node, dict) else None
+        if isinstance(node, dict) and node.get(name) is not None:
+            node[name] = REDACTED
+    return out
 
 
 # ----------------------------------------------------------------------------- cold-start SFT

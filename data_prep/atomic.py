@@ -100,16 +100,37 @@ def replace_dir(tmp: str | Path, final: str | Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def check_replaceable(out: str | Path, marker: str, what: str, how: str) -> None:
+def temp_dir_beside(final: str | Path) -> Path:
+    """A new, uniquely named hidden directory beside `final` (same file system, so
+    `replace_dir` can rename it into place), with the permissions a plain mkdir gives: a fixed
+    name would have to be cleared first, and could be someone else's."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would become the output's
+    return tmp
+
+
+def check_replaceable(out: str | Path, marker: str, what: str, how: str, own: tuple[str, ...] | None = None) -> None:
     """Raise FileExistsError unless `out` is absent, an empty directory, or a directory this
     tool completed before (it holds `marker`): a tool never deletes what it did not create.
+    With `own` (the names the tool writes), a directory it completed that holds anything else
+    too (an index built inside it since) is refused as well: replacing it would delete that.
 
     `what` names the output ("a prepared model"), `how` the way out ("use another --out")."""
     out = Path(out)
     if not out.exists() and not out.is_symlink():
         return
-    if out.is_dir() and not out.is_symlink() and ((out / marker).exists() or not any(out.iterdir())):
+    if out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
         return
+    if out.is_dir() and not out.is_symlink() and (out / marker).exists():
+        foreign = sorted(p.name for p in out.iterdir() if own is not None and p.name not in (*own, marker))
+        if not foreign:
+            return
+        raise FileExistsError(f"{out} holds {', '.join(foreign)}, which this tool did not write; refusing to replace "
+                              f"it with {what}: {how}")
     kind = "a symbolic link" if out.is_symlink() else "a directory" if out.is_dir() else "a file"
     raise FileExistsError(
         f"{out} exists and is {kind} not written by this tool (no {marker} in it); refusing to replace it "

@@ -88,8 +88,12 @@ def _cmd_index(args) -> int:
 def _cmd_synthetic(args) -> int:
     from data_prep.synthetic import generate_kb
 
-    stats = generate_kb(args.out, seed=args.seed, n_entities=args.entities,
-                        n_train=args.train, n_test=args.test)
+    try:
+        stats = generate_kb(args.out, seed=args.seed, n_entities=args.entities,
+                            n_train=args.train, n_test=args.test)
+    except FileExistsError as e:  # --out holds files this command did not write: usage
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     kinds = "; ".join(f"{s}: " + ", ".join(f"{k} {v}" for k, v in stats["kinds"][s].items()) for s in ("train", "test"))
     print(f"{stats['entities']} entities ({stats['people']} people, {stats['organisations']} organisations, "
           f"{stats['works']} works, {stats['cities']} cities), {stats['passages']} passages")
@@ -229,7 +233,9 @@ def build_parser(with_index_args: bool = False) -> argparse.ArgumentParser:
                        description="Generate the embedded knowledge base of fictional entities, deterministic "
                                    "from --seed:\nDIR/corpus.jsonl, DIR/train.parquet, DIR/test.parquet "
                                    "(+ DIR/kb_meta.json).")
-    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="output directory (absent, empty, or a knowledge base this command wrote, holding nothing "
+                        "else: any other existing DIR is refused with exit code 2, never overwritten)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--entities", type=int, default=2000, metavar="N", help="number of entities (default 2000)")
     p.add_argument("--train", type=int, default=5000, metavar="N", help="train questions (default 5000)")

@@ -34,11 +34,13 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from data_prep.io import atomic_path, write_jsonl
+from data_prep.atomic import COMPLETE, check_replaceable, replace_dir, temp_dir_beside
+from data_prep.io import write_jsonl
 from data_prep.qa import normalize_question
 
 # ---------------------------------------------------------------------------------------
@@ -637,15 +639,28 @@ def _rows(qs: list[_Q], split: str) -> list[dict]:
     } for i, q in enumerate(qs)]
 
 
+KB_FILES = ("corpus.jsonl", "train.parquet", "test.parquet", "kb_meta.json")
+"""What `generate_kb` writes (and the COMPLETE marker, last)."""
+
+
 def generate_kb(out_dir: str | Path, seed: int = 0, n_entities: int = 2000,
                 n_train: int = 5000, n_test: int = 500) -> dict:
     """Generate the knowledge base into `out_dir`: ``corpus.jsonl``, ``train.parquet``,
     ``test.parquet`` (and ``kb_meta.json`` with the seed and counts). Returns the counts.
 
     Fewer questions than asked are written when the world is too small to supply them
-    (the returned counts say how many)."""
+    (the returned counts say how many).
+
+    The files are Search-R1's own names, so `out_dir` is written only when it is absent,
+    empty, or a knowledge base this function completed (its `.complete` marker) holding
+    nothing else; anything else raises FileExistsError before any work. The set is written
+    into a temporary sibling directory and renamed into place (`data_prep.atomic`): a failure
+    or a kill leaves the earlier set whole, never old and new files side by side."""
     import pandas as pd
 
+    out = Path(out_dir)
+    check_replaceable(out, COMPLETE, "a generated knowledge base", "choose another --out, or move it away first",
+                      own=KB_FILES)
     t0 = time.time()
     rng = random.Random(seed)
     world = _build_world(rng, n_entities)
@@ -664,12 +679,6 @@ def generate_kb(out_dir: str | Path, seed: int = 0, n_entities: int = 2000,
     test_text = {normalize_question(q.question) for q in test}
     train = _sample(rng, [c for c in pools["train"] if normalize_question(c.question) not in test_text], n_train)
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    write_jsonl(passages, out / "corpus.jsonl")
-    for split, qs in (("train", train), ("test", test)):
-        with atomic_path(out / f"{split}.parquet") as tmp:
-            pd.DataFrame(_rows(qs, split)).to_parquet(tmp, index=False)
     kinds = {s: {k: sum(q.kind == k for q in qs) for k in _KIND_SHARE} for s, qs in (("train", train), ("test", test))}
     stats = {
         "seed": seed, "entities": len(world.cities) + len(world.people) + len(world.orgs) + len(world.works),
@@ -677,7 +686,16 @@ def generate_kb(out_dir: str | Path, seed: int = 0, n_entities: int = 2000,
         "works": len(world.works), "passages": len(passages), "train": len(train), "test": len(test),
         "kinds": kinds,
     }
-    with atomic_path(out / "kb_meta.json") as tmp:
-        tmp.write_text(json.dumps(stats, indent=1) + "\n")
+    tmp = temp_dir_beside(out)
+    try:
+        write_jsonl(passages, tmp / "corpus.jsonl")
+        for split, qs in (("train", train), ("test", test)):
+            pd.DataFrame(_rows(qs, split)).to_parquet(tmp / f"{split}.parquet", index=False)
+        (tmp / "kb_meta.json").write_text(json.dumps(stats, indent=1) + "\n")
+        (tmp / COMPLETE).write_text(f"seed {seed}\n")
+        replace_dir(tmp, out)  # fsyncs the set, then one rename
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     stats["seconds"] = round(time.time() - t0, 2)
     return stats

@@ -222,6 +222,64 @@ def parse_retrieve(headers: dict[str, str], body: bytes, s: Settings) -> tuple[l
 
 
 # ----------------------------------------------------------------------------- the app
+class BodyDeadline:
+    """ASGI middleware: a request's body must arrive within `timeout_s` of its headers.
+
+    uvicorn has no such limit: a client that sends its headers and then a byte of body now
+    and then (slowloris) held its connection, and a max_concurrent_requests slot, for the
+    whole run. Past the deadline the client gets 408 with `connection: close` (uvicorn closes
+    the connection after it) and the app reads a disconnect, as if the client had gone.
+    A response to a request whose body was not read whole closes the connection too: uvicorn
+    would keep reading the rest of that body on a kept-alive connection for as long as bytes
+    came (GET /health with a trickling body)."""
+
+    def __init__(self, app: Callable, timeout_s: float, on_timeout: Callable[[], None] | None = None):
+        self.app, self.timeout_s, self.on_timeout = app, timeout_s, on_timeout
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
+        body_read = late = started = False
+
+        async def timed_receive() -> dict:
+            nonlocal body_read, late, started
+            if late:
+                return {"type": "http.disconnect"}
+            if body_read:  # the app waits for the disconnect (search_while_connected): no deadline
+                return await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    msg = await receive()
+            except TimeoutError:
+                late = True
+                if self.on_timeout is not None:
+                    self.on_timeout()
+                if not started:
+                    started = True
+                    detail = json.dumps({"detail": f"the request body did not arrive within body_timeout_s="
+                                                   f"{self.timeout_s:g} s"}).encode()
+                    await send({"type": "http.response.start", "status": 408,
+                                "headers": [(b"content-type", b"application/json"), (b"connection", b"close"),
+                                            (b"content-length", str(len(detail)).encode())]})
+                    await send({"type": "http.response.body", "body": detail})
+                return {"type": "http.disconnect"}
+            body_read = msg["type"] != "http.request" or not msg.get("more_body", False)
+            return msg
+
+        async def closing_send(msg: dict) -> None:
+            nonlocal started
+            if late:
+                return  # answered 408 already: the app's answer to the "disconnect" goes nowhere
+            if msg["type"] == "http.response.start":
+                started = True
+                if not body_read:
+                    msg = {**msg, "headers": [*msg.get("headers", []), (b"connection", b"close")]}
+            await send(msg)
+
+        await self.app(scope, timed_receive, closing_send)
+
+
 class RetrieveRoute:
     """ASGI middleware: POST /retrieve goes to `handler(scope, receive) -> (status, body,
     headers)`, every other request to the app."""
@@ -398,6 +456,12 @@ def create_app(settings: Settings, on_fatal: Callable[[str], None] | None = None
     # the encoder's cores. The FastAPI route below documents the API in /docs and /openapi.json;
     # it answers the same way should a request ever reach it.
     app.add_middleware(RetrieveRoute, handler=retrieve)
+
+    def body_timeout() -> None:
+        state.stats.errors["body_timeout"] += 1
+
+    # outermost (added last): every request's body, /retrieve's and the others', is under the deadline
+    app.add_middleware(BodyDeadline, timeout_s=settings.body_timeout_s, on_timeout=body_timeout)
 
     @app.post("/retrieve", response_model=RetrieveResponse, response_model_exclude_unset=True,
               responses={400: {"model": ErrorResponse}, 413: {"model": ErrorResponse},

@@ -34,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queries", type=int)
     p.add_argument("--max-query-chars", type=int)
     p.add_argument("--max-body-bytes", type=int)
+    p.add_argument("--body-timeout-s", type=float,
+                   help="seconds a request body may take to arrive; then 408 and the connection closed (default 10)")
     p.add_argument("--max-batch-size", type=int)
     p.add_argument("--max-wait-ms", type=float)
     p.add_argument("--cache-size", type=int)

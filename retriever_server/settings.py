@@ -50,6 +50,11 @@ class Settings(BaseModel):
     """Longest query string accepted."""
     max_body_bytes: int = 4 * 1024 * 1024
     """Largest request body accepted (413 above)."""
+    body_timeout_s: float = 10.0
+    """Seconds a request's body may take to arrive after its headers; past it the answer is
+    408 and the connection is closed (a slow or stalled client, or a slowloris, would
+    otherwise hold its connection and a max_concurrent_requests slot for good). A 4 MiB body
+    at 1 MB/s takes 4 s."""
     allow_empty_queries: bool = True
     """Answer "" queries like any other (Search-R1 sends them for `<search></search>`)."""
 
@@ -114,6 +119,8 @@ class Settings(BaseModel):
                 raise ValueError(f"{name} must be >= 1")
         if not 1 <= self.topk <= self.max_topk:
             raise ValueError(f"topk={self.topk} must be within 1..max_topk={self.max_topk}")
+        if self.body_timeout_s <= 0:
+            raise ValueError("body_timeout_s must be > 0")
         if self.max_wait_ms < 0 or self.cache_size < 0:
             raise ValueError("max_wait_ms and cache_size must be >= 0")
         if self.api_key_file and not self.api_key:

@@ -165,8 +165,11 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path | None = None,
     print(f"[sft] {len(train)} demonstrations ({skipped} longer than {d.max_length} tokens skipped), "
           f"{len(val)} for validation; {total} steps of {bs}", flush=True)
 
-    run = Run(tr, run_dir, total, "sft")
-    latest = run.resume_path()
+    inputs = {"actor_rollout_ref.model.path": cfg.actor_rollout_ref.model.path,
+              **{f"data.train_files[{i}]": f for i, f in enumerate(d.train_files)},
+              **{f"data.val_files[{i}]": f for i, f in enumerate(d.val_files)}}
+    run = Run(tr, run_dir, total, "sft", inputs=inputs)
+    latest = run.start()  # resume_mode=disable: an earlier run here is moved aside
     model_dir = run_dir / "model"
     clear_partial_model(model_dir)
     if latest is not None:
@@ -224,7 +227,8 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path | None = None,
                 if on_step is not None:
                     on_step(step, metrics)
                 if run.save_due():
-                    run.save({}, to_dict(cfg), lambda p: actor.call_all("save", str(p / "actor")))
+                    run.save({}, to_dict(cfg), lambda p: actor.call_all("save", str(p / "actor")),
+                             actor.call_all("state_bytes")[0])
         if (msg := run.stop_message()) is not None:
             print("\n" + msg, flush=True)
         save_final_model(lambda d: actor.call_all("save", d), model_dir, {"step": run.step, "trained_s": run.trained_s})

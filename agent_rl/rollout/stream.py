@@ -48,14 +48,54 @@ class SavedGroup:
                 "live": [asdict(s) for s in self.live], "pending": self.pending}
 
     @classmethod
-    def from_dict(cls, d: dict, prompt_from: Callable[[dict], Any]) -> SavedGroup:
+    def from_dict(cls, d: dict, prompt_from: Callable[[dict], Any], n: int) -> SavedGroup:
+        """The group `to_dict` wrote, checked first (`check_saved_group`) against rollout.n = `n`."""
         from agent_rl.rollout.manager import _State
+
+        check_saved_group(d, n)
 
         def state(s: dict) -> _State:
             return _State(**{**s, "segments": [tuple(x) for x in s["segments"]]})
 
         return cls(int(d["key"]), prompt_from(d["prompt"]), [Trajectory(**t) for t in d["done"]],
                    [state(s) for s in d["live"]], int(d["pending"]))
+
+
+PER_TOKEN = {"done": ("response_ids", ("loss_mask", "rollout_logprobs", "policy_versions")),
+             "live": ("response_ids", ("loss_mask", "logprobs", "versions"))}
+"""The arrays of a saved trajectory (done) or trajectory state (live) that hold one entry per
+response token (a done trajectory's policy_versions may be empty: not recorded)."""
+
+
+def check_saved_group(d: dict, n: int, where: str = "group") -> None:
+    """Raise ValueError naming the field (`<where>.live[0].loss_mask has 1 entries,
+    response_ids has 2`) when a saved group (`SavedGroup.to_dict`) does not hold n members or the per-token
+    arrays of one of them disagree: a damaged or edited rollouts.json otherwise failed only
+    when its trajectory ended, mid-step, and a group of another n hung `take()`."""
+    if not isinstance(d, dict):
+        raise ValueError(f"{where} is not an object")
+    for key in ("key", "prompt", "done", "live", "pending"):
+        if key not in d:
+            raise ValueError(f"{where} has no {key}")
+    if not isinstance(d["done"], list) or not isinstance(d["live"], list) or not isinstance(d["pending"], int):
+        raise ValueError(f"{where}: done and live must be lists, pending a number")
+    members = len(d["done"]) + len(d["live"]) + d["pending"]
+    if members != n or d["pending"] < 0:
+        raise ValueError(f"{where} holds {members} members ({len(d['done'])} done, {len(d['live'])} in flight, "
+                         f"{d['pending']} pending), rollout.n is {n}")
+    for part, (ref, arrays) in PER_TOKEN.items():
+        for i, item in enumerate(d[part]):
+            at = f"{where}.{part}[{i}]"
+            for name in (ref, *arrays):
+                if not isinstance(item, dict) or name not in item:
+                    raise ValueError(f"{at} has no {name}")
+                if not isinstance(item[name], list):
+                    raise ValueError(f"{at}.{name} is not a list")
+            length = len(item[ref])
+            for name in arrays:
+                got = len(item[name])
+                if got != length and not (name == "policy_versions" and got == 0):
+                    raise ValueError(f"{at}.{name} has {got} entries, {ref} has {length}")
 
 
 @dataclass

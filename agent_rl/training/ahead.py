@@ -20,9 +20,11 @@ so a resumed run trains each prompt once and continues, not regenerates, what wa
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -185,7 +187,8 @@ class AheadCollector:
         from agent_rl.training.data import Prompt
 
         self.next_key = int(state["next_key"])
-        groups = [SavedGroup.from_dict(d, lambda p: Prompt(**p)) for d in state["groups"]]
+        n = self.cfg.actor_rollout_ref.rollout.n
+        groups = [SavedGroup.from_dict(d, lambda p: Prompt(**p), n) for d in state["groups"]]
         self.outstanding = [(g.key, g.prompt) for g in groups]
         self._resumed_keys = {g.key: g.sampled_tokens for g in groups}
         if groups:
@@ -194,3 +197,24 @@ class AheadCollector:
         done = sum(len(g.done) for g in groups)
         print(f"[train] continuing {len(groups)} groups from the checkpoint: {done} trajectories finished, {live} in "
               f"flight, {sum(self._resumed_keys.values())} sampled tokens kept", flush=True)
+
+
+def read_rollouts(path: Path, n: int) -> dict:
+    """A checkpoint's rollouts.json (`AheadCollector.state`), every group checked against
+    rollout.n = `n` and every per-token array against its trajectory's length
+    (agent_rl.rollout.stream.check_saved_group): a bad file is named with the field at fault
+    when it is loaded, before anything starts, not when its trajectory ends mid-step."""
+    from agent_rl.rollout.stream import check_saved_group
+
+    try:
+        state = json.loads(path.read_text())
+    except ValueError as e:  # UnicodeDecodeError is one
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(state, dict) or not isinstance(state.get("groups"), list) or "next_key" not in state:
+        raise ValueError(f"{path}: expected an object with next_key and a list of groups")
+    for i, group in enumerate(state["groups"]):
+        try:
+            check_saved_group(group, n, f"groups[{i}]")
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
+    return state

@@ -5,7 +5,7 @@ Layout under `<run_dir>/checkpoints/`:
     global_step_20/
         trainer_state.json   step, loader position, kl controller, anything small
         rng.pt               python / numpy / torch RNG states of the driver
-        config.yaml          the resolved config the run used
+        config.yaml          the resolved config the run used (secrets redacted)
         actor/  critic/      written by the workers' own `save(dir)`
         manifest.json        written last: every other file's relative path -> size in bytes
     latest                   text file naming the newest checkpoint saved (for people and
@@ -16,6 +16,13 @@ Guarantees. A checkpoint is written into `global_step_K.tmp/`; every file and di
 directory fsynced, and `latest` replaced atomically. So a run killed at any instant (SIGKILL
 included) or a full disk leaves the previous checkpoint intact and the new one absent or
 complete, and a power loss after the save cannot leave empty or short files in it.
+A step saved again (a run resumed from an earlier step) is swapped whole: the old one is
+renamed to `.global_step_K.old` just before the new one takes its name, and a kill between
+the two renames leaves it there, complete: the resume path takes it under that name and the
+next save renames it back first (with keep=1 it was the only checkpoint left).
+A save is refused before anything is written when the disk has less room than the
+checkpoint needs (the newest one's size, or the caller's estimate of the state being saved):
+a clear message instead of a disk filled to the last byte.
 `latest()` (the resume path) returns the newest checkpoint whose files all match its manifest,
 and skips a damaged one (a missing, empty or truncated file, an unreadable
 trainer_state.json) with a message naming it and why, falling back to the one before.
@@ -26,7 +33,9 @@ counts towards `keep`, so pruning never leaves nothing to resume from.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import random
 import re
 import shutil
@@ -37,12 +46,17 @@ import numpy as np
 import torch
 import yaml
 
-from data_prep.atomic import atomic_write, replace_dir
+from agent_rl.config import redacted
+from data_prep.atomic import atomic_write, fsync, replace_dir
 
 LATEST = "latest"
 STATE = "trainer_state.json"
 MANIFEST = "manifest.json"
 _STEP_DIR = re.compile(r"global_step_(\d+)")
+_ASIDE = re.compile(r"\.global_step_(\d+)\.old")
+"""A re-saved step's previous save, renamed aside by `replace_dir` until the new one is in place."""
+SPACE_MARGIN = 1.05
+"""Room asked beyond the estimate: file-system overhead, and the small files beside the state."""
 
 
 def step_dir_name(step: int) -> str:
@@ -51,6 +65,10 @@ def step_dir_name(step: int) -> str:
 
 # numpy's RNG state is an array: its reconstruction is plain data, allowed beside tensors
 _SAFE_NUMPY = [np.dtype, np.ndarray, np._core.multiarray._reconstruct, type(np.dtype(np.uint32))]
+
+
+class NoSpaceForCheckpoint(OSError):
+    """The disk has less room than the next checkpoint needs; nothing of it was written."""
 
 
 class UnsafeCheckpoint(ValueError):
@@ -125,37 +143,85 @@ class CheckpointManager:
         Found by scanning, not from the `latest` pointer: a kill between the rename and the
         pointer update leaves the pointer one checkpoint behind. A damaged checkpoint (a
         power loss before its data reached the disk) is skipped with a message."""
+        return self._newest_complete(report=True)
+
+    def _newest_complete(self, report: bool = False) -> Path | None:
+        """The newest checkpoint whose files match its manifest; `report`: say which were skipped."""
         for path in reversed(self._step_dirs()):
             why = damage(path)
             if why is None:
                 return path
-            print(f"[checkpoint] skipping {path}: {why}; falling back to the one before", flush=True)
+            if report:
+                print(f"[checkpoint] skipping {path}: {why}; falling back to the one before", flush=True)
         return None
 
     def _step_dirs(self) -> list[Path]:
-        """Every `global_step_K` directory, oldest first, complete or not (not `.tmp` ones)."""
-        dirs = [p for p in self.root.glob("global_step_*") if p.is_dir() and _STEP_DIR.fullmatch(p.name)]
-        return sorted(dirs, key=lambda p: int(p.name.rsplit("_", 1)[1]))
+        """Every checkpoint directory, oldest first, complete or not (not `.tmp` ones): each
+        step's `global_step_K`, or its `.global_step_K.old` where a kill between the two
+        renames of a re-save left the step only under that name."""
+        found: dict[int, Path] = {}
+        for pattern, name in (("global_step_*", _STEP_DIR), (".global_step_*.old", _ASIDE)):
+            for p in self.root.glob(pattern):
+                m = name.fullmatch(p.name)
+                if m and p.is_dir():
+                    found.setdefault(int(m.group(1)), p)  # the step's own name first
+        return [found[k] for k in sorted(found)]
 
-    def save(
-        self, step: int, state: dict, config: dict, save_workers: Callable[[Path], None] | None = None
-    ) -> Path:
-        """Write checkpoint `step`: `save_workers(dir)` writes worker states into `dir` first.
-
-        Any failure (a full disk, a worker error) removes the partial `.tmp` directory and
-        raises; the checkpoints saved before are left as they were."""
-        final = self.root / step_dir_name(step)
-        tmp = final.with_name(final.name + ".tmp")
-        for stale in [*self.root.glob("global_step_*.tmp"), *self.root.glob(".global_step_*.old")]:
-            shutil.rmtree(stale, ignore_errors=True)  # left by a killed save
+    def _clear_killed_save(self) -> None:
+        """What a killed save left: a step aside (`.global_step_K.old`) is renamed back when
+        its own name is free (the kill came between the renames) and removed otherwise; `.tmp`
+        directories and files are removed."""
+        for aside in self.root.glob(".global_step_*.old"):
+            final = self.root / aside.name[1:-len(".old")]
+            if _ASIDE.fullmatch(aside.name) and not final.exists():
+                os.replace(aside, final)
+                fsync(self.root)
+            else:
+                shutil.rmtree(aside, ignore_errors=True)
+        for stale in self.root.glob("global_step_*.tmp"):
+            shutil.rmtree(stale, ignore_errors=True)
         for stale in self.root.glob(f".{LATEST}.*.tmp"):  # atomic_write's, killed before its rename
             stale.unlink()
-        tmp.mkdir(parents=True)
+
+    def _check_space(self, name: str, expected_bytes: int) -> None:
+        """Raise NoSpaceForCheckpoint unless the disk holds the checkpoint about to be saved:
+        `expected_bytes` (the caller's estimate of the state being saved) or the newest
+        checkpoint's size if larger (the same weights and optimizer state again)."""
+        newest = self._newest_complete()
+        last = sum(manifest_of(newest).values()) if newest is not None else 0
+        need = max(expected_bytes, last)
+        free = shutil.disk_usage(self.root).free
+        if free >= need * SPACE_MARGIN:
+            return
+        basis = "the size of the last one" if last >= expected_bytes else "the state being saved"
+        kept = f"{newest.name} is intact" if newest is not None else "no earlier checkpoint was touched"
+        raise NoSpaceForCheckpoint(
+            errno.ENOSPC, f"checkpoint {name} needs about {need / 2**30:.2f} GiB ({basis}) and {self.root} has "
+            f"{free / 2**30:.2f} GiB free: nothing was written; {kept}. Free some space on that disk and run "
+            f"the same command again to continue from it")
+
+    def save(
+        self, step: int, state: dict, config: dict, save_workers: Callable[[Path], None] | None = None,
+        expected_bytes: int = 0,
+    ) -> Path:
+        """Write checkpoint `step`: `save_workers(dir)` writes worker states into `dir` first.
+        `expected_bytes`: the size of what it will write, for the free-space check (the
+        newest checkpoint's size stands in for it when larger).
+
+        Too little room raises NoSpaceForCheckpoint before anything is written. Any failure
+        (a full disk, a worker error) removes the partial `.tmp` directory and raises; the
+        checkpoints saved before are left as they were."""
+        final = self.root / step_dir_name(step)
+        tmp = final.with_name(final.name + ".tmp")
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._clear_killed_save()
+        self._check_space(final.name, expected_bytes)
+        tmp.mkdir()
         try:
             if save_workers is not None:
                 save_workers(tmp)
             torch.save(rng_state(), tmp / "rng.pt")
-            (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+            (tmp / "config.yaml").write_text(yaml.safe_dump(redacted(config), sort_keys=False))
             (tmp / STATE).write_text(json.dumps({"step": step, **state}, indent=1))
             (tmp / MANIFEST).write_text(json.dumps(manifest_of(tmp), indent=1))
             replace_dir(tmp, final)  # fsyncs every file first; a re-saved step is swapped whole

@@ -3,9 +3,11 @@
 Loads the config (YAML, then dotted overrides with veRL names), waits for the retriever's
 /health, starts a local Ray cluster (or joins one: `trainer.ray_address=auto`), and runs
 `RayTrainer.fit()` under a progress bar with ETA. Resumes from the run's latest checkpoint
-unless `trainer.resume_mode=disable`; a run whose checkpoint has already spent its budget
-(trainer.max_time_s, trainer.total_training_steps) returns before anything starts. Ctrl-C
-stops cleanly (actors and Ray shut down); the last checkpoint stays usable.
+unless `trainer.resume_mode=disable` (which moves an earlier run aside); a run whose checkpoint
+has already spent its budget (trainer.max_time_s, trainer.total_training_steps) returns before
+anything starts, and one whose checkpoint was saved under other settings (rollout.n,
+trainer.mode, the model or its tokenizer) is refused in one line. Ctrl-C stops cleanly (actors
+and Ray shut down); the last checkpoint stays usable, as after a save refused for disk space.
 
     agent-rl-train --config configs/train/demo_grpo_cpu.yaml trainer.total_training_steps=5
     python -m agent_rl.training.cli --config ... (same)
@@ -66,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
 
     offline_env()
 
-    from agent_rl.training.trainer import finished_run
+    from agent_rl.training.trainer import check_resume, finished_run
 
     try:  # every bad setting in one line, before the retriever, Ray and the engine
         cfg = load_config(TrainConfig, args.config, args.overrides)
@@ -76,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         check_paths(cfg)
         check_registered(cfg)
+        check_resume(cfg)  # a checkpoint of other settings, a damaged rollouts.json
     except (OSError, ValueError) as e:
         print(f"agent-rl-train: error: {e}", file=sys.stderr)
         return 2
@@ -94,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     import ray
     from tqdm import tqdm
 
+    from agent_rl.training.checkpoint import NoSpaceForCheckpoint
     from agent_rl.training.ray_workers import init_ray
     from agent_rl.training.trainer import RayTrainer
 
@@ -109,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
         latest = trainer.checkpoints.latest() if trainer is not None else None
         print(f"\n[train] interrupted; last checkpoint: {latest or 'none'} (rerun the same command to resume)", flush=True)
         return 130
+    except NoSpaceForCheckpoint as e:  # the message says what to free and that the last checkpoint is intact
+        print(f"agent-rl-train: error: {e.strerror}", file=sys.stderr)
+        return 1
     finally:
         if trainer is not None:
             trainer.shutdown()

@@ -17,6 +17,7 @@ import math
 import numbers
 from pathlib import Path
 
+from agent_rl.config import redacted
 from data_prep.atomic import atomic_write
 from data_prep.io import read_jsonl_rows
 
@@ -129,7 +130,8 @@ class MetricsLogger:
             except ImportError:
                 print("[metrics] 'wandb' is in trainer.logger but wandb is not installed: skipping it")
             else:
-                self._wandb = wandb.init(project=project, name=experiment, config=config, resume="allow")
+                shown = redacted(config) if config is not None else None  # W&B keeps the run's config
+                self._wandb = wandb.init(project=project, name=experiment, config=shown, resume="allow")
 
     @staticmethod
     def _rewrite_jsonl(path: Path, resume_step: int | None) -> None:

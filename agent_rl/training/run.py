@@ -6,6 +6,13 @@ time budget (`trainer.max_time_s`, summed over resumed attempts), the timing of 
 when to checkpoint (`trainer.save_freq`, and always when the run stops: its last step or the
 budget). The RL trainer and SFT each add only what their checkpoints hold and what a step does.
 
+A resume continues the checkpoint's run: each checkpoint records the run's `identity` (what
+its state is shaped by: the model, the tokenizer, rollout.n, trainer.mode;
+agent_rl.training.identity), and a resume under another one is refused in one line before
+anything starts (agent_rl.training.trainer.check_resume). A new run never rewrites an earlier
+one: with trainer.resume_mode=disable an earlier run in the directory is moved aside whole
+(`set_aside`), its metrics, TensorBoard events and checkpoints kept as they were.
+
 The time budget: the next step is not started when it would end past the budget, judged by
 the run's mean step time or by the longest step of this attempt if longer (GRPO's steps vary
 with the group filter's rounds: 60-175 s on real data, where the mean alone let a run end 22 s
@@ -14,12 +21,14 @@ past a 60-minute budget).
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from agent_rl.training.checkpoint import CheckpointManager
+from data_prep.atomic import fsync
 
 
 def out_of_time(trained_s: float, step: int, budget: float | None, longest_step_s: float = 0.0) -> bool:
@@ -49,12 +58,48 @@ def finished_reason(state: dict, tr: Any, total_steps: int | None) -> str | None
     return None
 
 
+HISTORY = ("checkpoints", "metrics.jsonl", "tensorboard", "model")
+"""What a run leaves in its directory (SFT's final model in `model/`): any of them there means
+an earlier run."""
+
+
+def set_aside(run_dir: Path, inputs: Mapping[str, str] | None = None) -> Path | None:
+    """Move an earlier run in `run_dir` to `<run_dir>.prev-<YYYYmmdd-HHMMSS>` (a sibling, one
+    rename: nothing is copied or deleted) so a new run starts in an empty directory; returns
+    where it went, None when `run_dir` holds no run. Refused (ValueError) when the directory
+    holds the current directory or one of `inputs` (config key -> path: e.g. the model of a
+    new run started from the earlier run's checkpoint), which the move would take away."""
+    if not run_dir.is_dir() or not any((run_dir / name).exists() for name in HISTORY):
+        return None
+    here = run_dir.resolve()
+    held = [f"{key} {path}" for key, path in (inputs or {}).items() if path and Path(path).resolve().is_relative_to(here)]
+    if Path.cwd().resolve().is_relative_to(here):
+        held.append("the current directory")
+    if held:
+        raise ValueError(f"trainer.resume_mode=disable would move the earlier run in {run_dir} aside, but "
+                         f"{', '.join(held)} is inside it: choose another trainer.default_local_dir")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside = run_dir.with_name(f"{run_dir.name}.prev-{stamp}")
+    n = 1
+    while aside.exists():
+        aside, n = run_dir.with_name(f"{run_dir.name}.prev-{stamp}-{n}"), n + 1
+    os.replace(run_dir, aside)
+    fsync(run_dir.parent)
+    return aside
+
+
 class Run:
     """The lifecycle state of one run: step, time trained, checkpoints. `name` prefixes its
     messages ("train", "sft")."""
 
-    def __init__(self, tr: Any, run_dir: str | Path, total_steps: int, name: str):
+    def __init__(self, tr: Any, run_dir: str | Path, total_steps: int, name: str,
+                 identity: Mapping[str, Any] | None = None, inputs: Mapping[str, str] | None = None):
+        """`identity`: what a resume must find unchanged, saved in every checkpoint
+        (agent_rl.training.identity); `inputs`: config key -> path this run reads (never moved
+        aside with an earlier run)."""
         self.tr, self.run_dir, self.total_steps, self.name = tr, Path(run_dir), total_steps, name
+        self.identity = dict(identity or {})
+        self.inputs = dict(inputs or {})
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", tr.max_ckpt_to_keep)
         self.step = 0
         self.trained_s = 0.0
@@ -64,7 +109,15 @@ class Run:
         self._t0: float | None = None
 
     # ------------------------------------------------------------------ resume
-    def resume_path(self) -> Path | None:
+    def start(self) -> Path | None:
+        """The checkpoint this run resumes, or None: it starts from scratch. With
+        trainer.resume_mode=disable an earlier run in the directory is moved aside first, and
+        the move said in one line."""
+        if self.tr.resume_mode == "disable":
+            aside = set_aside(self.run_dir, self.inputs)
+            if aside is not None:
+                print(f"[{self.name}] trainer.resume_mode=disable: moved the earlier run in {self.run_dir} to {aside} "
+                      f"(its metrics, TensorBoard events and checkpoints, unchanged)", flush=True)
         return resume_checkpoint(self.tr, self.checkpoints)
 
     def finished(self, state: dict) -> str | None:
@@ -115,8 +168,12 @@ class Run:
         freq = self.tr.save_freq
         return (freq > 0 and self.step % freq == 0) or self.stopping()
 
-    def save(self, state: dict, config: dict, save_workers: Callable[[Path], None]) -> Path:
-        return self.checkpoints.save(self.step, {**state, "trained_s": self.trained_s}, config, save_workers)
+    def save(self, state: dict, config: dict, save_workers: Callable[[Path], None] | None,
+             expected_bytes: int = 0) -> Path:
+        """A checkpoint of this step: `state` with the time trained and the run's identity;
+        `expected_bytes`: about what `save_workers` writes (the free-space check)."""
+        return self.checkpoints.save(self.step, {**state, "trained_s": self.trained_s, "identity": self.identity},
+                                     config, save_workers, expected_bytes)
 
     def stop_message(self) -> str | None:
         """What to print when the clock stopped the run before its last step."""

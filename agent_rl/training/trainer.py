@@ -33,6 +33,7 @@ from agent_rl.training import algos
 from agent_rl.training.batch import TokenBatch
 from agent_rl.training.checkpoint import STATE, CheckpointManager
 from agent_rl.training.data import Prompt, PromptLoader, drop_overlong, load_prompts
+from agent_rl.training.identity import N, problems, saved_identity, train_identity
 from agent_rl.training.metrics import MetricsLogger, RisingRate, reward_metrics
 from agent_rl.training.run import Run, finished_reason, resume_checkpoint
 from agent_rl.types import Trajectory
@@ -77,10 +78,13 @@ class RayTrainer:
 
         self.cfg = cfg
         self.run_dir = Path(run_dir or cfg.trainer.default_local_dir)
+        identity = train_identity(cfg)
+        check_resume(cfg, identity, self.run_dir)  # agent-rl-train checked before the retriever and Ray
         self.loader = PromptLoader(load_train_prompts(cfg), cfg.data.train_batch_size, cfg.data.shuffle, cfg.data.seed,
                                    balanced=cfg.data.balance_by is not None)
         self.total_steps = cfg.trainer.total_training_steps or cfg.trainer.total_epochs * self.loader.steps_per_epoch
-        self.run = Run(cfg.trainer, self.run_dir, self.total_steps, "train")
+        self.run = Run(cfg.trainer, self.run_dir, self.total_steps, "train", identity, run_inputs(cfg))
+        resume_from = self.run.start()  # before the workers start: a refused move aside costs nothing
         self.checkpoints = self.run.checkpoints
         self.invalid_watch = RisingRate("rollout/invalid_action_rate")
         self.adv_fn = algos.get_adv_estimator(cfg.algorithm.adv_estimator)
@@ -106,7 +110,7 @@ class RayTrainer:
             from agent_rl.training.ahead import AheadCollector
 
             self.ahead = AheadCollector(self.rollout, self.loader, cfg, self.total_steps)
-        self._maybe_resume()
+        self._maybe_resume(resume_from)
         self.metrics = MetricsLogger(
             self.run_dir,
             cfg.trainer.logger,
@@ -298,11 +302,11 @@ class RayTrainer:
             if self.ahead is not None:  # the groups not trained yet, with their trajectories in flight
                 (d / ROLLOUTS).write_text(json.dumps(self.ahead.state()))
 
+        expected = self.actor.rank0("state_bytes") + (self.critic.rank0("state_bytes") if self.critic else 0)
         return self.run.save({"data": self.loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict()},
-                             to_dict(self.cfg), save_workers)
+                             to_dict(self.cfg), save_workers, expected)
 
-    def _maybe_resume(self) -> None:
-        path = self.run.resume_path()
+    def _maybe_resume(self, path: Path | None) -> None:
         if path is None:
             return
         state = self.run.restore(path)
@@ -312,8 +316,10 @@ class RayTrainer:
         self.loader.load_state_dict(state["data"])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.sync.push(self.step)  # the engine started from the base model
-        if self.ahead is not None and (path / ROLLOUTS).is_file():
-            self.ahead.restore(json.loads((path / ROLLOUTS).read_text()))
+        if self.ahead is not None and (path / ROLLOUTS).is_file():  # sync: check_resume refused what is in flight
+            from agent_rl.training.ahead import read_rollouts
+
+            self.ahead.restore(read_rollouts(path / ROLLOUTS, self.cfg.actor_rollout_ref.rollout.n))
         print(f"[train] resumed from {path} at step {self.step}", flush=True)
 
     def shutdown(self) -> None:
@@ -342,6 +348,44 @@ def finished_run(cfg: TrainConfig) -> str | None:
         return None
     reason = finished_reason(CheckpointManager.read_state(path), tr, tr.total_training_steps)
     return None if reason is None else f"{path}: {reason} (another step would end past it)"
+
+
+class ResumeMismatch(ValueError):
+    """The checkpoint a run would resume was saved under settings its state depends on that
+    the config changed (agent_rl.training.identity)."""
+
+
+def check_resume(cfg: TrainConfig, identity: dict | None = None, run_dir: str | Path | None = None) -> None:
+    """Raise, in one line, when the checkpoint `cfg` would resume (in `run_dir`, default
+    trainer.default_local_dir) cannot continue under `cfg`: ResumeMismatch naming each setting
+    that differs from the checkpoint's (rollout.n, trainer.mode, the model, its tokenizer;
+    train_identity(cfg) unless `identity` is given), or a ValueError naming the file and field
+    of a bad rollouts.json. agent-rl-train calls it before the retriever, Ray and the engine
+    start; RayTrainer again (runs started in-process)."""
+    from agent_rl.training.ahead import read_rollouts
+
+    tr = cfg.trainer
+    path = resume_checkpoint(tr, CheckpointManager(Path(run_dir or tr.default_local_dir) / "checkpoints"))
+    if path is None or not (path / STATE).is_file():
+        return
+    saved = saved_identity(path)
+    current = identity if identity is not None else train_identity(cfg)
+    n = saved.get(N) or current[N]
+    groups = read_rollouts(path / ROLLOUTS, n)["groups"] if (path / ROLLOUTS).is_file() else []
+    found = problems(saved, current, cfg.actor_rollout_ref.model.path, len(groups))
+    if found:
+        raise ResumeMismatch(f"cannot resume {path}: {'; '.join(found)}. Resume with the checkpoint's settings, or "
+                             f"start a new run (another trainer.default_local_dir, or trainer.resume_mode=disable, "
+                             f"which moves this run aside)")
+
+
+def run_inputs(cfg: TrainConfig) -> dict[str, str]:
+    """The paths an RL run reads (config key -> path): a new run never moves them aside."""
+    d = cfg.data
+    paths = {"actor_rollout_ref.model.path": cfg.actor_rollout_ref.model.path, "critic.model_path": cfg.critic.model_path}
+    paths.update({f"data.train_files[{i}]": f for i, f in enumerate(d.train_files)})
+    paths.update({f"data.val_files[{i}]": f for i, f in enumerate(d.val_files)})
+    return {k: v for k, v in paths.items() if v}
 
 
 def load_train_prompts(cfg: TrainConfig) -> list[Prompt]:

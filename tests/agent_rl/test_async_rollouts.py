@@ -81,7 +81,7 @@ def test_a_snapshot_in_flight_is_continued_after_a_restart_not_regenerated(tok):
     assert saved.key == 0 and not saved.done and len(saved.live) == 2 and saved.pending == 0
     assert all(s.turns >= 1 and sum(s.loss_mask) > 0 for s in saved.live)
     # through the checkpoint's JSON, into a new process's manager and engine
-    saved = SavedGroup.from_dict(json.loads(json.dumps(saved.to_dict())), lambda p: Prompt(**p))
+    saved = SavedGroup.from_dict(json.loads(json.dumps(saved.to_dict())), lambda p: Prompt(**p), 2)
     eng2 = ScriptedEngine(tok, hops)
     mgr2 = RolloutManager(eng2, FakeRetriever(), cfg, tokenizer=tok)
 

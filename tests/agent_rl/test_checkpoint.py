@@ -209,6 +209,116 @@ def test_a_full_disk_during_save_keeps_the_previous_checkpoint(tmp_path, small_d
     assert "checkpoint global_step_2 was not saved; the ones before it are unchanged" in res.stderr
 
 
+_KILLED_RESAVE = """
+import os, signal, sys
+from pathlib import Path
+from agent_rl.training.checkpoint import CheckpointManager
+
+root = Path(sys.argv[1])
+real_replace = os.replace
+
+def replace(a, b):
+    if Path(a).name == "global_step_1.tmp":  # the old step 1 is aside, the new one not yet renamed
+        os.kill(os.getpid(), signal.SIGKILL)
+    real_replace(a, b)
+
+def workers(d):
+    (d / "actor").mkdir()
+    (d / "actor" / "weights.txt").write_text("step 1 again")
+
+os.replace = replace
+CheckpointManager(root, keep=1).save(1, {"data": {"index": 1}}, {}, workers)
+"""
+
+
+def test_a_kill_between_the_renames_of_a_resaved_step_leaves_it_loadable(tmp_path):
+    """keep=1, step 1 saved again (a run resumed from an earlier step, or re-run): a SIGKILL
+    after the old step 1 was renamed aside and before the new one took its name left no
+    `global_step_1` at all, so the resume started from scratch and the next save deleted both."""
+    mgr = CheckpointManager(tmp_path, keep=1)
+    _save(mgr, 1)
+    res = subprocess.run([sys.executable, "-c", _KILLED_RESAVE, str(tmp_path)], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert res.returncode == -signal.SIGKILL, res.stderr
+    assert not (tmp_path / "global_step_1").exists()  # the window the kill hit
+    path = mgr.latest()
+    assert path is not None and mgr.load(path)["step"] == 1
+    assert (path / "actor" / "weights.txt").read_text() == "step 1"  # the complete earlier save
+    _save(mgr, 2)  # the resumed run goes on: the next save keeps step 1 until 2 is in place, then prunes it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_2", "latest"]
+    assert mgr.load(mgr.latest())["step"] == 2
+
+
+def test_a_resave_after_the_kill_restores_the_step_and_replaces_it_whole(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep=1)
+    _save(mgr, 1)
+    subprocess.run([sys.executable, "-c", _KILLED_RESAVE, str(tmp_path)], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                   capture_output=True, timeout=300)
+
+    def fails(d):
+        raise RuntimeError("the re-save fails too")
+
+    with pytest.raises(RuntimeError):
+        mgr.save(1, {}, {}, fails)
+    assert mgr.latest() == tmp_path / "global_step_1" and mgr.load(mgr.latest())["step"] == 1  # back under its name
+    _save(mgr, 1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_1", "latest"]
+
+
+def _free_space(monkeypatch, free: int) -> None:
+    """shutil.disk_usage as a disk with `free` bytes left would report it."""
+    import shutil
+
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=free))
+
+
+def test_a_save_that_cannot_fit_stops_before_writing_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    """The next checkpoint is as large as the last one (the same weights and optimizer); a disk
+    without that much room is found before anything is written, with a message saying so."""
+    mgr = CheckpointManager(tmp_path, keep=1)
+    first = _save(mgr, 1)
+    size = sum(p.stat().st_size for p in first.rglob("*") if p.is_file())
+    _free_space(monkeypatch, size // 2)
+    written = []
+    with pytest.raises(OSError) as e:  # NoSpaceForCheckpoint: an OSError as a full disk's would be
+        mgr.save(2, {}, {}, lambda d: written.append(d))
+    assert type(e.value).__name__ == "NoSpaceForCheckpoint" and not written  # the workers never wrote
+    assert "checkpoint global_step_2 needs" in str(e.value) and "global_step_1 is intact" in str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_1", "latest"]
+    assert mgr.load(mgr.latest())["step"] == 1
+    _free_space(monkeypatch, 10 * size)
+    _save(mgr, 2)
+    assert mgr.latest().name == "global_step_2"
+
+
+def test_the_first_save_is_checked_against_the_size_of_the_state_being_saved(tmp_path, monkeypatch):
+    from agent_rl.training.checkpoint import NoSpaceForCheckpoint
+
+    _free_space(monkeypatch, 10 * 2**20)
+    with pytest.raises(NoSpaceForCheckpoint, match=r"needs about 1\.00 GiB.*no earlier checkpoint"):
+        CheckpointManager(tmp_path).save(1, {}, {}, None, expected_bytes=2**30)
+    assert not list(tmp_path.glob("global_step_*"))
+    assert CheckpointManager(tmp_path).save(1, {}, {}, None, expected_bytes=2**20).name == "global_step_1"
+
+
+def test_a_worker_reports_the_bytes_its_checkpoint_takes():
+    """Parameters and the optimizer's state (AdamW: two moments per parameter, and a step)."""
+    from types import SimpleNamespace
+
+    from agent_rl.training.workers.step import UpdateLoopWorker
+
+    model = torch.nn.Linear(10, 5)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 10)).sum().backward()
+    opt.step()
+    worker = UpdateLoopWorker()
+    worker.loop = SimpleNamespace(model=model, optim=SimpleNamespace(optimizer=opt))
+    params = 55 * 4
+    steps = sum(s["step"].numel() * s["step"].element_size() for s in opt.state.values())
+    assert worker.state_bytes() == params + 2 * params + steps
+
+
 class _Payload:
     """What a malicious checkpoint would hold: unpickling it runs a command."""
 

@@ -139,3 +139,56 @@ def test_train_cli_refuses_bad_settings_in_one_line_before_anything_starts(tmp_p
         err = capsys.readouterr().err
         assert time.monotonic() - t0 < 10
         assert err.startswith("agent-rl-train: error: ") and said in err and err.count("\n") == 1, err
+
+
+def test_secrets_never_reach_a_logger_or_a_saved_config(tmp_path, monkeypatch):
+    """retriever.api_key went to W&B with the config and into every checkpoint's config.yaml."""
+    import sys
+    import types
+
+    import yaml
+
+    from agent_rl.training.checkpoint import CheckpointManager
+    from agent_rl.training.metrics import MetricsLogger
+
+    secret = "s3cret-retriever-key"
+    cfg = load_config(TrainConfig, None, [f"retriever.api_key={secret}"])
+    handed: list[dict] = []
+    fake_wandb = types.SimpleNamespace(init=lambda **kw: handed.append(kw["config"]) or types.SimpleNamespace(
+        log=lambda *a, **k: None, finish=lambda: None))
+    monkeypatch.setitem(sys.modules, "wandb", fake_wandb)
+    logger = MetricsLogger(tmp_path / "run", ["jsonl", "wandb"], to_dict(cfg))
+    logger.log({"reward/mean": 1.0}, 1)
+    logger.close()
+    path = CheckpointManager(tmp_path / "run" / "checkpoints").save(1, {}, to_dict(cfg))
+
+    assert len(handed) == 1 and secret not in repr(handed[0])
+    assert handed[0]["retriever"]["api_key"] == "<redacted>"  # a key was set: shown as such, never its value
+    saved = (path / "config.yaml").read_text()
+    assert secret not in saved and yaml.safe_load(saved)["retriever"]["api_key"] == "<redacted>"
+    assert not any(secret in p.read_text(errors="replace") for p in (tmp_path / "run").rglob("*") if p.is_file())
+    assert cfg.retriever.api_key == secret  # the run itself still sends it
+    assert to_dict(cfg)["retriever"]["api_key"] == secret  # the plain dict is the caller's; sinks redact
+
+
+def test_every_field_that_holds_a_secret_is_redacted():
+    """A new key, token or password field must be named in SECRETS, or it would reach the logs."""
+    import dataclasses
+    import re
+    import typing
+
+    from agent_rl.config import SECRETS, SFTConfig, redacted
+
+    def fields(cls, prefix=""):
+        for f in dataclasses.fields(cls):
+            tp = typing.get_type_hints(cls)[f.name]
+            if dataclasses.is_dataclass(tp):
+                yield from fields(tp, f"{prefix}{f.name}.")
+            else:
+                yield f"{prefix}{f.name}"
+
+    looks_secret = re.compile(r"(^|_)(api_key|key|token|password|secret)$")
+    for cls in (TrainConfig, SFTConfig):
+        secret = {k for k in fields(cls) if looks_secret.search(k.rsplit(".", 1)[-1])}
+        assert secret <= set(SECRETS), secret - set(SECRETS)
+    assert redacted({"retriever": {"api_key": None}})["retriever"]["api_key"] is None  # nothing set: nothing hidden

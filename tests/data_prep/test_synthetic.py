@@ -192,3 +192,54 @@ def test_recall_with_real_indexes(tmp_path):
     # MiniLM 1.000 / 1.000 (single-hop question / hop query)
     assert bm25["single_hop_question"]["recall"] >= 0.8 and bm25["hop_query"]["recall"] >= 0.9
     assert dense["single_hop_question"]["recall"] >= 0.9 and dense["hop_query"]["recall"] >= 0.9
+
+
+TINY = dict(seed=0, n_entities=60, n_train=40, n_test=10)
+KB_FILES = ("corpus.jsonl", "train.parquet", "test.parquet", "kb_meta.json")
+
+
+def test_a_directory_it_did_not_write_is_refused_untouched(tmp_path, capsys):
+    """Search-R1's own data directory holds corpus.jsonl, train.parquet and test.parquet:
+    `synthetic --out` there overwrote them."""
+    from data_prep.cli import main
+
+    out = tmp_path / "search_r1_data"
+    out.mkdir()
+    theirs = {name: f"the user's {name}" for name in ("corpus.jsonl", "train.parquet", "test.parquet")}
+    for name, text in theirs.items():
+        (out / name).write_text(text)
+    with pytest.raises(FileExistsError, match="not written by this tool"):
+        generate_kb(out, **TINY)
+    assert main(["synthetic", "--out", str(out), "--entities", "60", "--train", "40", "--test", "10"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("[hardware]")]
+    assert len(errors) == 1 and errors[0].startswith("error: ") and str(out) in errors[0], errors
+    assert {p.name: p.read_text() for p in out.iterdir()} == theirs
+
+
+def test_the_set_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A failure while writing the set (here: the test split) leaves the earlier set as it was:
+    corpus.jsonl and train.parquet used to be the new ones already, beside the old test.parquet."""
+    import data_prep.synthetic as S
+
+    out = tmp_path / "kb"
+    generate_kb(out, **TINY)
+    before = {name: (out / name).read_bytes() for name in KB_FILES}
+    real_rows = S._rows
+
+    def rows(qs, split):
+        if split == "test":
+            raise OSError(28, "No space left on device")
+        return real_rows(qs, split)
+
+    monkeypatch.setattr(S, "_rows", rows)
+    with pytest.raises(OSError):
+        generate_kb(out, **{**TINY, "seed": 1})
+    assert {name: (out / name).read_bytes() for name in KB_FILES} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kb"]  # no temporary directory left beside it
+    monkeypatch.setattr(S, "_rows", real_rows)
+    generate_kb(out, **{**TINY, "seed": 1})  # a set it wrote is replaced, as a set
+    assert (out / "corpus.jsonl").read_bytes() != before["corpus.jsonl"]
+    (out / "index").mkdir()  # something else made inside it since: not replaced, not deleted
+    with pytest.raises(FileExistsError, match="index"):
+        generate_kb(out, **TINY)
+    assert (out / "index").is_dir()

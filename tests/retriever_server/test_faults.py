@@ -170,3 +170,99 @@ def test_a_big_answer_is_built_off_the_event_loop():
         big, health, health_s = asyncio.run(run(srv.url))
     assert big.status_code == 200 and len(big.json()["result"]) == 512 and len(big.json()["result"][0]) == 100
     assert health.status_code == 200 and health_s < 0.4, health_s
+
+
+class SlowLoris:
+    """A raw socket that sends `head` and then one byte of body every `every_s` seconds for as
+    long as the server keeps the connection; `.received` is what it answered, `.closed_after_s`
+    when it closed the connection (None while it is open)."""
+
+    def __init__(self, port: int, head: bytes, every_s: float = 0.2):
+        import socket
+
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.sendall(head)
+        self.t0 = time.monotonic()
+        self.every_s = every_s
+        self.received = b""
+        self.closed_after_s: float | None = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        import select
+
+        try:
+            while not self.stop.is_set():
+                if select.select([self.sock], [], [], self.every_s)[0]:
+                    chunk = self.sock.recv(65536)
+                    if not chunk:
+                        break
+                    self.received += chunk
+                    continue
+                self.sock.sendall(b" ")
+        except OSError:  # reset: closed by the server as well
+            pass
+        self.closed_after_s = time.monotonic() - self.t0
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.sock.close()
+
+
+def _slow_post(length: int = 1000) -> bytes:
+    return (b"POST /retrieve HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(length).encode() + b"\r\n\r\n{\"queries\"")
+
+
+def test_connections_whose_body_does_not_arrive_in_time_are_dropped():
+    """Slowloris: 20 connections that sent their headers and then a byte of body now and then
+    were held for the whole run, each holding one of max_concurrent_requests (here all of
+    them). Past body_timeout_s each is answered 408 and closed, and the server serves again."""
+    with serve(ScriptedBackend(), body_timeout_s=1.0, max_concurrent_requests=20) as srv:
+        lorises = [SlowLoris(srv.port, _slow_post()) for _ in range(20)]
+        try:
+            time.sleep(0.4)
+            held = httpx.post(f"{srv.url}/retrieve", json={"queries": ["q"]}, timeout=5)
+            deadline = time.monotonic() + 6
+            while any(s.closed_after_s is None for s in lorises) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            after = httpx.post(f"{srv.url}/retrieve", json={"queries": ["q"]}, timeout=5)
+            stats = httpx.get(f"{srv.url}/stats").json()
+        finally:
+            for s in lorises:
+                s.close()
+    assert held.status_code == 503  # every slot held by a slow body
+    closed = [s.closed_after_s for s in lorises]
+    assert all(c is not None and c < 3.0 for c in closed), closed
+    assert all(s.received.startswith(b"HTTP/1.1 408 ") for s in lorises if s.received), lorises[0].received
+    assert sum(s.received.startswith(b"HTTP/1.1 408 ") for s in lorises) >= 18
+    assert after.status_code == 200 and stats["errors"]["body_timeout"] == 20
+
+
+def test_a_slow_body_within_the_deadline_is_answered_and_an_unread_body_closes_the_connection():
+    """A body that arrives in pieces within body_timeout_s is a request like any other; a
+    response to a request whose body was not read (GET /health with a body trickling in) ends
+    the connection, which uvicorn would otherwise keep open for as long as bytes came."""
+    import socket
+
+    with serve(ScriptedBackend(), body_timeout_s=2.0) as srv:
+        body = json.dumps({"queries": ["slow but steady"]}).encode()
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as s:
+            s.sendall(_slow_post(len(body))[: -len(b"{\"queries\"")])
+            for i in range(0, len(body), 8):
+                s.sendall(body[i:i + 8])
+                time.sleep(0.1)
+            answer = s.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 200 "), answer
+        loris = SlowLoris(srv.port, b"GET /health HTTP/1.1\r\nHost: test\r\nContent-Length: 1000\r\n\r\n{")
+        try:
+            deadline = time.monotonic() + 6
+            while loris.closed_after_s is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            loris.close()
+    assert loris.received.startswith(b"HTTP/1.1 200 "), loris.received
+    assert loris.closed_after_s is not None and loris.closed_after_s < 1.0, loris.closed_after_s

@@ -266,3 +266,11 @@ class UpdateLoopWorker:
     @num_updates.setter
     def num_updates(self, value: int) -> None:
         self.loop.num_updates = value
+
+    def state_bytes(self) -> int:
+        """About what this worker's checkpoint takes on disk: every parameter (saved whole;
+        LoRA: merged, so the frozen base counts) and the optimizer's state tensors (AdamW:
+        two moments each). The driver checks the disk for it before the first save."""
+        optim_state = self.loop.optim.optimizer.state.values()
+        tensors = [*self.loop.model.parameters(), *(t for s in optim_state for t in s.values() if torch.is_tensor(t))]
+        return sum(t.numel() * t.element_size() for t in tensors)

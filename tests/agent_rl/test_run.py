@@ -1,0 +1,209 @@
+"""One run's lifecycle (agent_rl/training/run.py) where it meets an earlier run: a resume that
+must continue the checkpoint's run (the same model, tokenizer, rollout.n and trainer.mode, and
+its in-flight rollouts whole), and a new run that must not rewrite an earlier one's history.
+
+The checks are end to end through `agent-rl-train`'s entry point where they stop a command:
+one line, before the retriever, Ray or the engine (no retriever listens on the configured
+port, so a command that got past them would fail there instead)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from agent_rl.config import TrainConfig, TrainerConfig, load_config, to_dict
+from agent_rl.training.checkpoint import CheckpointManager
+from agent_rl.training.metrics import MetricsLogger, read_jsonl
+from agent_rl.training.run import Run
+
+
+# ----------------------------------------------------------------------------- helpers
+def fake_model(path: Path) -> Path:
+    """What the checks read of an HF model directory: config, tokenizer files, weights."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 8,
+                                                  "transformers_version": "4.50.0"}))
+    (path / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {"a": 0, "b": 1}}}))
+    (path / "tokenizer_config.json").write_text("{}")
+    (path / "model.safetensors").write_bytes(bytes(range(256)) * 4096)
+    return path
+
+
+def train_args(tmp_path: Path, *extra: str) -> list[str]:
+    qa = tmp_path / "qa.parquet"
+    qa.write_bytes(b"")
+    return [f"trainer.default_local_dir={tmp_path / 'run'}", f"actor_rollout_ref.model.path={tmp_path / 'model'}",
+            f"data.train_files=[{qa}]", f"data.val_files=[{qa}]", "trainer.total_training_steps=10",
+            "retriever.url=[http://127.0.0.1:9/retrieve]", "trainer.retriever_health_timeout_s=1",
+            "actor_rollout_ref.actor.tis_cap=2.0", *extra]
+
+
+def in_flight(n: int, groups: int = 2) -> dict:
+    """rollouts.json of an ahead mode: `groups` groups of n members (one finished, one in
+    flight, the rest not started)."""
+    from agent_rl.rollout.manager import _State
+    from agent_rl.rollout.stream import SavedGroup
+    from agent_rl.training.data import Prompt
+    from agent_rl.types import Trajectory
+
+    done = Trajectory([1, 2], [5, 6, 7], [1, 0, 1], [-0.1, 0.0, -0.3], policy_versions=[0, -1, 0])
+    live = _State([1, 2], [5, 6], [1, 1], [-0.1, -0.2], [0, 0], [("sampled", "ab")], turns=1)
+    saved = [SavedGroup(k, Prompt(f"p{k}", f"q{k}", ["x"]), [done], [live], n - 2) for k in range(groups)]
+    return {"next_key": groups, "groups": [g.to_dict() for g in saved]}
+
+
+def save_checkpoint(args: list[str], rollouts: dict | None = None) -> Path:
+    """Step 1 of a run under the config of `args`, saved as the trainer saves it."""
+    from agent_rl.training.identity import train_identity
+    from agent_rl.training.trainer import ROLLOUTS
+
+    cfg = load_config(TrainConfig, None, args)
+    run = Run(cfg.trainer, cfg.trainer.default_local_dir, 10, "train", identity=train_identity(cfg))
+    run.begin_step()
+    run.end_step()
+
+    def workers(d: Path) -> None:
+        if rollouts is not None:
+            (d / ROLLOUTS).write_text(json.dumps(rollouts))
+
+    return run.save({"data": {"epoch": 0, "index": 2}, "kl_ctrl": {}}, to_dict(cfg), workers)
+
+
+def train_cli(args: list[str], capsys) -> tuple[int, str]:
+    from agent_rl.training.cli import main
+
+    t0 = time.monotonic()
+    rc = main(args)
+    assert time.monotonic() - t0 < 15  # refused before anything started
+    return rc, capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- resume: the same run
+def _change_tokenizer(tmp_path: Path) -> list[str]:
+    (tmp_path / "model" / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {"a": 0, "c": 1}}}))
+    return []
+
+
+def _change_weights(tmp_path: Path) -> list[str]:
+    weights = tmp_path / "model" / "model.safetensors"
+    weights.write_bytes(bytes(reversed(weights.read_bytes())))  # the same size: another fine-tune
+    return []
+
+
+@pytest.mark.parametrize("change, said", [
+    (lambda p: ["actor_rollout_ref.rollout.n=2"], "actor_rollout_ref.rollout.n=2, the checkpoint's is 4"),
+    (lambda p: ["trainer.mode=one_step_off"], "trainer.mode=one_step_off, the checkpoint's is async"),
+    (lambda p: ["trainer.mode=sync"], "the checkpoint's is async: it holds 2 prompts in flight that sync would skip"),
+    (_change_tokenizer, "the tokenizer of actor_rollout_ref.model.path="),
+    (_change_weights, "is not the model the checkpoint was trained from"),
+], ids=["n", "mode", "async_to_sync", "tokenizer", "model"])
+def test_a_resume_that_does_not_match_its_checkpoint_stops_in_one_line(tmp_path, capsys, change, said):
+    """Saved with rollout.n=4 in async mode, resumed with n=2: take() hung or a ValueError came
+    mid-step; resumed in sync mode: the prompts in flight were skipped without a word."""
+    fake_model(tmp_path / "model")
+    ckpt = save_checkpoint(train_args(tmp_path, "actor_rollout_ref.rollout.n=4", "trainer.mode=async"), in_flight(4))
+    extra = change(tmp_path)
+    rc, err = train_cli(train_args(tmp_path, "actor_rollout_ref.rollout.n=4", "trainer.mode=async", *extra), capsys)
+    assert rc == 2 and err.startswith(f"agent-rl-train: error: cannot resume {ckpt}: ") and err.count("\n") == 1, err
+    assert said in err, err
+
+
+def test_a_matching_resume_passes_the_check(tmp_path):
+    from agent_rl.training.trainer import check_resume
+
+    fake_model(tmp_path / "model")
+    args = train_args(tmp_path, "actor_rollout_ref.rollout.n=4", "trainer.mode=async")
+    save_checkpoint(args, in_flight(4))
+    check_resume(load_config(TrainConfig, None, args))  # nothing to say
+    moved = tmp_path / "moved"
+    (tmp_path / "model").rename(moved)  # the same model elsewhere: its contents are what count
+    check_resume(load_config(TrainConfig, None, [*args, f"actor_rollout_ref.model.path={moved}"]))
+    check_resume(load_config(TrainConfig, None, [*args, "trainer.resume_mode=disable", "actor_rollout_ref.rollout.n=2",
+                                                 f"actor_rollout_ref.model.path={moved}"]))  # not a resume
+
+
+def test_a_checkpoint_saved_before_identities_were_recorded_is_checked_on_its_config(tmp_path, capsys):
+    """Checkpoints written by the code before this check hold config.yaml: its n and mode count."""
+    fake_model(tmp_path / "model")
+    saved = load_config(TrainConfig, None, train_args(tmp_path, "actor_rollout_ref.rollout.n=4", "trainer.mode=async"))
+    ckpt = CheckpointManager(tmp_path / "run" / "checkpoints").save(1, {"data": {}, "kl_ctrl": {}}, to_dict(saved))
+    rc, err = train_cli(train_args(tmp_path, "actor_rollout_ref.rollout.n=2", "trainer.mode=async"), capsys)
+    assert rc == 2 and f"cannot resume {ckpt}: actor_rollout_ref.rollout.n=2, the checkpoint's is 4" in err, err
+
+
+@pytest.mark.parametrize("damage, said", [
+    (lambda g: g["live"][0]["loss_mask"].pop(), "groups[1].live[0].loss_mask has 1 entries, response_ids has 2"),
+    (lambda g: g["done"][0]["rollout_logprobs"].append(0.0),
+     "groups[1].done[0].rollout_logprobs has 4 entries, response_ids has 3"),
+    (lambda g: g.update(pending=5), "groups[1] holds 7 members (1 done, 1 in flight, 5 pending), rollout.n is 4"),
+    (lambda g: g["live"][0].pop("versions"), "groups[1].live[0] has no versions"),
+], ids=["live", "done", "members", "missing"])
+def test_rollouts_json_is_checked_when_it_is_loaded_naming_the_file_and_field(tmp_path, capsys, damage, said):
+    """A damaged or edited rollouts.json failed only when its trajectory ended, mid-step."""
+    fake_model(tmp_path / "model")
+    args = train_args(tmp_path, "actor_rollout_ref.rollout.n=4", "trainer.mode=async")
+    rollouts = in_flight(4)
+    damage(rollouts["groups"][1])
+    ckpt = save_checkpoint(args, rollouts)
+    rc, err = train_cli(args, capsys)
+    assert rc == 2 and f"{ckpt / 'rollouts.json'}: {said}" in err and err.count("\n") == 1, err
+
+
+# ----------------------------------------------------------------------------- a new run: history kept
+def _earlier_run(run_dir: Path) -> dict[Path, bytes]:
+    """Three logged steps (jsonl, TensorBoard) and the checkpoint of step 3; returns its files."""
+    logger = MetricsLogger(run_dir, ["jsonl", "tensorboard"])
+    for step in (1, 2, 3):
+        logger.log({"reward/mean": float(step)}, step)
+    logger.close()
+    CheckpointManager(run_dir / "checkpoints").save(3, {"data": {}}, {})
+    return {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+
+
+def test_resume_mode_disable_moves_the_earlier_run_aside_and_never_rewrites_it(tmp_path, capsys):
+    """It cut the earlier run's metrics.jsonl to step <= 0, purged its TensorBoard events and
+    mixed the two runs' checkpoints, so a later auto-resume took the earlier run's step 3."""
+    run_dir = tmp_path / "run"
+    earlier = _earlier_run(run_dir)
+    capsys.readouterr()
+    run = Run(TrainerConfig(default_local_dir=str(run_dir), resume_mode="disable"), run_dir, 2, "train")
+    assert run.start() is None and run.step == 0
+    (aside,) = [p for p in tmp_path.iterdir() if p.name.startswith("run.prev-")]
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and f"moved the earlier run in {run_dir} to {aside}" in out, out
+    assert {p.relative_to(aside): p.read_bytes() for p in aside.rglob("*") if p.is_file()} == earlier
+    # the new run, as the trainer goes on: its logger, one step, its checkpoint
+    logger = MetricsLogger(run_dir, ["jsonl", "tensorboard"], resume_step=run.step)
+    run.begin_step()
+    logger.log({"reward/mean": 0.5}, run.step)
+    logger.close()
+    run.end_step()
+    run.save({"data": {}}, {}, None)
+    assert [r["step"] for r in read_jsonl(run_dir)] == [1]
+    assert {p.relative_to(aside): p.read_bytes() for p in aside.rglob("*") if p.is_file()} == earlier
+    later = Run(TrainerConfig(default_local_dir=str(run_dir)), run_dir, 2, "train")  # resume_mode=auto
+    assert later.start() == run_dir / "checkpoints" / "global_step_1"
+
+
+def test_a_directory_that_holds_the_command_or_the_runs_model_is_refused_not_moved(tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    earlier = _earlier_run(run_dir)
+    tr = TrainerConfig(default_local_dir=str(run_dir), resume_mode="disable")
+    model = run_dir / "checkpoints" / "global_step_3"  # a new run from the earlier run's weights
+    with pytest.raises(ValueError, match="actor_rollout_ref.model.path .* is inside it"):
+        Run(tr, run_dir, 2, "train", inputs={"actor_rollout_ref.model.path": str(model)}).start()
+    monkeypatch.chdir(run_dir / "checkpoints")
+    with pytest.raises(ValueError, match="the current directory is inside it"):
+        Run(tr, run_dir, 2, "train").start()
+    assert {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == earlier
+
+
+def test_a_new_run_in_an_empty_or_absent_directory_moves_nothing(tmp_path, capsys):
+    for run_dir in (tmp_path / "absent", tmp_path / "empty"):
+        if run_dir.name == "empty":
+            run_dir.mkdir()
+        Run(TrainerConfig(default_local_dir=str(run_dir), resume_mode="disable"), run_dir, 2, "train").start()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"] and capsys.readouterr().out == ""
