@@ -156,7 +156,7 @@ def table(rows: list[dict], summ: dict, host: str, args) -> str:
     kinds = sorted({k for r in rows for k in r["by_kind"]})
     lines = [f"RL against the same minutes of SFT, KB seed {args.kb_seed}, start SFT {args.start_steps} steps, "
              f"{args.minutes:g} training minutes per arm", host, "",
-             "| seed | start EM | SFT more (steps) | GRPO (steps) | GRPO - SFT more, paired 95% CI | "
+             "| seed | start EM | SFT more (steps, min) | GRPO (steps, min) | GRPO - SFT more, paired 95% CI | "
              + " | ".join(f"{k}: start / SFT / GRPO" for k in kinds) + " | searches start / SFT / GRPO | minutes to +"
              f"{100 * args.gain:.0f} |",
              "|---|---|---|---|---|" + "---|" * len(kinds) + "---|---|"]
@@ -165,8 +165,9 @@ def table(rows: list[dict], summ: dict, host: str, args) -> str:
                         f"{pct(r['by_kind'][k]['grpo'])}" for k in kinds)
         s = r["searches"]
         ttg = "not reached" if r["time_to_gain_min"] is None else f"{r['time_to_gain_min']:.1f}"
-        lines.append(f"| {r['seed']} | {pct(r['em_start'])} | {pct(r['em_sft_more'])} ({r['sft_more_steps']}) | "
-                     f"{pct(r['em_grpo'])} ({r['grpo_steps']}) | {diff(r['grpo_minus_sft'])} | {bk} | "
+        lines.append(f"| {r['seed']} | {pct(r['em_start'])} | {pct(r['em_sft_more'])} ({r['sft_more_steps']}, "
+                     f"{r['sft_more_minutes']:.1f}) | {pct(r['em_grpo'])} ({r['grpo_steps']}, {r['grpo_minutes']:.1f}) | "
+                     f"{diff(r['grpo_minus_sft'])} | {bk} | "
                      f"{s['start']:.2f} / {s['sft_more']:.2f} / {s['grpo']:.2f} | {ttg} |")
     lines += ["", f"GRPO - SFT more: mean {100 * summ['mean']:+.1f}, median {100 * summ['median']:+.1f}, worst seed "
                   f"{100 * summ['worst']:+.1f}, best {100 * summ['best']:+.1f} over {summ['seeds']} seeds; "

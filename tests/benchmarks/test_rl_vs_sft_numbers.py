@@ -87,6 +87,6 @@ def test_the_table_names_the_kb_the_host_and_every_seed(tmp_path):
     args = argparse.Namespace(kb_seed=101, start_steps=44, minutes=10.0, gain=0.05)
     text = rl_vs_sft.table([row], rl_vs_sft.summary([row]), "[hardware] cpu='X'", args)
     assert "KB seed 101" in text and "[hardware] cpu='X'" in text
-    assert "| 3 | 25.0 | 50.0 (6) | 75.0 (2) | +25.0 [" in text
+    assert "| 3 | 25.0 | 50.0 (6, 10.0) | 75.0 (2, 2.0) | +25.0 [" in text
     assert "worst seed +25.0" in text
     assert rl_vs_sft.plot([row], tmp_path / "p.png").stat().st_size > 0
