@@ -17,8 +17,7 @@ Wording (`write_segments`): the first think says what the question asks for wher
 names it (the knowledge base's relation), the first query, and how many searches that takes;
 each think after an observation says what it found and "That was search i of n" right before
 searching on or answering. So the one choice a demonstration teaches, one search or two, is one
-token of the opening, next to the two phrases it compares: a choice GRPO moves in three steps
-(bridge questions 5.3 -> 84.0 agent EM on the demo's held-out questions; docs/real_data.md).
+token of the opening, next to the two phrases it compares: a choice a few GRPO steps can move.
 That phrasing is the knowledge base's: `kb_phrasing=False` (`agent-rl-prep demos
 --plain-wording`) leaves out what the question asks for, the count and "That was search i of
 n", for plain Search-R1 think / search / answer turns.
@@ -211,9 +210,8 @@ _OPENINGS = [
 _ASKS = "The question asks for the {asks}."
 """Before the opening, where the data names it: the count that follows is then whether the query
 just written names what the question asks for ("birth year" in "Ann Lee birth year": 1 search;
-not in "founder of X": 2). SFT learns the phrase (199 of 200 held-out questions named right after
-19 steps) but not yet the comparison (71 of 75 bridge questions opened with 1 search); GRPO
-learns that in 3 steps (bridge 5.3 -> 84.0 agent EM, all questions 51.0 -> 76.5)."""
+not in "founder of X": 2). SFT learns the phrase quickly and the comparison slowly: that
+comparison is what GRPO has to teach."""
 _SEARCHES = "This needs {n} search{s}."
 """After the opening's query: "This needs 1 search." / "This needs 2 searches." (a digit, which
 the count after each observation copies)."""
@@ -229,12 +227,9 @@ _FACT_UNKNOWN = "The documents help with the first part."
 _DONE = "That was search {i} of {n}."
 """Said after each observation, right where the model chooses between searching again and
 answering: the count copies the opening's ("This needs 2 searches" -> "search 1 of 2"), and the
-choice follows the count. Without it the count was idle: an SFT model (19 steps, on demonstrations
-a quarter single-hop) opened all 200 held-out questions with "This needs 2 searches", then chose
-after the first observation, and
-answered there on 32 of 75 bridge questions (with the intermediate answer) and searched again on
-25 of 75 single-hop ones. With it the choice is one token of the opening, where GRPO's credit
-lands."""
+choice follows the count. Without it the count is idle: a model can open with one count and
+choose otherwise after the first observation. With it the choice is one token of the opening,
+where GRPO's credit lands."""
 _THEN_SEARCH = [
     "Next I need {q2}.",
     "Now I will search for {q2}.",
