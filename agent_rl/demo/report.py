@@ -10,6 +10,34 @@ from pathlib import Path
 
 from agent_rl.demo.budget import Budget
 
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "rl_vs_sft.json"
+"""What benchmarks/rl_vs_sft.py measured, per host kind (a list of its JSON summaries)."""
+
+
+def host_kind(native_bf16: bool) -> str:
+    return "native bf16" if native_bf16 else "no native bf16 (fp32)"
+
+
+def expectations(native_bf16: bool, results: Path = RESULTS) -> str:
+    """What the demo's gain means on this host kind: the benchmark's GRPO against the same
+    minutes of continued SFT (median and range over seeds, on a knowledge base never tuned on),
+    or a sentence saying there is no such figure yet."""
+    kind = host_kind(native_bf16)
+    entries = json.loads(results.read_text()) if results.is_file() else []
+    rows = [e for e in entries if e.get("host_kind") == kind]
+    if not rows:
+        return (f"No benchmark of GRPO against the same minutes of SFT on this host kind ({kind}) yet: "
+                "`python benchmarks/rl_vs_sft.py` measures it.\n")
+    out = []
+    for e in rows:
+        s = e["summary"]
+        out.append(f"On this host kind ({kind}), `{e['command']}` (knowledge base seed {e['kb_seed']}, never tuned "
+                   f"on; {s['seeds']} seeds): GRPO minus the same minutes of continued SFT, agent EM "
+                   f"median {100 * s['median']:+.1f}, range {100 * s['worst']:+.1f} to {100 * s['best']:+.1f}; from "
+                   f"the same start, SFT for those minutes gave {100 * s['sft_more_minus_start_mean']:+.1f} and "
+                   f"GRPO {100 * s['grpo_minus_start_mean']:+.1f} on average.")
+    return "\n\n".join(out) + "\n"
+
 
 def question_kinds(test_parquet: Path) -> dict[str, str]:
     """Question id -> kind (single / bridge / comparison) of the generated knowledge base."""
@@ -38,6 +66,8 @@ def write_report(runs: Path, evals: dict[str, Path], rl_dir: Path | None, budget
         summary["sft_vs_rl"] = cmp
         text += (f"## What GRPO adds to cold-start SFT\n\nAgent mode (the model searches), greedy, on the same "
                  f"{cmp['n']} held-out questions:\n\n" + paired_comparison_markdown(cmp) + "\n")
+        native = bool((budget.calibration if budget is not None else {}).get("hardware", {}).get("native_bf16"))
+        text += "### What to expect\n\n" + expectations(native) + "\n"
         png = plot_run(rl_dir, runs / "grpo_curves.png",
                        keys=["reward/mean", "reward/em", "reward/valid_format", "rollout/searches_mean",
                              "rollout/invalid_action_rate", "rollout/repeated_query_rate"])

@@ -185,3 +185,23 @@ def test_a_failing_stage_raises_with_its_exit_code(monkeypatch):
     with pytest.raises(subprocess.CalledProcessError) as e:
         stages.run_stage([sys.executable, "-c", "import sys; sys.exit(3)"], "a failing stage")
     assert e.value.returncode == 3
+
+
+def test_the_report_says_what_the_benchmark_measured_on_this_host_kind(tmp_path):
+    """The demo's own run is one run: its report quotes, for its host kind, the median and range
+    of GRPO against the same minutes of SFT over the benchmark's seeds, or says there is none."""
+    import json
+
+    from agent_rl.demo.report import expectations
+
+    results = tmp_path / "rl_vs_sft.json"
+    results.write_text(json.dumps([{
+        "host_kind": "no native bf16 (fp32)", "command": "python benchmarks/rl_vs_sft.py --kb-seed 101", "kb_seed": 101,
+        "summary": {"seeds": 3, "median": -0.04, "worst": -0.11, "best": 0.02, "sft_more_minus_start_mean": 0.08,
+                    "grpo_minus_start_mean": 0.03}}]))
+    fp32 = expectations(False, results)
+    assert "median -4.0, range -11.0 to +2.0" in fp32 and "3 seeds" in fp32 and "seed 101" in fp32
+    assert "SFT for those minutes gave +8.0 and GRPO +3.0" in fp32
+    assert expectations(True, results).startswith("No benchmark of GRPO against the same minutes of SFT on this "
+                                                  "host kind (native bf16)")
+    assert expectations(True, tmp_path / "absent.json").startswith("No benchmark")
