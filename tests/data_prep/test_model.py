@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 import torch
 
 
@@ -53,3 +55,22 @@ def test_model_out_never_deletes_a_directory_it_did_not_write(tmp_path, monkeypa
     (tmp_path / "file").write_text("mine")
     assert main(["model", "--out", str(tmp_path / "file"), "--force"]) == 2
     assert (tmp_path / "file").read_text() == "mine"
+
+
+def test_model_out_never_clears_a_sibling_it_did_not_write(tmp_path, monkeypatch):
+    """The model is written beside --out and renamed into place: under a name of its own, so a
+    user's `<out>.tmp` folder is never cleared; a failed attempt leaves nothing behind."""
+    from data_prep import model as m
+
+    def fails(gguf, tmp, check):
+        (tmp / "half.safetensors").write_text("x")
+        raise RuntimeError("dequantization failed")
+
+    monkeypatch.setattr(m, "find_gguf", lambda: tmp_path / "x.gguf")
+    monkeypatch.setattr(m, "_write_model", fails)
+    (tmp_path / "model.tmp").mkdir()
+    (tmp_path / "model.tmp" / "notes.txt").write_text("mine")
+    with pytest.raises(RuntimeError, match="dequantization failed"):
+        m.prepare_model(tmp_path / "model")
+    assert (tmp_path / "model.tmp" / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.tmp"]
