@@ -20,19 +20,18 @@ import json
 import logging
 import math
 import time
-from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
 from agent_rl.config import TrainConfig, to_dict
-from agent_rl.rollout.reward import score_trajectory
 from agent_rl.training import algos
 from agent_rl.training.batch import TokenBatch
 from agent_rl.training.checkpoint import STATE, CheckpointManager
 from agent_rl.training.data import Prompt, PromptLoader, drop_overlong, load_prompts
+from agent_rl.training.groups import GroupRules, Tally, batch_of, group_trajectories, score_trajectories, sift
 from agent_rl.training.identity import N, problems, saved_identity, train_identity
 from agent_rl.training.metrics import MetricsLogger, RisingRate, reward_metrics
 from agent_rl.training.run import Run, finished_reason, resume_checkpoint
@@ -88,7 +87,7 @@ class RayTrainer:
         self.checkpoints = self.run.checkpoints
         self.invalid_watch = RisingRate("rollout/invalid_action_rate")
         self.adv_fn = algos.get_adv_estimator(cfg.algorithm.adv_estimator)
-        check_filter_metric(cfg.algorithm.filter_metric)  # before the engine starts
+        GroupRules.from_config(cfg)  # checks algorithm.filter_metric before the engine starts
         self.kl_ctrl = algos.make_kl_controller(cfg.algorithm.kl_ctrl)
         self.use_critic = algos.needs_critic(cfg.algorithm.adv_estimator)
         self.use_ref = cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
@@ -208,9 +207,9 @@ class RayTrainer:
         def rollout(prompts: list[Prompt]) -> tuple[list[Trajectory], dict[str, float]]:
             return ray.get(self.rollout.rollout.remote(prompts, cfg.actor_rollout_ref.rollout.n))
 
-        a, r = cfg.algorithm, cfg.retriever
+        a = cfg.algorithm
         max_rounds = a.max_filter_rounds if a.filter_groups else 0
-        drop = ("group" if algos.uses_groups(a.adv_estimator) else "trajectory") if r.skip_failed_searches else None
+        drop = GroupRules.from_config(cfg).drop_failed
         consumed: list[str] = []
         lost = dict.fromkeys(("rollout/failed_search_trajectories", "rollout/dropped_for_failed_search"), 0.0)
         for attempt in range(1, OUTAGE_ATTEMPTS + 1):
@@ -413,74 +412,58 @@ def collect_groups(
     drop_failed: str | None = None,
     filter_metric: str = "score",
 ) -> tuple[list[Trajectory], list[str], dict[str, float]]:
-    """Rollout and score `want` prompts (one group of n samples each). With `filter_on`, groups
-    whose rewards all agree carry no signal and are dropped (DAPO dynamic sampling); extra
-    prompts are drawn, sized by the keep rate so far (4x the batch while none is kept), for up
-    to `max_extra_rounds` rounds until `want` groups are kept. `filter_metric` says what the
-    samples must disagree on: the reward ("score") or the task metric alone ("acc").
-    `drop_failed` ("group" | "trajectory" | None) leaves out trajectories with a failed search,
-    with their group when "group" (see `drop_failed_searches`). Returns (trajectories with
+    """Rollout and score `want` prompts (one group of n samples each); each round's groups go
+    through `groups.sift` (`drop_failed` "group" | "trajectory" | None: the failed-search
+    rule; with `filter_on`, groups whose `filter_metric` ("score": the reward, "acc": the task
+    metric alone) agrees carry no signal and are dropped, DAPO dynamic sampling). While fewer
+    than `want` groups are kept, extra prompts are drawn, sized by the keep rate so far (4x the
+    batch while none is kept), for up to `max_extra_rounds` rounds. Returns (trajectories with
     group ids 0..G-1, ids of every prompt consumed, rollout/* reward/* filter/* metrics of the
-    first round, failure counts (tool_failures, rejected_queries, failed_search_trajectories,
-    dropped_for_failed_search, failed_search_share) over every round, and
-    batch/groups/<data_source>: the kept groups per source); no trajectories when every one
-    was left out for a failed search."""
-    check_filter_metric(filter_metric)
+    first round, failure counts (tool_failures, rejected_queries, `groups.Tally`'s) over every
+    round, and batch/groups/<data_source>: the kept groups per source); no trajectories when
+    every one was left out for a failed search."""
+    rules = GroupRules(filter_on, filter_metric, drop_failed)
     kept: list[list[Trajectory]] = []
     consumed: list[str] = []
     metrics: dict[str, float] = {}
-    failures: Counter[str] = Counter()
-    seen = 0
+    tools = dict.fromkeys(("rollout/tool_failures", "rollout/rejected_queries"), 0.0)
+    tally = Tally()
     prompts = loader.next_batch()
     for round_ in range(1 + max_extra_rounds):
         consumed += [p.id for p in prompts]
         with t("gen"):
             trajs, gen_metrics = rollout(prompts)
-        with t("reward"):
-            results = score_trajectories(trajs, prompts, reward_cfg)
-        value = {id(tr): r.metric if filter_metric == "acc" else r.score for tr, r in zip(trajs, results)}
         groups = group_trajectories(trajs)
+        with t("reward"):
+            results = score_trajectories([tr for g in groups for tr in g], prompts, reward_cfg)
+        sifted = sift(groups, results, rules)
         if round_ == 0:
             metrics.update(gen_metrics)
             metrics.update(reward_metrics(results, reward_cfg.kind))
-        seen += len(trajs)
-        failures.update({k: gen_metrics.get(k, 0.0) for k in ("rollout/tool_failures", "rollout/rejected_queries")})
-        failures["rollout/failed_search_trajectories"] += sum(tr.num_tool_failures > 0 for tr in trajs)
-        if drop_failed is not None:
-            groups, failure_metrics = drop_failed_searches(groups, whole_group=drop_failed == "group")
-            failures["rollout/dropped_for_failed_search"] += failure_metrics["rollout/dropped_for_failed_search"]
-        if filter_on:
-            rewards = torch.tensor([value[id(tr)] for g in groups for tr in g])
-            result = algos.filter_groups(rewards, [i for i, g in enumerate(groups) for _ in g])
-            if round_ == 0:
-                metrics.update({f"filter/{k}": v for k, v in result.metrics.items()})
-            groups = [groups[i] for i in result.kept_groups]
-        kept += groups[: want - len(kept)]
+            metrics.update(sifted.filter_metrics)
+        for k in tools:
+            tools[k] += gen_metrics.get(k, 0.0)
+        tally.add(sifted.tally)
+        kept += sifted.kept[: want - len(kept)]
         if len(kept) >= want or not filter_on:
             break
         rate = len(kept) / len(consumed)  # over-sample by the keep rate so far; none kept yet: the most
         prompts = loader.take(4 * want if rate == 0 else min(math.ceil((want - len(kept)) / rate), 4 * want))
-    metrics.update({k: float(v) for k, v in failures.items()})  # every round's, not the first one's alone
-    metrics["rollout/failed_search_share"] = failures["rollout/failed_search_trajectories"] / max(seen, 1)
+    metrics.update(tools)  # every round's, not the first one's alone
+    metrics.update(tally.metrics(rules))
     if filter_on:
         metrics["filter/rounds"] = float(round_ + 1)
         metrics["filter/batch_groups"] = float(len(kept))
-    # what the update learns from, by data source (the filter keeps some sources more)
-    sources = Counter(g[0].data_source or "unknown" for g in kept)
-    metrics.update({f"batch/groups/{src}": float(n) for src, n in sources.items()})
-    if not kept and metrics.get("rollout/failed_search_trajectories", 0.0) > 0:
+    trajs, per_source = batch_of(kept)
+    metrics.update(per_source)
+    if not kept and tally.failed > 0:
         return [], consumed, metrics  # the caller waits for the retriever and collects again
     if not kept:
         raise RuntimeError(
             f"every group's {'rewards' if filter_metric == 'score' else reward_cfg.kind} agreed in {round_ + 1} "
             "round(s): nothing to learn from (raise algorithm.max_filter_rounds or disable algorithm.filter_groups)"
         )
-    return [tr for gid, g in enumerate(kept) for tr in _with_group(g, gid)], consumed, metrics
-
-
-def check_filter_metric(name: str) -> None:
-    if name not in ("score", "acc"):
-        raise ValueError(f"algorithm.filter_metric must be score or acc, got {name!r}")
+    return trajs, consumed, metrics
 
 
 def tool_error_shares(metrics: dict[str, float]) -> dict[str, float]:
@@ -491,50 +474,6 @@ def tool_error_shares(metrics: dict[str, float]) -> dict[str, float]:
             name = key[len("tool/"):-len("/calls")]
             out[name] = metrics.get(f"tool/{name}/errors", 0.0) / calls
     return out
-
-
-def drop_failed_searches(groups: list[list[Trajectory]], whole_group: bool) -> tuple[list[list[Trajectory]], dict]:
-    """Leave out trajectories with a failed search (an error observation, usually reward 0):
-    trained on, they would teach the policy that searching fails. With `whole_group` their
-    group goes too, since its other members' advantages were computed against them."""
-    failed = sum(tr.num_tool_failures > 0 for g in groups for tr in g)
-    total = sum(len(g) for g in groups)
-    if whole_group:
-        kept = [g for g in groups if not any(tr.num_tool_failures > 0 for tr in g)]
-    else:
-        kept = [[tr for tr in g if tr.num_tool_failures == 0] for g in groups]
-        kept = [g for g in kept if g]
-    dropped = total - sum(len(g) for g in kept)
-    return kept, {"rollout/failed_search_trajectories": float(failed),
-                  "rollout/failed_search_share": failed / max(total, 1),
-                  "rollout/dropped_for_failed_search": float(dropped)}
-
-
-def score_trajectories(trajs: list[Trajectory], prompts: list[Prompt], reward_cfg) -> list:
-    """Set each trajectory's `reward` from its response text (response only, never the
-    prompt); returns the `RewardResult`s (answer, EM/F1 metric, format flags)."""
-    results = [
-        score_trajectory(tr, tr.golden_answers or prompts[tr.group_id].golden_answers, reward_cfg)
-        for tr in trajs
-    ]
-    for tr, r in zip(trajs, results):
-        tr.reward = r.score
-    return results
-
-
-def group_trajectories(trajs: list[Trajectory]) -> list[list[Trajectory]]:
-    """Trajectories grouped by prompt (`group_id`), groups in first-appearance order."""
-    groups: dict[int, list[Trajectory]] = {}
-    for tr in trajs:
-        groups.setdefault(tr.group_id, []).append(tr)
-    return list(groups.values())
-
-
-def _with_group(group: list[Trajectory], gid: int) -> list[Trajectory]:
-    """Renumber a group's id: ids from different filtering rounds would collide."""
-    for tr in group:
-        tr.group_id = gid
-    return group
 
 
 def batch_metrics(batch: TokenBatch, mask: torch.Tensor) -> dict[str, float]:

@@ -346,7 +346,8 @@ def test_collect_filters_on_the_task_metric_when_asked():
     reward (0.1 for a malformed answer, 0 for none) but not on EM: `score` keeps it, `acc`
     drops it and draws more prompts."""
     from agent_rl.config import RewardConfig
-    from agent_rl.training.trainer import StepTimer, check_filter_metric, collect_groups
+    from agent_rl.training.groups import check_filter_metric
+    from agent_rl.training.trainer import StepTimer, collect_groups
     from agent_rl.types import Trajectory
 
     texts = {"q0": ["<answer>zz</answer>", "no answer"], "q1": ["<answer>zz</answer>", "<answer>zz</answer>"],
