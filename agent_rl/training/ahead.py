@@ -39,11 +39,14 @@ log = logging.getLogger(__name__)
 
 class AheadCollector:
     """`worker`: the RolloutWorker actor handle; `get`: how a call's result is awaited
-    (ray.get; tests pass a plain worker object and the identity)."""
+    (ray.get; tests pass a plain worker object and the identity); `outage(metrics, t)`: the
+    trainer's outage rule, run on each step's metrics (none in tests)."""
 
-    def __init__(self, worker: Any, loader: PromptLoader, cfg: Any, total_steps: int, get: Any = None) -> None:
+    def __init__(self, worker: Any, loader: PromptLoader, cfg: Any, total_steps: int, get: Any = None,
+                 outage: Any = None) -> None:
         tr = cfg.trainer
         self.worker, self.loader, self.cfg, self.total_steps = worker, loader, cfg, total_steps
+        self.outage = outage
         if get is None:
             import ray
 
@@ -150,13 +153,16 @@ class AheadCollector:
                                                           for tr in trained))
         metrics["async/resumed_sampled_tokens"] = float(resumed_tokens)
         metrics.update(per_source)
+        if self.outage is not None:  # the groups generating now wait for a retriever that is down
+            self.outage(metrics, t)
         return trained, consumed, metrics
 
-    def before_push(self) -> None:
+    def before_push(self, t: Any) -> None:
         """one_step_off: the batch generated during the update finishes on the weights it
         started with, then the swap; async swaps at once (between turns: partial rollouts)."""
-        if self.cfg.trainer.mode == "one_step_off":
-            self.get(self.worker.stream_drain.remote())
+        with t("drain"):
+            if self.cfg.trainer.mode == "one_step_off":
+                self.get(self.worker.stream_drain.remote())
 
     # ------------------------------------------------------------------ checkpoints
     def state(self) -> dict:

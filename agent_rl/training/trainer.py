@@ -22,7 +22,7 @@ import math
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -37,6 +37,8 @@ from agent_rl.training.metrics import MetricsLogger, RisingRate, reward_metrics
 from agent_rl.training.run import Run, finished_reason, resume_checkpoint
 from agent_rl.types import Trajectory
 
+if TYPE_CHECKING:
+    from agent_rl.training.ahead import AheadCollector
 
 log = logging.getLogger(__name__)
 
@@ -103,12 +105,7 @@ class RayTrainer:
 
             self.critic = WorkerGroup(cfg, functools.partial(CriticWorker, cfg, self.total_steps), n_workers, "critic")
         self.sync = WeightSync(self.actor, self.rollout, "cuda_ipc" if cfg.trainer.n_gpus_per_node > 0 else "object_store")
-        self.ahead = None
-        """one_step_off | async: rollouts submitted ahead of the trainer (agent_rl.training.ahead)."""
-        if cfg.trainer.mode != "sync":
-            from agent_rl.training.ahead import AheadCollector
-
-            self.ahead = AheadCollector(self.rollout, self.loader, cfg, self.total_steps)
+        self.collector = self._collector(cfg)
         self._maybe_resume(resume_from)
         self.metrics = MetricsLogger(
             self.run_dir,
@@ -118,6 +115,16 @@ class RayTrainer:
             cfg.trainer.experiment_name,
             resume_step=self.step,
         )
+
+    def _collector(self, cfg: TrainConfig) -> SyncCollector | AheadCollector:
+        """The one place the loop reads trainer.mode: sync generates each step's groups when the
+        step asks; one_step_off | async submit them ahead of the trainer. Both run the outage
+        rule on what they collect (the groups generating wait for a retriever that is down)."""
+        if cfg.trainer.mode == "sync":
+            return SyncCollector(self.rollout, self.loader, cfg, self._outage_rule)
+        from agent_rl.training.ahead import AheadCollector
+
+        return AheadCollector(self.rollout, self.loader, cfg, self.total_steps, outage=self._outage_rule)
 
     # ------------------------------------------------------------------ the loop
     @property
@@ -134,12 +141,7 @@ class RayTrainer:
             with t("step"):
                 # 1. rollout + reward (group filtering may draw extra prompts); one_step_off |
                 #    async: groups generated ahead, during the updates before
-                if self.ahead is not None:
-                    trajs, prompt_ids, metrics = self.ahead.collect(self.step, t, functools.partial(
-                        score_trajectories, reward_cfg=cfg.reward))
-                    self._outage_rule(metrics, t)  # the groups generating now wait for a retriever that is down
-                else:
-                    trajs, prompt_ids, metrics = self._collect(t)
+                trajs, prompt_ids, metrics = self.collector.collect(self.step, t)
                 batch = TokenBatch.from_trajectories(trajs)
                 mask = batch.mask(cfg.actor_rollout_ref.actor.state_masking)
                 # 2. log-probs of the policy that sampled (recomputed), the reference, values
@@ -161,9 +163,7 @@ class RayTrainer:
                         metrics.update(self.critic.update("update_critic", batch))
                 with t("update_actor"):
                     metrics.update(self.actor.update("update_policy", batch))
-                if self.ahead is not None:
-                    with t("drain"):
-                        self.ahead.before_push()
+                self.collector.before_push(t)  # one_step_off: the batch generating finishes on its weights
                 with t("sync"):
                     self.sync.push(self.step)
             self.run.end_step()
@@ -198,36 +198,6 @@ class RayTrainer:
         update (one epoch, one mini-batch) takes them from its own forward pass (ratio = 1
         exactly, as veRL), saving a pass; the in-reward KL needs them before the update."""
         return self.cfg.algorithm.use_kl_in_reward or self.actor.rank0("needs_old_log_probs", num_sequences)
-
-    def _collect(self, t: StepTimer) -> tuple[list[Trajectory], list[str], dict[str, float]]:
-        import ray
-
-        cfg = self.cfg
-
-        def rollout(prompts: list[Prompt]) -> tuple[list[Trajectory], dict[str, float]]:
-            return ray.get(self.rollout.rollout.remote(prompts, cfg.actor_rollout_ref.rollout.n))
-
-        a = cfg.algorithm
-        max_rounds = a.max_filter_rounds if a.filter_groups else 0
-        drop = GroupRules.from_config(cfg).drop_failed
-        consumed: list[str] = []
-        lost = dict.fromkeys(("rollout/failed_search_trajectories", "rollout/dropped_for_failed_search"), 0.0)
-        for attempt in range(1, OUTAGE_ATTEMPTS + 1):
-            trajs, ids, metrics = collect_groups(self.loader, rollout, cfg.reward, cfg.data.train_batch_size,
-                                                 a.filter_groups, max_rounds, t, drop_failed=drop,
-                                                 filter_metric=a.filter_metric)
-            consumed += ids
-            for k in lost:  # counted over every collection of the step, the failed ones too
-                lost[k] += metrics.get(k, 0.0)
-            down = self._outage_rule(metrics, t)
-            if trajs:
-                if drop:
-                    metrics.update(lost)
-                metrics["rollout/collect_attempts"] = float(attempt)
-                return trajs, consumed, metrics
-        raise RuntimeError(f"step {self.step}: every trajectory of {OUTAGE_ATTEMPTS} collections had a failed tool "
-                           f"call (tools failing in more than retriever.outage_share of their calls: "
-                           f"{', '.join(down) or 'none'}; the retriever answered /health in between: {cfg.retriever.url})")
 
     def _outage_rule(self, metrics: dict[str, float], t: StepTimer) -> list[str]:
         """The outage rule per tool on a collection's metrics: tools failing in more than
@@ -298,8 +268,9 @@ class RayTrainer:
             self.actor.call_all("save", str(d / "actor"))
             if self.critic is not None:
                 self.critic.call_all("save", str(d / "critic"))
-            if self.ahead is not None:  # the groups not trained yet, with their trajectories in flight
-                (d / ROLLOUTS).write_text(json.dumps(self.ahead.state()))
+            rollouts = self.collector.state()  # ahead modes: the groups not trained yet, with their trajectories in flight
+            if rollouts is not None:
+                (d / ROLLOUTS).write_text(json.dumps(rollouts))
 
         expected = self.actor.rank0("state_bytes") + (self.critic.rank0("state_bytes") if self.critic else 0)
         return self.run.save({"data": self.loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict()},
@@ -315,10 +286,10 @@ class RayTrainer:
         self.loader.load_state_dict(state["data"])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.sync.push(self.step)  # the engine started from the base model
-        if self.ahead is not None and (path / ROLLOUTS).is_file():  # sync: check_resume refused what is in flight
+        if (path / ROLLOUTS).is_file():
             from agent_rl.training.ahead import read_rollouts
 
-            self.ahead.restore(read_rollouts(path / ROLLOUTS, self.cfg.actor_rollout_ref.rollout.n))
+            self.collector.restore(read_rollouts(path / ROLLOUTS, self.cfg.actor_rollout_ref.rollout.n))
         print(f"[train] resumed from {path} at step {self.step}", flush=True)
 
     def shutdown(self) -> None:
@@ -399,6 +370,55 @@ def load_train_prompts(cfg: TrainConfig) -> list[Prompt]:
     protocol = protocol_for(rcfg, tok)  # MCP tools' schemas are not known here: built-ins only
     prompts = load_prompts(cfg.data.train_files, cfg.data.train_data_num, balance_by=cfg.data.balance_by)
     return drop_overlong(prompts, lambda p: len(protocol.prompt_ids(tok, p.question, rcfg.template)), cfg.data.max_prompt_length)
+
+
+class SyncCollector:
+    """trainer.mode=sync: each step generates its own groups when it asks for them
+    (`collect_groups`). When every trajectory was left out for a failed search, it waits for
+    the retriever (`outage`: the trainer's outage rule) and collects again, up to
+    OUTAGE_ATTEMPTS times. The interface is `AheadCollector`'s, so `fit()` reads the same in
+    every mode."""
+
+    def __init__(self, worker: Any, loader: PromptLoader, cfg: TrainConfig,
+                 outage: Callable[[dict[str, float], StepTimer], list[str]]) -> None:
+        self.worker, self.loader, self.cfg, self.outage = worker, loader, cfg, outage
+
+    def collect(self, step: int, t: StepTimer) -> tuple[list[Trajectory], list[str], dict[str, float]]:
+        import ray
+
+        cfg, a = self.cfg, self.cfg.algorithm
+
+        def rollout(prompts: list[Prompt]) -> tuple[list[Trajectory], dict[str, float]]:
+            return ray.get(self.worker.rollout.remote(prompts, cfg.actor_rollout_ref.rollout.n))
+
+        drop = GroupRules.from_config(cfg).drop_failed
+        consumed: list[str] = []
+        lost = dict.fromkeys(("rollout/failed_search_trajectories", "rollout/dropped_for_failed_search"), 0.0)
+        for attempt in range(1, OUTAGE_ATTEMPTS + 1):
+            trajs, ids, metrics = collect_groups(self.loader, rollout, cfg.reward, cfg.data.train_batch_size,
+                                                 a.filter_groups, a.max_filter_rounds if a.filter_groups else 0, t,
+                                                 drop_failed=drop, filter_metric=a.filter_metric)
+            consumed += ids
+            for k in lost:  # counted over every collection of the step, the failed ones too
+                lost[k] += metrics.get(k, 0.0)
+            down = self.outage(metrics, t)
+            if trajs:
+                if drop:
+                    metrics.update(lost)
+                metrics["rollout/collect_attempts"] = float(attempt)
+                return trajs, consumed, metrics
+        raise RuntimeError(f"step {step}: every trajectory of {OUTAGE_ATTEMPTS} collections had a failed tool "
+                           f"call (tools failing in more than retriever.outage_share of their calls: "
+                           f"{', '.join(down) or 'none'}; the retriever answered /health in between: {cfg.retriever.url})")
+
+    def before_push(self, t: StepTimer) -> None:
+        """Nothing generates during the update: the weights can go at once."""
+
+    def state(self) -> None:
+        """Nothing is in flight between steps: a checkpoint keeps no rollouts."""
+
+    def restore(self, state: dict) -> None:
+        """check_resume refused a checkpoint with prompts in flight; one without has nothing to continue."""
 
 
 def collect_groups(
