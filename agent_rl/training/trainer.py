@@ -22,7 +22,7 @@ import math
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 
@@ -304,6 +304,31 @@ class RayTrainer:
         for group in (self.actor, self.critic):
             if group is not None:
                 group.shutdown()
+
+
+@contextmanager
+def ray_trainer(cfg: TrainConfig, run_dir: str | Path | None = None, retriever: Any = None) -> Iterator[RayTrainer]:
+    """`with ray_trainer(cfg) as trainer: trainer.fit()`: a RayTrainer in a Ray session. Ray
+    is started (or joined: trainer.ray_address) unless this process is connected already. On
+    any exit, an error and Ctrl-C included, the trainer's workers are shut down, then Ray if
+    it was started here: a failed run must not leave actors holding the engine's memory, and
+    a caller's own Ray session stays the caller's."""
+    import ray
+
+    from agent_rl.training.ray_workers import init_ray
+
+    started = init_ray(cfg.trainer.ray_address)
+    trainer = None
+    try:
+        trainer = RayTrainer(cfg, run_dir, retriever)
+        yield trainer
+    finally:
+        try:
+            if trainer is not None:
+                trainer.shutdown()
+        finally:
+            if started:
+                ray.shutdown()
 
 
 # ----------------------------------------------------------------------------- helpers

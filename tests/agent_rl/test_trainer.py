@@ -268,6 +268,47 @@ def test_a_finished_run_is_known_from_its_checkpoint_before_anything_starts(tmp_
                  "retriever.url=[http://127.0.0.1:9/retrieve]", "trainer.retriever_health_timeout_s=1"]) == 0
 
 
+# ----------------------------------------------------------------------------- unit: ray_trainer
+@pytest.mark.parametrize("fails,ray_running", [("fit", False), ("init", False), ("shutdown", False), ("fit", True)])
+def test_ray_trainer_shuts_down_the_workers_and_its_own_ray_on_any_exit(monkeypatch, fails, ray_running):
+    """A run stopped by an error or Ctrl-C must not leave actors holding the engine's memory:
+    the trainer's workers go, then Ray if ray_trainer started it (a caller's session stays)."""
+    import ray
+
+    from agent_rl.config import TrainConfig
+    from agent_rl.training import ray_workers, trainer
+
+    events: list[str] = []
+
+    class FakeTrainer:
+        def __init__(self, cfg, run_dir=None, retriever=None):
+            if fails == "init":
+                raise ValueError("engine did not start")
+            events.append("trainer")
+
+        def fit(self):
+            raise KeyboardInterrupt
+
+        def shutdown(self):
+            events.append("trainer down")
+            if fails == "shutdown":
+                raise RuntimeError("rollout worker gone")
+
+    monkeypatch.setattr(trainer, "RayTrainer", FakeTrainer)
+    monkeypatch.setattr(ray_workers, "init_ray", lambda address: events.append("ray") or not ray_running)
+    monkeypatch.setattr(ray, "shutdown", lambda: events.append("ray down"))
+    raised = {"fit": KeyboardInterrupt, "init": ValueError, "shutdown": RuntimeError}[fails]
+    with pytest.raises(raised):
+        with trainer.ray_trainer(TrainConfig()) as t:
+            t.fit()
+    expected = ["ray", "trainer", "trainer down", "ray down"]
+    if fails == "init":
+        expected = ["ray", "ray down"]
+    if ray_running:
+        expected.remove("ray down")
+    assert events == expected
+
+
 # ----------------------------------------------------------------------------- unit: collect_groups
 def _fake_rollout(answers_by_prompt: dict[str, list[str]], n: int):
     """A rollout returning, for prompt p, n trajectories answering answers_by_prompt[p.id]."""
