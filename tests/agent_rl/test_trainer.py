@@ -487,6 +487,35 @@ def test_a_step_whose_every_search_failed_returns_nothing_to_train_on():
     assert trajs == [] and consumed == ["q0", "q1"] and metrics["rollout/failed_search_share"] == 1.0
 
 
+def test_the_sync_collector_waits_out_an_outage_and_collects_again(monkeypatch):
+    """Every search of the first collection failed: the outage rule runs (it waits for the
+    retriever), the step collects new prompts, and the losses of both attempts are logged."""
+    from types import SimpleNamespace
+
+    import ray
+
+    from agent_rl.config import TrainConfig, load_config
+    from agent_rl.training.trainer import StepTimer, SyncCollector
+
+    attempts = []
+
+    def rollout(prompts, n):  # the retriever is down for the first collection only
+        attempts.append([p.id for p in prompts])
+        down = len(attempts) == 1
+        return _rollout_with_failures({(p.id, k) for p in prompts for k in range(2)} if down else set())(prompts)
+
+    monkeypatch.setattr(ray, "get", lambda ref: ref)
+    worker = SimpleNamespace(rollout=SimpleNamespace(remote=rollout))  # worker.rollout.remote(...): a Ray actor
+    cfg = load_config(TrainConfig, None, ["data.train_batch_size=2", "retriever.skip_failed_searches=true"])
+    waits = []
+    collector = SyncCollector(worker, _loader(4), cfg, lambda metrics, t: waits.append(dict(metrics)) or [])
+    trajs, consumed, m = collector.collect(1, StepTimer())
+    assert attempts == [["q0", "q1"], ["q2", "q3"]] and consumed == ["q0", "q1", "q2", "q3"]
+    assert len(trajs) == 4 and len(waits) == 2 and waits[0]["rollout/failed_search_share"] == 1.0
+    assert m["rollout/collect_attempts"] == 2.0 and m["rollout/failed_search_trajectories"] == 4.0
+    assert m["rollout/dropped_for_failed_search"] == 4.0 and m["rollout/failed_search_share"] == 0.0
+
+
 @pytest.mark.slow
 def test_a_retriever_killed_mid_run_does_not_teach_the_policy(tiny_kb, few_shot_prompt, tmp_path):
     """A real GRPO run whose retriever (its own server process) is killed after step 1 and
