@@ -54,25 +54,15 @@ class SlowSearch:
 
 def train_arm(sft: Path, url: str, args: argparse.Namespace, run_dir: Path, mode: str, search: str) -> dict:
     from agent_rl.config import TrainConfig, load_config
-    from agent_rl.training.ray_workers import init_ray
-    from agent_rl.training.trainer import RayTrainer
-
-    import ray
+    from agent_rl.training.trainer import ray_trainer
 
     overrides = [*rl_overrides(sft, url, args, run_dir), f"trainer.mode={mode}"]
     cfg = load_config(TrainConfig, args.config, overrides)
     retriever = SlowSearch(url, *args.latency) if search == "slow" else None
-    init_ray(cfg.trainer.ray_address)
-    trainer = None
     t0 = time.time()
-    try:
-        trainer = RayTrainer(cfg, run_dir, retriever=retriever)
+    with ray_trainer(cfg, run_dir, retriever=retriever) as trainer:
         trainer.fit(on_step=lambda step, m: print(f"[async_modes] {mode}/{search} step {step}: "
                                                   f"{m['training/elapsed_s']:.0f}s", flush=True))
-    finally:
-        if trainer is not None:
-            trainer.shutdown()
-        ray.shutdown()
     return summarize(run_dir, args.gain) | {"wall_s": time.time() - t0}
 
 

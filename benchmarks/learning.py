@@ -149,28 +149,18 @@ def train(sft: Path, url: str, args: argparse.Namespace, run_dir: Path) -> tuple
     """RL from `sft` until `trainer.max_time_s` is spent; returns (steps, training seconds).
     The trainer runs in this process (Ray actors for the workers)."""
     from agent_rl.config import TrainConfig, load_config
-    from agent_rl.training.ray_workers import init_ray
-    from agent_rl.training.trainer import RayTrainer
+    from agent_rl.training.trainer import ray_trainer
 
     cfg = load_config(TrainConfig, args.config, rl_overrides(sft, url, args, run_dir))
     if cfg.actor_rollout_ref.actor.optim.lr_warmup_steps < 0:
         cfg.actor_rollout_ref.actor.optim.lr_warmup_steps = 0
-    import ray
-
-    init_ray(cfg.trainer.ray_address)
-    trainer = None
     t_setup = time.monotonic()
-    try:
-        trainer = RayTrainer(cfg, run_dir)
+    with ray_trainer(cfg, run_dir) as trainer:
         # the budget is for training steps; worker start-up (engine, actor, Ray) is reported apart
         print(f"[learning] trainer ready in {time.monotonic() - t_setup:.0f}s", flush=True)
         trainer.fit(on_step=lambda step, m: print(f"[learning] step {step}: {m['training/elapsed_s']:.0f}s of "
                                                   f"{60 * args.minutes:.0f}s", flush=True))
-        return trainer.step, trainer.trained_s
-    finally:
-        if trainer is not None:
-            trainer.shutdown()
-        ray.shutdown()
+        return trainer.step, trainer.run.trained_s
 
 
 def diagnostics(run_dir: Path, window: int = 5) -> dict:

@@ -11,15 +11,16 @@ with keys in submission order, up to `ahead` batches beyond the one being traine
   slow tool) does not hold the step; a group whose oldest token lags the trainer by more than
   trainer.max_staleness versions is dropped and counted.
 
-Group filtering, the failed-search rule and the outage wait apply to the taken groups as in
-sync mode (agent_rl.training.trainer.collect_groups); a dropped or filtered group is replaced
-by the next one. A checkpoint holds `state()`: the next key and every group submitted and not
+The taken groups go through the steps of sync mode (agent_rl.training.groups: scoring, the
+failed-search rule, group filtering, the counts, renumbering) and the trainer's outage wait;
+a dropped or filtered group is replaced by the next one. A checkpoint holds `state()`: the next key and every group submitted and not
 trained, with its trajectories in flight (`SavedGroup`); `restore` submits them again first,
 so a resumed run trains each prompt once and continues, not regenerates, what was sampled.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -27,11 +28,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from agent_rl.rollout.manager import rollout_metrics
-from agent_rl.training import algos
 from agent_rl.training.data import PromptLoader
+from agent_rl.training.groups import GroupRules, Tally, batch_of, score_trajectories, sift
 from agent_rl.training.metrics import reward_metrics
 from agent_rl.types import Trajectory
 
@@ -40,11 +39,14 @@ log = logging.getLogger(__name__)
 
 class AheadCollector:
     """`worker`: the RolloutWorker actor handle; `get`: how a call's result is awaited
-    (ray.get; tests pass a plain worker object and the identity)."""
+    (ray.get; tests pass a plain worker object and the identity); `outage(metrics, t)`: the
+    trainer's outage rule, run on each step's metrics (none in tests)."""
 
-    def __init__(self, worker: Any, loader: PromptLoader, cfg: Any, total_steps: int, get: Any = None) -> None:
+    def __init__(self, worker: Any, loader: PromptLoader, cfg: Any, total_steps: int, get: Any = None,
+                 outage: Any = None) -> None:
         tr = cfg.trainer
         self.worker, self.loader, self.cfg, self.total_steps = worker, loader, cfg, total_steps
+        self.outage = outage
         if get is None:
             import ray
 
@@ -78,24 +80,25 @@ class AheadCollector:
         self.get(self.worker.stream_submit.remote(items))
 
     # ------------------------------------------------------------------ one step's groups
-    def collect(self, step: int, t: Any, score: Any) -> tuple[list[Trajectory], list[str], dict[str, float]]:
+    def collect(self, step: int, t: Any, score: Any = None) -> tuple[list[Trajectory], list[str], dict[str, float]]:
         """Groups for step `step` (the engine holds version step-1). `score(trajs, prompts)`
-        sets rewards and returns the RewardResults. Returns (trajectories with group ids 0..G-1,
-        ids of every prompt consumed, metrics)."""
+        sets rewards and returns the RewardResults (default: `groups.score_trajectories` with
+        the config's reward). Returns (trajectories with group ids 0..G-1, ids of every prompt
+        consumed, metrics)."""
         cfg, a = self.cfg, self.cfg.algorithm
+        score = score or functools.partial(score_trajectories, reward_cfg=cfg.reward)
+        rules = GroupRules.from_config(cfg)
         version = step - 1
         kept: list[list[Trajectory]] = []
         consumed: list[str] = []
         metrics: dict[str, float] = {}
-        counts: Counter[str] = Counter()
-        staleness: list[int] = []
+        tally = Tally()
+        dropped_stale = 0
         results_all: list[Any] = []
         seen: list[Trajectory] = []
         rounds = 0
         wait_s = 0.0
         resumed_tokens = 0
-        drop_failed = ("group" if algos.uses_groups(a.adv_estimator) else "trajectory") \
-            if cfg.retriever.skip_failed_searches else None
         max_rounds = 1 + (a.max_filter_rounds if a.filter_groups else 0) + 4 * self.ahead
         while len(kept) < self.batch:
             rounds += 1
@@ -115,64 +118,51 @@ class AheadCollector:
                 metrics[k] = metrics.get(k, 0.0) + v
             taken = {g.key for g in groups}
             self.outstanding = [(k, p) for k, p in self.outstanding if k not in taken]
+            fresh: list[list[Trajectory]] = []
+            results: list[Any] = []
             for g in groups:
                 consumed.append(g.prompt.id)
-                trajs = g.trajectories
                 resumed_tokens += self._resumed_keys.pop(g.key, 0)
-                lag = max(tr.staleness(version) for tr in trajs)
-                if lag > self.ahead:
-                    counts["async/dropped_stale"] += 1
+                if max(tr.staleness(version) for tr in g.trajectories) > self.ahead:
+                    dropped_stale += 1
                     continue
+                fresh.append(g.trajectories)
                 with t("reward"):
-                    results = score(trajs, [g.prompt])
-                value = {id(tr): r.metric if a.filter_metric == "acc" else r.score for tr, r in zip(trajs, results)}
-                results_all += results
-                seen += trajs
-                counts["rollout/failed_search_trajectories"] += sum(tr.num_tool_failures > 0 for tr in trajs)
-                if drop_failed is not None and any(tr.num_tool_failures > 0 for tr in trajs):
-                    n_before = len(trajs)
-                    trajs = [] if drop_failed == "group" else [tr for tr in trajs if tr.num_tool_failures == 0]
-                    counts["rollout/dropped_for_failed_search"] += n_before - len(trajs)
-                    if not trajs:
-                        continue
-                if a.filter_groups:
-                    rewards = torch.tensor([value[id(tr)] for tr in trajs])
-                    if not algos.filter_groups(rewards, [0] * len(trajs)).kept_groups:
-                        counts["filter/dropped_groups"] += 1
-                        continue
-                staleness += [tr.staleness(version) for tr in trajs]
-                kept.append(trajs)
+                    results += score(g.trajectories, [g.prompt])
+            sifted = sift(fresh, results, rules)
+            tally.add(sifted.tally)
+            results_all += results
+            seen += [tr for g in fresh for tr in g]
+            kept += sifted.kept
         if not kept:
             raise RuntimeError(f"step {step}: no group to train on after {rounds - 1} takes (dropped for staleness: "
-                               f"{counts['async/dropped_stale']}, filtered: {counts['filter/dropped_groups']}, "
-                               f"failed searches: {counts['rollout/dropped_for_failed_search']})")
+                               f"{dropped_stale}, filtered: {tally.filtered}, failed searches: {tally.dropped})")
+        trained, per_source = batch_of(kept)
+        staleness = [tr.staleness(version) for tr in trained]
         metrics.update(rollout_metrics(seen, wait_s))
         metrics.update(reward_metrics(results_all, cfg.reward.kind))
-        metrics.update({k: float(v) for k, v in counts.items()})
-        metrics.setdefault("async/dropped_stale", 0.0)
-        metrics["rollout/failed_search_share"] = counts["rollout/failed_search_trajectories"] / max(len(seen), 1)
+        metrics.update(tally.metrics(rules))
+        metrics["async/dropped_stale"] = float(dropped_stale)
         metrics["async/trainer_wait_s"] = wait_s
         metrics["async/policy_version"] = float(version)
         metrics["async/staleness_mean"] = sum(staleness) / len(staleness)
         metrics["async/staleness_max"] = float(max(staleness))
         for lag, n in Counter(staleness).items():
             metrics[f"async/staleness/{lag}"] = float(n)
-        trained = [tr for g in kept for tr in g]
         metrics["async/partial_trajectories"] = float(sum(len({v for v in tr.policy_versions if v >= 0}) > 1
                                                           for tr in trained))
         metrics["async/resumed_sampled_tokens"] = float(resumed_tokens)
-        sources = Counter(g[0].data_source or "unknown" for g in kept)
-        metrics.update({f"batch/groups/{src}": float(n) for src, n in sources.items()})
-        for gid, g in enumerate(kept):
-            for tr in g:
-                tr.group_id = gid
+        metrics.update(per_source)
+        if self.outage is not None:  # the groups generating now wait for a retriever that is down
+            self.outage(metrics, t)
         return trained, consumed, metrics
 
-    def before_push(self) -> None:
+    def before_push(self, t: Any) -> None:
         """one_step_off: the batch generated during the update finishes on the weights it
         started with, then the swap; async swaps at once (between turns: partial rollouts)."""
-        if self.cfg.trainer.mode == "one_step_off":
-            self.get(self.worker.stream_drain.remote())
+        with t("drain"):
+            if self.cfg.trainer.mode == "one_step_off":
+                self.get(self.worker.stream_drain.remote())
 
     # ------------------------------------------------------------------ checkpoints
     def state(self) -> dict:

@@ -94,32 +94,25 @@ def main(argv: list[str] | None = None) -> int:
             print(f"agent-rl-train: error: {e}", file=sys.stderr)
             return 2
 
-    import ray
     from tqdm import tqdm
 
     from agent_rl.training.checkpoint import NoSpaceForCheckpoint
-    from agent_rl.training.ray_workers import init_ray
-    from agent_rl.training.trainer import RayTrainer
+    from agent_rl.training.trainer import ray_trainer
 
-    init_ray(cfg.trainer.ray_address)
     trainer = None
     try:
-        trainer = RayTrainer(cfg)
-        with tqdm(total=trainer.total_steps, initial=trainer.step, desc="train", unit="step", dynamic_ncols=True) as bar:
+        with ray_trainer(cfg) as trainer, tqdm(total=trainer.total_steps, initial=trainer.step, desc="train",
+                                                unit="step", dynamic_ncols=True) as bar:
             trainer.fit(on_step=lambda step, metrics: bar.update(step - bar.n))
         print(f"[train] done: {trainer.run_dir}", flush=True)
         return 0
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # the workers and Ray are down by now
         latest = trainer.checkpoints.latest() if trainer is not None else None
         print(f"\n[train] interrupted; last checkpoint: {latest or 'none'} (rerun the same command to resume)", flush=True)
         return 130
     except NoSpaceForCheckpoint as e:  # the message says what to free and that the last checkpoint is intact
         print(f"agent-rl-train: error: {e.strerror}", file=sys.stderr)
         return 1
-    finally:
-        if trainer is not None:
-            trainer.shutdown()
-        ray.shutdown()
 
 
 if __name__ == "__main__":  # vLLM starts worker processes with spawn: guard the entry point

@@ -27,19 +27,21 @@ import ray
 from agent_rl.config import TrainConfig
 
 
-def init_ray(address: str | None) -> None:
+def init_ray(address: str | None) -> bool:
     """Join a running cluster (`address`, e.g. "auto") or start a local one for this process;
-    nothing when this process is already connected (a caller that started Ray itself)."""
+    nothing when this process is already connected (a caller that started Ray itself).
+    Returns whether this call connected it: only then is Ray the caller's to shut down."""
     import ray
 
     if ray.is_initialized():
-        return
+        return False
     env = {k: os.environ[k] for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM") if k in os.environ}
     runtime_env = {"env_vars": env}
     if address:
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
     else:
         ray.init(include_dashboard=False, runtime_env=runtime_env, log_to_driver=True)
+    return True
 
 
 def torch_threads(cfg: TrainConfig) -> int:

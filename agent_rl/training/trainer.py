@@ -20,24 +20,25 @@ import json
 import logging
 import math
 import time
-from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 
 from agent_rl.config import TrainConfig, to_dict
-from agent_rl.rollout.reward import score_trajectory
 from agent_rl.training import algos
 from agent_rl.training.batch import TokenBatch
 from agent_rl.training.checkpoint import STATE, CheckpointManager
 from agent_rl.training.data import Prompt, PromptLoader, drop_overlong, load_prompts
+from agent_rl.training.groups import GroupRules, Tally, batch_of, group_trajectories, score_trajectories, sift
 from agent_rl.training.identity import N, problems, saved_identity, train_identity
 from agent_rl.training.metrics import MetricsLogger, RisingRate, reward_metrics
 from agent_rl.training.run import Run, finished_reason, resume_checkpoint
 from agent_rl.types import Trajectory
 
+if TYPE_CHECKING:
+    from agent_rl.training.ahead import AheadCollector
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ class RayTrainer:
         self.checkpoints = self.run.checkpoints
         self.invalid_watch = RisingRate("rollout/invalid_action_rate")
         self.adv_fn = algos.get_adv_estimator(cfg.algorithm.adv_estimator)
-        check_filter_metric(cfg.algorithm.filter_metric)  # before the engine starts
+        GroupRules.from_config(cfg)  # checks algorithm.filter_metric before the engine starts
         self.kl_ctrl = algos.make_kl_controller(cfg.algorithm.kl_ctrl)
         self.use_critic = algos.needs_critic(cfg.algorithm.adv_estimator)
         self.use_ref = cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
@@ -104,12 +105,7 @@ class RayTrainer:
 
             self.critic = WorkerGroup(cfg, functools.partial(CriticWorker, cfg, self.total_steps), n_workers, "critic")
         self.sync = WeightSync(self.actor, self.rollout, "cuda_ipc" if cfg.trainer.n_gpus_per_node > 0 else "object_store")
-        self.ahead = None
-        """one_step_off | async: rollouts submitted ahead of the trainer (agent_rl.training.ahead)."""
-        if cfg.trainer.mode != "sync":
-            from agent_rl.training.ahead import AheadCollector
-
-            self.ahead = AheadCollector(self.rollout, self.loader, cfg, self.total_steps)
+        self.collector = self._collector(cfg)
         self._maybe_resume(resume_from)
         self.metrics = MetricsLogger(
             self.run_dir,
@@ -119,6 +115,16 @@ class RayTrainer:
             cfg.trainer.experiment_name,
             resume_step=self.step,
         )
+
+    def _collector(self, cfg: TrainConfig) -> SyncCollector | AheadCollector:
+        """The one place the loop reads trainer.mode: sync generates each step's groups when the
+        step asks; one_step_off | async submit them ahead of the trainer. Both run the outage
+        rule on what they collect (the groups generating wait for a retriever that is down)."""
+        if cfg.trainer.mode == "sync":
+            return SyncCollector(self.rollout, self.loader, cfg, self._outage_rule)
+        from agent_rl.training.ahead import AheadCollector
+
+        return AheadCollector(self.rollout, self.loader, cfg, self.total_steps, outage=self._outage_rule)
 
     # ------------------------------------------------------------------ the loop
     @property
@@ -135,12 +141,7 @@ class RayTrainer:
             with t("step"):
                 # 1. rollout + reward (group filtering may draw extra prompts); one_step_off |
                 #    async: groups generated ahead, during the updates before
-                if self.ahead is not None:
-                    trajs, prompt_ids, metrics = self.ahead.collect(self.step, t, functools.partial(
-                        score_trajectories, reward_cfg=cfg.reward))
-                    self._outage_rule(metrics, t)  # the groups generating now wait for a retriever that is down
-                else:
-                    trajs, prompt_ids, metrics = self._collect(t)
+                trajs, prompt_ids, metrics = self.collector.collect(self.step, t)
                 batch = TokenBatch.from_trajectories(trajs)
                 mask = batch.mask(cfg.actor_rollout_ref.actor.state_masking)
                 # 2. log-probs of the policy that sampled (recomputed), the reference, values
@@ -162,9 +163,7 @@ class RayTrainer:
                         metrics.update(self.critic.update("update_critic", batch))
                 with t("update_actor"):
                     metrics.update(self.actor.update("update_policy", batch))
-                if self.ahead is not None:
-                    with t("drain"):
-                        self.ahead.before_push()
+                self.collector.before_push(t)  # one_step_off: the batch generating finishes on its weights
                 with t("sync"):
                     self.sync.push(self.step)
             self.run.end_step()
@@ -199,36 +198,6 @@ class RayTrainer:
         update (one epoch, one mini-batch) takes them from its own forward pass (ratio = 1
         exactly, as veRL), saving a pass; the in-reward KL needs them before the update."""
         return self.cfg.algorithm.use_kl_in_reward or self.actor.rank0("needs_old_log_probs", num_sequences)
-
-    def _collect(self, t: StepTimer) -> tuple[list[Trajectory], list[str], dict[str, float]]:
-        import ray
-
-        cfg = self.cfg
-
-        def rollout(prompts: list[Prompt]) -> tuple[list[Trajectory], dict[str, float]]:
-            return ray.get(self.rollout.rollout.remote(prompts, cfg.actor_rollout_ref.rollout.n))
-
-        a, r = cfg.algorithm, cfg.retriever
-        max_rounds = a.max_filter_rounds if a.filter_groups else 0
-        drop = ("group" if algos.uses_groups(a.adv_estimator) else "trajectory") if r.skip_failed_searches else None
-        consumed: list[str] = []
-        lost = dict.fromkeys(("rollout/failed_search_trajectories", "rollout/dropped_for_failed_search"), 0.0)
-        for attempt in range(1, OUTAGE_ATTEMPTS + 1):
-            trajs, ids, metrics = collect_groups(self.loader, rollout, cfg.reward, cfg.data.train_batch_size,
-                                                 a.filter_groups, max_rounds, t, drop_failed=drop,
-                                                 filter_metric=a.filter_metric)
-            consumed += ids
-            for k in lost:  # counted over every collection of the step, the failed ones too
-                lost[k] += metrics.get(k, 0.0)
-            down = self._outage_rule(metrics, t)
-            if trajs:
-                if drop:
-                    metrics.update(lost)
-                metrics["rollout/collect_attempts"] = float(attempt)
-                return trajs, consumed, metrics
-        raise RuntimeError(f"step {self.step}: every trajectory of {OUTAGE_ATTEMPTS} collections had a failed tool "
-                           f"call (tools failing in more than retriever.outage_share of their calls: "
-                           f"{', '.join(down) or 'none'}; the retriever answered /health in between: {cfg.retriever.url})")
 
     def _outage_rule(self, metrics: dict[str, float], t: StepTimer) -> list[str]:
         """The outage rule per tool on a collection's metrics: tools failing in more than
@@ -299,8 +268,9 @@ class RayTrainer:
             self.actor.call_all("save", str(d / "actor"))
             if self.critic is not None:
                 self.critic.call_all("save", str(d / "critic"))
-            if self.ahead is not None:  # the groups not trained yet, with their trajectories in flight
-                (d / ROLLOUTS).write_text(json.dumps(self.ahead.state()))
+            rollouts = self.collector.state()  # ahead modes: the groups not trained yet, with their trajectories in flight
+            if rollouts is not None:
+                (d / ROLLOUTS).write_text(json.dumps(rollouts))
 
         expected = self.actor.rank0("state_bytes") + (self.critic.rank0("state_bytes") if self.critic else 0)
         return self.run.save({"data": self.loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict()},
@@ -316,10 +286,10 @@ class RayTrainer:
         self.loader.load_state_dict(state["data"])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.sync.push(self.step)  # the engine started from the base model
-        if self.ahead is not None and (path / ROLLOUTS).is_file():  # sync: check_resume refused what is in flight
+        if (path / ROLLOUTS).is_file():
             from agent_rl.training.ahead import read_rollouts
 
-            self.ahead.restore(read_rollouts(path / ROLLOUTS, self.cfg.actor_rollout_ref.rollout.n))
+            self.collector.restore(read_rollouts(path / ROLLOUTS, self.cfg.actor_rollout_ref.rollout.n))
         print(f"[train] resumed from {path} at step {self.step}", flush=True)
 
     def shutdown(self) -> None:
@@ -334,6 +304,31 @@ class RayTrainer:
         for group in (self.actor, self.critic):
             if group is not None:
                 group.shutdown()
+
+
+@contextmanager
+def ray_trainer(cfg: TrainConfig, run_dir: str | Path | None = None, retriever: Any = None) -> Iterator[RayTrainer]:
+    """`with ray_trainer(cfg) as trainer: trainer.fit()`: a RayTrainer in a Ray session. Ray
+    is started (or joined: trainer.ray_address) unless this process is connected already. On
+    any exit, an error and Ctrl-C included, the trainer's workers are shut down, then Ray if
+    it was started here: a failed run must not leave actors holding the engine's memory, and
+    a caller's own Ray session stays the caller's."""
+    import ray
+
+    from agent_rl.training.ray_workers import init_ray
+
+    started = init_ray(cfg.trainer.ray_address)
+    trainer = None
+    try:
+        trainer = RayTrainer(cfg, run_dir, retriever)
+        yield trainer
+    finally:
+        try:
+            if trainer is not None:
+                trainer.shutdown()
+        finally:
+            if started:
+                ray.shutdown()
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -402,6 +397,55 @@ def load_train_prompts(cfg: TrainConfig) -> list[Prompt]:
     return drop_overlong(prompts, lambda p: len(protocol.prompt_ids(tok, p.question, rcfg.template)), cfg.data.max_prompt_length)
 
 
+class SyncCollector:
+    """trainer.mode=sync: each step generates its own groups when it asks for them
+    (`collect_groups`). When every trajectory was left out for a failed search, it waits for
+    the retriever (`outage`: the trainer's outage rule) and collects again, up to
+    OUTAGE_ATTEMPTS times. The interface is `AheadCollector`'s, so `fit()` reads the same in
+    every mode."""
+
+    def __init__(self, worker: Any, loader: PromptLoader, cfg: TrainConfig,
+                 outage: Callable[[dict[str, float], StepTimer], list[str]]) -> None:
+        self.worker, self.loader, self.cfg, self.outage = worker, loader, cfg, outage
+
+    def collect(self, step: int, t: StepTimer) -> tuple[list[Trajectory], list[str], dict[str, float]]:
+        import ray
+
+        cfg, a = self.cfg, self.cfg.algorithm
+
+        def rollout(prompts: list[Prompt]) -> tuple[list[Trajectory], dict[str, float]]:
+            return ray.get(self.worker.rollout.remote(prompts, cfg.actor_rollout_ref.rollout.n))
+
+        drop = GroupRules.from_config(cfg).drop_failed
+        consumed: list[str] = []
+        lost = dict.fromkeys(("rollout/failed_search_trajectories", "rollout/dropped_for_failed_search"), 0.0)
+        for attempt in range(1, OUTAGE_ATTEMPTS + 1):
+            trajs, ids, metrics = collect_groups(self.loader, rollout, cfg.reward, cfg.data.train_batch_size,
+                                                 a.filter_groups, a.max_filter_rounds if a.filter_groups else 0, t,
+                                                 drop_failed=drop, filter_metric=a.filter_metric)
+            consumed += ids
+            for k in lost:  # counted over every collection of the step, the failed ones too
+                lost[k] += metrics.get(k, 0.0)
+            down = self.outage(metrics, t)
+            if trajs:
+                if drop:
+                    metrics.update(lost)
+                metrics["rollout/collect_attempts"] = float(attempt)
+                return trajs, consumed, metrics
+        raise RuntimeError(f"step {step}: every trajectory of {OUTAGE_ATTEMPTS} collections had a failed tool "
+                           f"call (tools failing in more than retriever.outage_share of their calls: "
+                           f"{', '.join(down) or 'none'}; the retriever answered /health in between: {cfg.retriever.url})")
+
+    def before_push(self, t: StepTimer) -> None:
+        """Nothing generates during the update: the weights can go at once."""
+
+    def state(self) -> None:
+        """Nothing is in flight between steps: a checkpoint keeps no rollouts."""
+
+    def restore(self, state: dict) -> None:
+        """check_resume refused a checkpoint with prompts in flight; one without has nothing to continue."""
+
+
 def collect_groups(
     loader: PromptLoader,
     rollout: Callable[[list[Prompt]], tuple[list[Trajectory], dict[str, float]]],
@@ -413,74 +457,58 @@ def collect_groups(
     drop_failed: str | None = None,
     filter_metric: str = "score",
 ) -> tuple[list[Trajectory], list[str], dict[str, float]]:
-    """Rollout and score `want` prompts (one group of n samples each). With `filter_on`, groups
-    whose rewards all agree carry no signal and are dropped (DAPO dynamic sampling); extra
-    prompts are drawn, sized by the keep rate so far (4x the batch while none is kept), for up
-    to `max_extra_rounds` rounds until `want` groups are kept. `filter_metric` says what the
-    samples must disagree on: the reward ("score") or the task metric alone ("acc").
-    `drop_failed` ("group" | "trajectory" | None) leaves out trajectories with a failed search,
-    with their group when "group" (see `drop_failed_searches`). Returns (trajectories with
+    """Rollout and score `want` prompts (one group of n samples each); each round's groups go
+    through `groups.sift` (`drop_failed` "group" | "trajectory" | None: the failed-search
+    rule; with `filter_on`, groups whose `filter_metric` ("score": the reward, "acc": the task
+    metric alone) agrees carry no signal and are dropped, DAPO dynamic sampling). While fewer
+    than `want` groups are kept, extra prompts are drawn, sized by the keep rate so far (4x the
+    batch while none is kept), for up to `max_extra_rounds` rounds. Returns (trajectories with
     group ids 0..G-1, ids of every prompt consumed, rollout/* reward/* filter/* metrics of the
-    first round, failure counts (tool_failures, rejected_queries, failed_search_trajectories,
-    dropped_for_failed_search, failed_search_share) over every round, and
-    batch/groups/<data_source>: the kept groups per source); no trajectories when every one
-    was left out for a failed search."""
-    check_filter_metric(filter_metric)
+    first round, failure counts (tool_failures, rejected_queries, `groups.Tally`'s) over every
+    round, and batch/groups/<data_source>: the kept groups per source); no trajectories when
+    every one was left out for a failed search."""
+    rules = GroupRules(filter_on, filter_metric, drop_failed)
     kept: list[list[Trajectory]] = []
     consumed: list[str] = []
     metrics: dict[str, float] = {}
-    failures: Counter[str] = Counter()
-    seen = 0
+    tools = dict.fromkeys(("rollout/tool_failures", "rollout/rejected_queries"), 0.0)
+    tally = Tally()
     prompts = loader.next_batch()
     for round_ in range(1 + max_extra_rounds):
         consumed += [p.id for p in prompts]
         with t("gen"):
             trajs, gen_metrics = rollout(prompts)
-        with t("reward"):
-            results = score_trajectories(trajs, prompts, reward_cfg)
-        value = {id(tr): r.metric if filter_metric == "acc" else r.score for tr, r in zip(trajs, results)}
         groups = group_trajectories(trajs)
+        with t("reward"):
+            results = score_trajectories([tr for g in groups for tr in g], prompts, reward_cfg)
+        sifted = sift(groups, results, rules)
         if round_ == 0:
             metrics.update(gen_metrics)
             metrics.update(reward_metrics(results, reward_cfg.kind))
-        seen += len(trajs)
-        failures.update({k: gen_metrics.get(k, 0.0) for k in ("rollout/tool_failures", "rollout/rejected_queries")})
-        failures["rollout/failed_search_trajectories"] += sum(tr.num_tool_failures > 0 for tr in trajs)
-        if drop_failed is not None:
-            groups, failure_metrics = drop_failed_searches(groups, whole_group=drop_failed == "group")
-            failures["rollout/dropped_for_failed_search"] += failure_metrics["rollout/dropped_for_failed_search"]
-        if filter_on:
-            rewards = torch.tensor([value[id(tr)] for g in groups for tr in g])
-            result = algos.filter_groups(rewards, [i for i, g in enumerate(groups) for _ in g])
-            if round_ == 0:
-                metrics.update({f"filter/{k}": v for k, v in result.metrics.items()})
-            groups = [groups[i] for i in result.kept_groups]
-        kept += groups[: want - len(kept)]
+            metrics.update(sifted.filter_metrics)
+        for k in tools:
+            tools[k] += gen_metrics.get(k, 0.0)
+        tally.add(sifted.tally)
+        kept += sifted.kept[: want - len(kept)]
         if len(kept) >= want or not filter_on:
             break
         rate = len(kept) / len(consumed)  # over-sample by the keep rate so far; none kept yet: the most
         prompts = loader.take(4 * want if rate == 0 else min(math.ceil((want - len(kept)) / rate), 4 * want))
-    metrics.update({k: float(v) for k, v in failures.items()})  # every round's, not the first one's alone
-    metrics["rollout/failed_search_share"] = failures["rollout/failed_search_trajectories"] / max(seen, 1)
+    metrics.update(tools)  # every round's, not the first one's alone
+    metrics.update(tally.metrics(rules))
     if filter_on:
         metrics["filter/rounds"] = float(round_ + 1)
         metrics["filter/batch_groups"] = float(len(kept))
-    # what the update learns from, by data source (the filter keeps some sources more)
-    sources = Counter(g[0].data_source or "unknown" for g in kept)
-    metrics.update({f"batch/groups/{src}": float(n) for src, n in sources.items()})
-    if not kept and metrics.get("rollout/failed_search_trajectories", 0.0) > 0:
+    trajs, per_source = batch_of(kept)
+    metrics.update(per_source)
+    if not kept and tally.failed > 0:
         return [], consumed, metrics  # the caller waits for the retriever and collects again
     if not kept:
         raise RuntimeError(
             f"every group's {'rewards' if filter_metric == 'score' else reward_cfg.kind} agreed in {round_ + 1} "
             "round(s): nothing to learn from (raise algorithm.max_filter_rounds or disable algorithm.filter_groups)"
         )
-    return [tr for gid, g in enumerate(kept) for tr in _with_group(g, gid)], consumed, metrics
-
-
-def check_filter_metric(name: str) -> None:
-    if name not in ("score", "acc"):
-        raise ValueError(f"algorithm.filter_metric must be score or acc, got {name!r}")
+    return trajs, consumed, metrics
 
 
 def tool_error_shares(metrics: dict[str, float]) -> dict[str, float]:
@@ -491,50 +519,6 @@ def tool_error_shares(metrics: dict[str, float]) -> dict[str, float]:
             name = key[len("tool/"):-len("/calls")]
             out[name] = metrics.get(f"tool/{name}/errors", 0.0) / calls
     return out
-
-
-def drop_failed_searches(groups: list[list[Trajectory]], whole_group: bool) -> tuple[list[list[Trajectory]], dict]:
-    """Leave out trajectories with a failed search (an error observation, usually reward 0):
-    trained on, they would teach the policy that searching fails. With `whole_group` their
-    group goes too, since its other members' advantages were computed against them."""
-    failed = sum(tr.num_tool_failures > 0 for g in groups for tr in g)
-    total = sum(len(g) for g in groups)
-    if whole_group:
-        kept = [g for g in groups if not any(tr.num_tool_failures > 0 for tr in g)]
-    else:
-        kept = [[tr for tr in g if tr.num_tool_failures == 0] for g in groups]
-        kept = [g for g in kept if g]
-    dropped = total - sum(len(g) for g in kept)
-    return kept, {"rollout/failed_search_trajectories": float(failed),
-                  "rollout/failed_search_share": failed / max(total, 1),
-                  "rollout/dropped_for_failed_search": float(dropped)}
-
-
-def score_trajectories(trajs: list[Trajectory], prompts: list[Prompt], reward_cfg) -> list:
-    """Set each trajectory's `reward` from its response text (response only, never the
-    prompt); returns the `RewardResult`s (answer, EM/F1 metric, format flags)."""
-    results = [
-        score_trajectory(tr, tr.golden_answers or prompts[tr.group_id].golden_answers, reward_cfg)
-        for tr in trajs
-    ]
-    for tr, r in zip(trajs, results):
-        tr.reward = r.score
-    return results
-
-
-def group_trajectories(trajs: list[Trajectory]) -> list[list[Trajectory]]:
-    """Trajectories grouped by prompt (`group_id`), groups in first-appearance order."""
-    groups: dict[int, list[Trajectory]] = {}
-    for tr in trajs:
-        groups.setdefault(tr.group_id, []).append(tr)
-    return list(groups.values())
-
-
-def _with_group(group: list[Trajectory], gid: int) -> list[Trajectory]:
-    """Renumber a group's id: ids from different filtering rounds would collide."""
-    for tr in group:
-        tr.group_id = gid
-    return group
 
 
 def batch_metrics(batch: TokenBatch, mask: torch.Tensor) -> dict[str, float]:

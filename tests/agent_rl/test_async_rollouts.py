@@ -212,7 +212,8 @@ class FakeStreamWorker:
 def _collector(worker, policy="wait", steps=3, batch=2, n_prompts=6, max_staleness=1):
     from agent_rl.training.ahead import AheadCollector
     from agent_rl.training.data import PromptLoader
-    from agent_rl.training.trainer import StepTimer, score_trajectories
+    from agent_rl.training.groups import score_trajectories
+    from agent_rl.training.trainer import StepTimer
 
     cfg = load_config(TrainConfig, None, ["trainer.mode=async", "actor_rollout_ref.actor.tis_cap=2",
                                           f"trainer.staleness_policy={policy}", f"trainer.max_staleness={max_staleness}",

@@ -268,6 +268,47 @@ def test_a_finished_run_is_known_from_its_checkpoint_before_anything_starts(tmp_
                  "retriever.url=[http://127.0.0.1:9/retrieve]", "trainer.retriever_health_timeout_s=1"]) == 0
 
 
+# ----------------------------------------------------------------------------- unit: ray_trainer
+@pytest.mark.parametrize("fails,ray_running", [("fit", False), ("init", False), ("shutdown", False), ("fit", True)])
+def test_ray_trainer_shuts_down_the_workers_and_its_own_ray_on_any_exit(monkeypatch, fails, ray_running):
+    """A run stopped by an error or Ctrl-C must not leave actors holding the engine's memory:
+    the trainer's workers go, then Ray if ray_trainer started it (a caller's session stays)."""
+    import ray
+
+    from agent_rl.config import TrainConfig
+    from agent_rl.training import ray_workers, trainer
+
+    events: list[str] = []
+
+    class FakeTrainer:
+        def __init__(self, cfg, run_dir=None, retriever=None):
+            if fails == "init":
+                raise ValueError("engine did not start")
+            events.append("trainer")
+
+        def fit(self):
+            raise KeyboardInterrupt
+
+        def shutdown(self):
+            events.append("trainer down")
+            if fails == "shutdown":
+                raise RuntimeError("rollout worker gone")
+
+    monkeypatch.setattr(trainer, "RayTrainer", FakeTrainer)
+    monkeypatch.setattr(ray_workers, "init_ray", lambda address: events.append("ray") or not ray_running)
+    monkeypatch.setattr(ray, "shutdown", lambda: events.append("ray down"))
+    raised = {"fit": KeyboardInterrupt, "init": ValueError, "shutdown": RuntimeError}[fails]
+    with pytest.raises(raised):
+        with trainer.ray_trainer(TrainConfig()) as t:
+            t.fit()
+    expected = ["ray", "trainer", "trainer down", "ray down"]
+    if fails == "init":
+        expected = ["ray", "ray down"]
+    if ray_running:
+        expected.remove("ray down")
+    assert events == expected
+
+
 # ----------------------------------------------------------------------------- unit: collect_groups
 def _fake_rollout(answers_by_prompt: dict[str, list[str]], n: int):
     """A rollout returning, for prompt p, n trajectories answering answers_by_prompt[p.id]."""
@@ -346,7 +387,8 @@ def test_collect_filters_on_the_task_metric_when_asked():
     reward (0.1 for a malformed answer, 0 for none) but not on EM: `score` keeps it, `acc`
     drops it and draws more prompts."""
     from agent_rl.config import RewardConfig
-    from agent_rl.training.trainer import StepTimer, check_filter_metric, collect_groups
+    from agent_rl.training.groups import check_filter_metric
+    from agent_rl.training.trainer import StepTimer, collect_groups
     from agent_rl.types import Trajectory
 
     texts = {"q0": ["<answer>zz</answer>", "no answer"], "q1": ["<answer>zz</answer>", "<answer>zz</answer>"],
@@ -443,6 +485,35 @@ def test_a_step_whose_every_search_failed_returns_nothing_to_train_on():
     trajs, consumed, metrics = collect_groups(_loader(2), rollout, RewardConfig(), 2, False, 0, StepTimer(),
                                               drop_failed="group")
     assert trajs == [] and consumed == ["q0", "q1"] and metrics["rollout/failed_search_share"] == 1.0
+
+
+def test_the_sync_collector_waits_out_an_outage_and_collects_again(monkeypatch):
+    """Every search of the first collection failed: the outage rule runs (it waits for the
+    retriever), the step collects new prompts, and the losses of both attempts are logged."""
+    from types import SimpleNamespace
+
+    import ray
+
+    from agent_rl.config import TrainConfig, load_config
+    from agent_rl.training.trainer import StepTimer, SyncCollector
+
+    attempts = []
+
+    def rollout(prompts, n):  # the retriever is down for the first collection only
+        attempts.append([p.id for p in prompts])
+        down = len(attempts) == 1
+        return _rollout_with_failures({(p.id, k) for p in prompts for k in range(2)} if down else set())(prompts)
+
+    monkeypatch.setattr(ray, "get", lambda ref: ref)
+    worker = SimpleNamespace(rollout=SimpleNamespace(remote=rollout))  # worker.rollout.remote(...): a Ray actor
+    cfg = load_config(TrainConfig, None, ["data.train_batch_size=2", "retriever.skip_failed_searches=true"])
+    waits = []
+    collector = SyncCollector(worker, _loader(4), cfg, lambda metrics, t: waits.append(dict(metrics)) or [])
+    trajs, consumed, m = collector.collect(1, StepTimer())
+    assert attempts == [["q0", "q1"], ["q2", "q3"]] and consumed == ["q0", "q1", "q2", "q3"]
+    assert len(trajs) == 4 and len(waits) == 2 and waits[0]["rollout/failed_search_share"] == 1.0
+    assert m["rollout/collect_attempts"] == 2.0 and m["rollout/failed_search_trajectories"] == 4.0
+    assert m["rollout/dropped_for_failed_search"] == 4.0 and m["rollout/failed_search_share"] == 0.0
 
 
 @pytest.mark.slow

@@ -1,0 +1,100 @@
+"""The per-group steps (agent_rl/training/groups.py) are the same in every trainer mode: the
+sync collector (`trainer.collect_groups`) and the ahead collector (`ahead.AheadCollector`)
+keep the same groups and count the same losses for the same trajectories. Scripted
+trajectories, no engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent_rl.types import Trajectory
+
+# prompt -> its two samples: (answer, had a failed search)
+SCRIPT = {
+    "q0": [("a0", False), ("zz", False)],  # disagree: kept
+    "q1": [("zz", False), ("zz", False)],  # agree: filtered
+    "q2": [("a2", True), ("zz", False)],  # a failed search: dropped (with its group, or alone and then filtered)
+    "q3": [("zz", False), ("a3", False)],  # disagree: kept
+}
+COUNTERS = ("rollout/failed_search_trajectories", "rollout/failed_search_share",
+            "rollout/dropped_for_failed_search", "filter/dropped_groups")
+
+
+def samples(prompt, group_id: int = 0) -> list[Trajectory]:
+    return [Trajectory([1], [2, 3], [1, 1], [-0.1, -0.2], group_id=group_id, response_text=f"<answer>{a}</answer>",
+                       golden_answers=prompt.golden_answers, data_source=prompt.data_source,
+                       num_tool_failures=int(failed), policy_versions=[0, 0])
+            for a, failed in SCRIPT[prompt.id]]
+
+
+def prompts():
+    from agent_rl.training.data import Prompt
+
+    return [Prompt(p, f"question {p}", [f"a{p[1:]}"], "nq" if p in ("q0", "q1") else "hotpotqa") for p in SCRIPT]
+
+
+class _Call:
+    def __init__(self, fn) -> None:
+        self.remote = fn
+
+
+class ScriptedStream:
+    """The RolloutWorker's stream methods: every group submitted is finished, with SCRIPT's samples."""
+
+    def __init__(self) -> None:
+        self.submitted: dict = {}
+        self.stream_submit = _Call(lambda items: self.submitted.update({k: p for k, p, _ in items}))
+        self.stream_take = _Call(self._take)
+
+    def _take(self, keys, count):
+        from agent_rl.rollout.stream import FinishedGroup
+
+        keys = keys or sorted(self.submitted)[:count]
+        return [FinishedGroup(k, p, samples(p)) for k in keys for p in [self.submitted.pop(k)]], {}
+
+
+def via_sync(drop: str):
+    from agent_rl.config import RewardConfig
+    from agent_rl.training.data import PromptLoader
+    from agent_rl.training.trainer import StepTimer, collect_groups
+
+    def rollout(batch):
+        return [tr for g, p in enumerate(batch) for tr in samples(p, g)], {}
+
+    loader = PromptLoader(prompts(), batch_size=2, shuffle=False)
+    return collect_groups(loader, rollout, RewardConfig(), 2, True, 3, StepTimer(), drop_failed=drop)
+
+
+def via_ahead(drop: str):
+    from agent_rl.config import TrainConfig, load_config
+    from agent_rl.training.ahead import AheadCollector
+    from agent_rl.training.data import PromptLoader
+    from agent_rl.training.trainer import StepTimer
+
+    # grpo compares samples within a group: a failed search takes its group along; reinforce_plus_plus does not
+    estimator = "grpo" if drop == "group" else "reinforce_plus_plus"
+    cfg = load_config(TrainConfig, None, ["trainer.mode=one_step_off", "actor_rollout_ref.actor.tis_cap=2",
+                                          "data.train_batch_size=2", "data.shuffle=false", "algorithm.filter_groups=true",
+                                          "algorithm.max_filter_rounds=3", "retriever.skip_failed_searches=true",
+                                          f"algorithm.adv_estimator={estimator}"])
+    loader = PromptLoader(prompts(), batch_size=2, shuffle=False)
+    return AheadCollector(ScriptedStream(), loader, cfg, total_steps=1, get=lambda x: x).collect(1, StepTimer())
+
+
+@pytest.mark.parametrize("drop", ["group", "trajectory"])
+def test_sync_and_ahead_collectors_keep_the_same_groups_and_count_the_same(drop):
+    """Sync draws q0, q1 (q1 filtered), then q2, q3 by the keep rate; ahead takes q0, q1, then
+    q2, then q3, one free place at a time: the same trajectories either way."""
+    sync_trajs, sync_ids, sync_m = via_sync(drop)
+    ahead_trajs, ahead_ids, ahead_m = via_ahead(drop)
+    kept = [(t.response_text, t.group_id, t.reward) for t in sync_trajs]
+    assert kept == [("<answer>a0</answer>", 0, 1.0), ("<answer>zz</answer>", 0, 0.0),
+                    ("<answer>zz</answer>", 1, 0.0), ("<answer>a3</answer>", 1, 1.0)]
+    assert [(t.response_text, t.group_id, t.reward) for t in ahead_trajs] == kept
+    assert sync_ids == ahead_ids == ["q0", "q1", "q2", "q3"]
+    counters = {k: sync_m[k] for k in sync_m if k in COUNTERS or k.startswith("batch/groups/")}
+    assert counters == {k: ahead_m[k] for k in ahead_m if k in COUNTERS or k.startswith("batch/groups/")}
+    assert counters == {"rollout/failed_search_trajectories": 1.0, "rollout/failed_search_share": 1 / 8,
+                        "rollout/dropped_for_failed_search": 2.0 if drop == "group" else 1.0,
+                        "filter/dropped_groups": 1.0 if drop == "group" else 2.0,  # q2's lone sample has no spread
+                        "batch/groups/nq": 1.0, "batch/groups/hotpotqa": 1.0}
