@@ -129,8 +129,8 @@ def _cmd_kbcheck(args) -> int:
     return 0 if report["ok"] else 1
 
 
-DEMOS_MODULE = "agent_rl.coldstart.demos"
-"""Where `agent-rl-prep demos` dispatches (the rollout's own template and tokenization)."""
+DEMOS_MODULE = "agent_rl.coldstart.cli"
+"""Where `agent-rl-prep demos` dispatches (`demos_main`: the rollout's own template and tokenization)."""
 
 
 def _demos(argv: list[str]) -> int:
@@ -139,13 +139,13 @@ def _demos(argv: list[str]) -> int:
     import importlib
 
     try:
-        demos = importlib.import_module(DEMOS_MODULE)
+        cli = importlib.import_module(DEMOS_MODULE)
     except ModuleNotFoundError as e:
         if e.name in ("agent_rl", "agent_rl.coldstart", DEMOS_MODULE):
             print(f"error: demos needs {DEMOS_MODULE} (install the agent_rl package)", file=sys.stderr)
             return 2
         raise
-    return int(demos.main(argv) or 0)
+    return int(cli.demos_main(argv) or 0)
 
 
 def build_parser(with_index_args: bool = False) -> argparse.ArgumentParser:
@@ -267,7 +267,7 @@ def build_parser(with_index_args: bool = False) -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_kbcheck)
 
     sub.add_parser("demos", add_help=False,
-                   help="build cold-start demonstration trajectories (agent_rl.coldstart.demos; `demos --help`)")
+                   help="build cold-start demonstration trajectories (agent_rl.coldstart.cli; `demos --help`)")
     return parser
 
 

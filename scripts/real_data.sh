@@ -111,7 +111,7 @@ RUN=$(basename "$OUT")
 SFT=runs/sft/$RUN
 # resumes: a killed run continues from its last checkpoint, a finished one does nothing, and
 # a larger SFT_MINUTES continues a finished run from the checkpoint saved when it stopped
-$PY -m agent_rl.coldstart.sft --config configs/sft/wiki35k_cpu.yaml \
+$PY -m agent_rl.coldstart.cli sft --config configs/sft/wiki35k_cpu.yaml \
   "data.train_files=[${SFT_FILES#,}]" "trainer.total_training_steps=0" \
   "trainer.max_time_s=$((SFT_MINUTES * 60))" "trainer.default_local_dir=$SFT"
 

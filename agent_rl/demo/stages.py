@@ -145,7 +145,7 @@ def demonstrations(w: Workdir, url: str, limit: int, extra: list = ()) -> list:
 
 
 def sft(demos: Path, model: Path, out: Path, steps: int, max_time_s: float, seed: int | None = None) -> list:
-    return [PY, "-m", "agent_rl.coldstart.sft", "--config", SFT_CFG, f"data.train_files=[{demos}]",
+    return [PY, "-m", "agent_rl.coldstart.cli", "sft", "--config", SFT_CFG, f"data.train_files=[{demos}]",
             f"actor_rollout_ref.model.path={model}", *([f"data.seed={seed}"] if seed is not None else []),
             f"trainer.total_training_steps={steps}", f"trainer.max_time_s={int(max_time_s)}",
             f"trainer.default_local_dir={out}"]
