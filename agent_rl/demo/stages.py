@@ -155,7 +155,7 @@ def evaluation(w: Workdir, model: Path, url: str, data: Path, out: Path, limit: 
                overrides: list = (), seed: int | None = None, max_num_seqs: int = 128) -> list:
     """Greedy evaluation with the RL run's settings (template, lengths, topk, protocol); the same
     seeded sample of held-out questions for every model, so differences can be paired."""
-    return [PY, "-m", "agent_rl.evaluation.evaluate", "--model", model, "--config", TRAIN_CFG, "--retriever-url", url,
+    return [PY, "-m", "agent_rl.evaluation.cli", "eval", "--model", model, "--config", TRAIN_CFG, "--retriever-url", url,
             "--data", data, "--mode", *modes, "--limit", limit, *(["--seed", seed] if seed is not None else []),
             "--out", out, "--no-progress", f"actor_rollout_ref.rollout.max_num_seqs={max_num_seqs}",
             *w.train_overrides(model), *overrides]

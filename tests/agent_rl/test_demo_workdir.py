@@ -52,10 +52,10 @@ def loaded_config(cmd: list[str]):
     name, argv = command(cmd)
     if "--config" not in argv:
         return None
-    if name == "agent_rl.evaluation.evaluate":  # adds --model and its flags to the overrides
-        from agent_rl.evaluation.evaluate import build_parser, config_from_args
+    if name == "agent_rl.evaluation.cli eval":  # adds --model and its flags to the overrides
+        from agent_rl.evaluation.cli import config_from_args, eval_parser
 
-        return config_from_args(build_parser().parse_args(argv))
+        return config_from_args(eval_parser().parse_args(argv))
     path = argv[argv.index("--config") + 1]
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]
     return load_config(SFTConfig if name == "agent_rl.coldstart.cli sft" else TrainConfig, stages.ROOT / path,
@@ -115,9 +115,9 @@ def test_every_stage_reads_and_writes_the_workdir_only(tmp_path, monkeypatch, ex
                             "--eval-limit", "10", *extra]) == 0
     modules = [command(c)[0] for c in cmds]
     for stage in ("data_prep model", "data_prep synthetic", "data_prep index", "agent_rl.demo.calibrate", "data_prep demos",
-                  "agent_rl.coldstart.cli sft", "agent_rl.evaluation.evaluate", "agent_rl.training.cli"):
+                  "agent_rl.coldstart.cli sft", "agent_rl.evaluation.cli eval", "agent_rl.training.cli"):
         assert stage in modules, (stage, modules)
-    assert modules.count("agent_rl.evaluation.evaluate") == 3  # base, SFT, SFT+RL
+    assert modules.count("agent_rl.evaluation.cli eval") == 3  # base, SFT, SFT+RL
     demos = cmds[modules.index("data_prep demos")]
     # the plain wording reaches the demonstrations, which go beside the default's
     assert ("--plain-wording" in demos) == ("--plain-wording" in extra)
