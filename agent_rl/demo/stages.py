@@ -132,7 +132,7 @@ def dense_index(w: Workdir) -> list:
 
 
 def calibration(w: Workdir) -> list:
-    return [PY, "-m", "agent_rl.demo.calibrate", "--model", w.model, "--config", TRAIN_CFG, "--batch", 16,
+    return [PY, "-m", "agent_rl.demo", "calibrate", "--model", w.model, "--config", TRAIN_CFG, "--batch", 16,
             "--gen-tokens", 16, "--out", w.calibration, *w.train_overrides()]
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_rl.demo import pipeline, stages
+from agent_rl.demo import cli, pipeline, stages
 from agent_rl.config import SFTConfig, TrainConfig, load_config
 
 PATH_FIELDS = {"data.train_files", "data.val_files", "actor_rollout_ref.model.path", "critic.model_path",
@@ -89,7 +89,7 @@ def test_every_stage_reads_and_writes_the_workdir_only(tmp_path, monkeypatch, ex
     def fake_run(cmd, what, tag="demo", on_start=None):
         cmd = [str(c) for c in cmd]
         cmds.append(cmd)
-        if "agent_rl.demo.calibrate" in cmd:  # the figures the budget reads
+        if "calibrate" in cmd:  # the figures the budget reads
             out = stages.ROOT / cmd[cmd.index("--out") + 1]
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps({"update_tok_s": 900.0, "gen_tok_s": 800.0, "engine_load_s": 10.0}))
@@ -111,10 +111,10 @@ def test_every_stage_reads_and_writes_the_workdir_only(tmp_path, monkeypatch, ex
     monkeypatch.setattr(launch, "wait_healthy", lambda *a, **k: {})
     monkeypatch.setattr(launch, "stop_server", lambda proc: 0)
 
-    assert pipeline.main(["--workdir", str(work), "--budget-minutes", "60", "--rl-minutes", "2",
+    assert cli.main(["--workdir", str(work), "--budget-minutes", "60", "--rl-minutes", "2",
                             "--eval-limit", "10", *extra]) == 0
     modules = [command(c)[0] for c in cmds]
-    for stage in ("data_prep model", "data_prep synthetic", "data_prep index", "agent_rl.demo.calibrate", "data_prep demos",
+    for stage in ("data_prep model", "data_prep synthetic", "data_prep index", "agent_rl.demo calibrate", "data_prep demos",
                   "agent_rl.coldstart.cli sft", "agent_rl.evaluation.cli eval", "agent_rl.training.cli"):
         assert stage in modules, (stage, modules)
     assert modules.count("agent_rl.evaluation.cli eval") == 3  # base, SFT, SFT+RL
