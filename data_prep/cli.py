@@ -315,9 +315,10 @@ def build_parser(with_index_args: bool = False) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from data_prep.hardware import passive_threads
+    from data_prep.hardware import offline_env, passive_threads
 
     passive_threads()  # before faiss / torch load OpenMP (index builds beside a busy trainer)
+    offline_env()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["demos"]:
         return _demos(argv[1:])

@@ -144,6 +144,9 @@ def report_parser() -> argparse.ArgumentParser:
 def report_main(argv: list[str] | None = None) -> int:
     """The model x mode table of several evaluation directories (agent_rl.evaluation.report.comparison)."""
     args = report_parser().parse_args(argv)
+    from data_prep.hardware import offline_env
+
+    offline_env()
     import json
 
     from agent_rl.evaluation.report import comparison, comparison_markdown
@@ -182,6 +185,9 @@ def plot_main(argv: list[str] | None = None) -> int:
     """One run's curves (agent_rl.evaluation.plot.plot_run), or several runs compared (plot_runs)."""
     ap = plot_parser()
     args = ap.parse_args(argv)
+    from data_prep.hardware import offline_env
+
+    offline_env()
     from agent_rl.evaluation.plot import plot_run, plot_runs
 
     if len(args.runs) == 1 and "=" not in args.runs[0]:
