@@ -75,7 +75,7 @@ TRAINING_ONLY = ("reward.", "trainer.", "algorithm.", "actor_rollout_ref.actor."
 def evaluate(model: Path, modes: list[str], url: str, args: argparse.Namespace, out: Path) -> dict:
     """`agent-rl-eval` in its own process (its engine must not share the cores with training);
     resumable: a finished evaluation in `out` is reused."""
-    cmd = [PY, "-m", "agent_rl.evaluation.evaluate", "--model", str(model), "--retriever-url", url,
+    cmd = [PY, "-m", "agent_rl.evaluation.cli", "eval", "--model", str(model), "--retriever-url", url,
            "--data", *map(str, args.test), "--mode", *modes, "--out", str(out), "--limit", str(args.eval_limit),
            "--seed", str(args.seed), "--config", str(args.config), "--no-progress"]
     # training-only knobs (reward shaping, optimiser, loop) do not change what is evaluated:

@@ -80,9 +80,26 @@ def _cmd_split(args) -> int:
 
 
 def _cmd_index(args) -> int:
-    from data_prep.indexing import index_command
+    from data_prep.indexing import build_index
 
-    return index_command(args)
+    report = Report()
+    try:
+        meta = build_index(
+            args.corpus, args.out, kind=args.kind,
+            encoder=None if args.kind == "bm25" else args.encoder, batch_size=args.batch_size,
+            shard_size=args.shard_size, pooling=args.pooling, backend=args.backend, precision=args.precision,
+            hnsw_m=args.hnsw_m, ef_construction=args.ef_construction, nlist=args.nlist, pq_m=args.pq_m,
+            pq_nbits=args.pq_nbits, keep_embeddings=args.keep_embeddings, report=report)
+    except (FileNotFoundError, FileExistsError, ValueError) as e:  # FileExistsError: --out is not ours
+        print(f"error: {e}", flush=True)
+        return 2
+    if report.problems:
+        print(f"skipped corpus lines ({report.skipped}), not indexed:", file=sys.stderr)
+        report.print_problems()
+        print(f"corpus: {report.summary()}")
+    print(f"index: {meta['kind']} over {meta['num_passages']} passages -> {args.out} in "
+          f"{meta['build_seconds']:.1f}s ({meta['passages_per_second']:.1f} passages/s)", flush=True)
+    return 0
 
 
 def _cmd_synthetic(args) -> int:
@@ -129,8 +146,8 @@ def _cmd_kbcheck(args) -> int:
     return 0 if report["ok"] else 1
 
 
-DEMOS_MODULE = "agent_rl.coldstart.demos"
-"""Where `agent-rl-prep demos` dispatches (the rollout's own template and tokenization)."""
+DEMOS_MODULE = "agent_rl.coldstart.cli"
+"""Where `agent-rl-prep demos` dispatches (`demos_main`: the rollout's own template and tokenization)."""
 
 
 def _demos(argv: list[str]) -> int:
@@ -139,13 +156,45 @@ def _demos(argv: list[str]) -> int:
     import importlib
 
     try:
-        demos = importlib.import_module(DEMOS_MODULE)
+        cli = importlib.import_module(DEMOS_MODULE)
     except ModuleNotFoundError as e:
         if e.name in ("agent_rl", "agent_rl.coldstart", DEMOS_MODULE):
             print(f"error: demos needs {DEMOS_MODULE} (install the agent_rl package)", file=sys.stderr)
             return 2
         raise
-    return int(demos.main(argv) or 0)
+    return int(cli.demos_main(argv) or 0)
+
+
+def _add_index_arguments(p: argparse.ArgumentParser) -> None:
+    """`index`'s options, added only when the command is `index`: their choices come from
+    data_prep.indexing and the encoder, which the other commands need not import."""
+    try:
+        from data_prep.indexing import KINDS
+        from data_prep.encoder import DEFAULT_BACKEND
+    except ModuleNotFoundError as e:
+        if e.name != "data_prep.indexing":
+            raise
+        raise DataPrepError("index needs data_prep.indexing (not available in this install)") from None
+    p.add_argument("--corpus", required=True, help="corpus jsonl ({'id','contents'} per line)")
+    p.add_argument("--out", required=True, help="index directory to write (replaced atomically; an existing "
+                   "directory that is neither an index nor empty is refused, never deleted)")
+    p.add_argument("--kind", choices=KINDS, default="flat", help="index kind (default: flat)")
+    p.add_argument("--encoder", default="minilm", help="'minilm' (embedded all-MiniLM-L6-v2) or a local model directory")
+    p.add_argument("--pooling", choices=("mean", "cls"), default=None,
+                   help="pooling (default: from the model's sentence-transformers config)")
+    p.add_argument("--backend", choices=("torch", "onnx"), default=None,
+                   help=f"encoder runtime (default: {DEFAULT_BACKEND} on CPU, torch on GPU)")
+    p.add_argument("--precision", choices=("auto", "fp32", "bf16", "int8"), default=None,
+                   help="encoder precision (default auto: int8 ONNX where the CPU has VNNI, else fp32)")
+    p.add_argument("--batch-size", type=int, default=256, help="passages per encoder batch")
+    p.add_argument("--shard-size", type=int, default=16384,
+                   help="passages per embedding checkpoint (an interrupted build resumes)")
+    p.add_argument("--hnsw-m", type=int, default=32, help="HNSW graph degree M")
+    p.add_argument("--ef-construction", type=int, default=200, help="HNSW efConstruction")
+    p.add_argument("--nlist", type=int, default=None, help="IVF lists (default ~4*sqrt(n))")
+    p.add_argument("--pq-m", type=int, default=None, help="PQ sub-quantizers (default dim/8)")
+    p.add_argument("--pq-nbits", type=int, default=None, help="bits per PQ code (default 8)")
+    p.add_argument("--keep-embeddings", action="store_true", help="keep passage embeddings in OUT/embeddings")
 
 
 def build_parser(with_index_args: bool = False) -> argparse.ArgumentParser:
@@ -219,13 +268,7 @@ def build_parser(with_index_args: bool = False) -> argparse.ArgumentParser:
                        description="Encode a corpus and build a FAISS (flat|hnsw|ivfpq) or BM25 index, "
                                    "with meta.json beside it.")
     if with_index_args:
-        try:
-            from data_prep.indexing import add_index_arguments
-        except ModuleNotFoundError as e:
-            if e.name != "data_prep.indexing":
-                raise
-            raise DataPrepError("index needs data_prep.indexing (not available in this install)") from None
-        add_index_arguments(p)
+        _add_index_arguments(p)
     p.set_defaults(func=_cmd_index)
 
     p = sub.add_parser("synthetic", help="generate the embedded knowledge base (corpus + train/test QA)",
@@ -267,14 +310,15 @@ def build_parser(with_index_args: bool = False) -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_kbcheck)
 
     sub.add_parser("demos", add_help=False,
-                   help="build cold-start demonstration trajectories (agent_rl.coldstart.demos; `demos --help`)")
+                   help="build cold-start demonstration trajectories (agent_rl.coldstart.cli; `demos --help`)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    from data_prep.hardware import passive_threads
+    from data_prep.hardware import offline_env, passive_threads
 
     passive_threads()  # before faiss / torch load OpenMP (index builds beside a busy trainer)
+    offline_env()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["demos"]:
         return _demos(argv[1:])

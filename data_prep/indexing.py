@@ -12,13 +12,11 @@ interrupted build resumes where it stopped (shards are tied to the corpus hash a
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -26,7 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from data_prep.atomic import check_replaceable, replace_dir
-from data_prep.encoder import DEFAULT_BACKEND, Encoder, EncoderIdentity, describe_encoder
+from data_prep.encoder import Encoder, EncoderIdentity, describe_encoder
 from data_prep.io import Report
 from data_prep.store import OFFSETS_FILE, PassageStore, scan_corpus, sha256_file
 
@@ -379,51 +377,3 @@ def load_searcher(index_dir: str | os.PathLike, corpus_path: str | os.PathLike, 
         return BM25Searcher(index_dir, store)
     return DenseSearcher(load_faiss(index_dir, mmap=mmap), encoder, store, meta["kind"], nprobe=nprobe,
                          ef_search=ef_search)
-
-
-# ============================================================================ CLI hooks
-def add_index_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of `agent-rl-prep index` (data_prep/cli.py adds the subcommand)."""
-    parser.add_argument("--corpus", required=True, help="corpus jsonl ({'id','contents'} per line)")
-    parser.add_argument("--out", required=True, help="index directory to write (replaced atomically; an existing "
-                        "directory that is neither an index nor empty is refused, never deleted)")
-    parser.add_argument("--kind", choices=KINDS, default="flat", help="index kind (default: flat)")
-    parser.add_argument("--encoder", default="minilm",
-                        help="'minilm' (embedded all-MiniLM-L6-v2) or a local model directory")
-    parser.add_argument("--pooling", choices=("mean", "cls"), default=None,
-                        help="pooling (default: from the model's sentence-transformers config)")
-    parser.add_argument("--backend", choices=("torch", "onnx"), default=None,
-                        help=f"encoder runtime (default: {DEFAULT_BACKEND} on CPU, torch on GPU)")
-    parser.add_argument("--precision", choices=("auto", "fp32", "bf16", "int8"), default=None,
-                        help="encoder precision (default auto: int8 ONNX where the CPU has VNNI, else fp32)")
-    parser.add_argument("--batch-size", type=int, default=256, help="passages per encoder batch")
-    parser.add_argument("--shard-size", type=int, default=16384,
-                        help="passages per embedding checkpoint (an interrupted build resumes)")
-    parser.add_argument("--hnsw-m", type=int, default=32, help="HNSW graph degree M")
-    parser.add_argument("--ef-construction", type=int, default=200, help="HNSW efConstruction")
-    parser.add_argument("--nlist", type=int, default=None, help="IVF lists (default ~4*sqrt(n))")
-    parser.add_argument("--pq-m", type=int, default=None, help="PQ sub-quantizers (default dim/8)")
-    parser.add_argument("--pq-nbits", type=int, default=None, help="bits per PQ code (default 8)")
-    parser.add_argument("--keep-embeddings", action="store_true",
-                        help="keep passage embeddings in OUT/embeddings")
-
-
-def index_command(args: argparse.Namespace) -> int:
-    report = Report()
-    try:
-        meta = build_index(
-            args.corpus, args.out, kind=args.kind,
-            encoder=None if args.kind == "bm25" else args.encoder, batch_size=args.batch_size,
-            shard_size=args.shard_size, pooling=args.pooling, backend=args.backend, precision=args.precision,
-            hnsw_m=args.hnsw_m, ef_construction=args.ef_construction, nlist=args.nlist, pq_m=args.pq_m,
-            pq_nbits=args.pq_nbits, keep_embeddings=args.keep_embeddings, report=report)
-    except (FileNotFoundError, FileExistsError, ValueError) as e:  # FileExistsError: --out is not ours
-        print(f"error: {e}", flush=True)
-        return 2
-    if report.problems:
-        print(f"skipped corpus lines ({report.skipped}), not indexed:", file=sys.stderr)
-        report.print_problems()
-        print(f"corpus: {report.summary()}")
-    print(f"index: {meta['kind']} over {meta['num_passages']} passages -> {args.out} in "
-          f"{meta['build_seconds']:.1f}s ({meta['passages_per_second']:.1f} passages/s)", flush=True)
-    return 0

@@ -111,7 +111,7 @@ RUN=$(basename "$OUT")
 SFT=runs/sft/$RUN
 # resumes: a killed run continues from its last checkpoint, a finished one does nothing, and
 # a larger SFT_MINUTES continues a finished run from the checkpoint saved when it stopped
-$PY -m agent_rl.coldstart.sft --config configs/sft/wiki35k_cpu.yaml \
+$PY -m agent_rl.coldstart.cli sft --config configs/sft/wiki35k_cpu.yaml \
   "data.train_files=[${SFT_FILES#,}]" "trainer.total_training_steps=0" \
   "trainer.max_time_s=$((SFT_MINUTES * 60))" "trainer.default_local_dir=$SFT"
 
@@ -130,7 +130,7 @@ step "evaluation: $EVAL_N questions of NQ test and HotpotQA dev, agent / rag / d
 for pair in "base artifacts/model" "sft $SFT" "rl $RL"; do
   set -- $pair
   case " $EVAL_MODELS " in *" $1 "*) ;; *) continue ;; esac
-  $PY -m agent_rl.evaluation.evaluate --model "$2" --config "$CFG" --retriever-url "$URL" \
+  $PY -m agent_rl.evaluation.cli eval --model "$2" --config "$CFG" --retriever-url "$URL" \
     --data "$OUT/nq_test.parquet" "$OUT/hotpotqa_dev.parquet" --mode agent rag direct --limit "$EVAL_N" \
     --out "runs/eval/${RUN}_$1" --no-progress
 done
@@ -139,4 +139,4 @@ for pair in "base base" "sft SFT" "rl SFT+RL"; do
   set -- $pair
   [ -f "runs/eval/${RUN}_$1/summary.json" ] && ROWS="$ROWS $2=runs/eval/${RUN}_$1"
 done
-{ for src in nq hotpotqa; do $PY -m agent_rl.evaluation.report $ROWS --source "$src"; done; } | tee "$OUT/report.md"
+{ for src in nq hotpotqa; do $PY -m agent_rl.evaluation.cli report $ROWS --source "$src"; done; } | tee "$OUT/report.md"

@@ -170,3 +170,31 @@ def test_the_circle_check_finds_a_planted_circle(tmp_path):
     (pkg / "a.py").write_text("from agent_rl.b import x\n")
     (pkg / "b.py").write_text("def f():\n    from agent_rl import a\n")
     assert cycles(import_graph(tmp_path)) == [["agent_rl.a", "agent_rl.b"]]
+
+
+def entry_point_outside_cli(root: Path = ROOT) -> list[str]:
+    """Parsers outside a package's cli.py, and `__main__` modules that do more than call it."""
+    found = {}  # where -> what: `from a.b import c` is two imports of one line
+    for module, path in sorted(modules(root).items()):
+        for imported, line in imports(path, module):
+            where = f"{path.relative_to(root)}:{line}"
+            if under(imported, "argparse") and not module.endswith(".cli"):
+                found[where] = f"{module} imports argparse (parsers live in cli.py)"
+            project = imported.split(".")[0] in ("agent_rl", "data_prep", "retriever_server")
+            if module.endswith(".__main__") and project and not under(imported, module.removesuffix("__main__") + "cli"):
+                found[where] = f"{module} imports more than its cli"
+    return [f"{where}: {what}" for where, what in sorted(found.items())]
+
+
+def test_entry_points_live_in_cli_modules():
+    assert entry_point_outside_cli() == []
+
+
+def test_the_entry_point_check_finds_a_planted_parser(tmp_path):
+    pkg = tmp_path / "agent_rl" / "evaluation"
+    pkg.mkdir(parents=True)
+    (pkg / "evaluate.py").write_text("def main():\n    import argparse\n")
+    (pkg / "cli.py").write_text("import argparse\n")
+    (pkg / "__main__.py").write_text("from agent_rl.evaluation.evaluate import main\n")
+    got = entry_point_outside_cli(tmp_path)
+    assert len(got) == 2 and "__main__.py:1" in got[0] and "evaluate.py:2" in got[1]

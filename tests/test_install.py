@@ -41,3 +41,20 @@ def test_requires_python_refusal_is_reported(monkeypatch):
     assert check_install.admits("3.12") and check_install.admits("3.13") and not check_install.admits("3.14")
     monkeypatch.setattr(check_install, "resolve", lambda reqs, py: ("ok", {"vllm": "0.24.0"}, ""))
     assert check_install.main(["--pythons", "3.10", "--extras", "gpu"]) == 1
+
+
+def test_console_scripts_are_cli_functions(capsys):
+    """Each console script pyproject.toml installs runs a function of a package's cli.py
+    (docs/architecture.md) and answers --help."""
+    import importlib
+    import tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert {"agent-rl-prep", "agent-rl-retriever", "agent-rl-train", "agent-rl-sft", "agent-rl-eval"} <= set(scripts)
+    for name, target in scripts.items():
+        module, _, func = target.partition(":")
+        assert module.endswith(".cli"), (name, target)
+        with pytest.raises(SystemExit) as stop:
+            getattr(importlib.import_module(module), func)(["--help"])
+        assert stop.value.code == 0, name
+        assert f"usage: {name}" in capsys.readouterr().out, name

@@ -2,6 +2,7 @@
 
 `agent-rl-prep demos --qa FILE --retriever-url URL --out demos.parquet [--max-searches K]
 [--limit N [--rest]] [--seed S] [--plain-wording] [--config configs/train/X.yaml key=value ...]`
+(parsed in `agent_rl.coldstart.cli`).
 
 A demonstration is a rollout of a scripted policy: the real `RolloutManager` runs with an
 engine that "samples" the demonstration's model turns (`<think> .. </think>` + `<search> q
@@ -35,19 +36,12 @@ data_source and kind. The settings used are stored in the file's metadata, which
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import json
 import random
-import sys
-import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from agent_rl.coldstart.demo_file import settings_of, write_demos
 from agent_rl.coldstart.plan import (
     DROP_REASONS,
     Drop,
@@ -59,12 +53,11 @@ from agent_rl.coldstart.plan import (
     support_titles,
     write_segments,
 )
-from agent_rl.config import TrainConfig, load_config
+from agent_rl.config import TrainConfig
 from agent_rl.rollout import observation as O
 from agent_rl.rollout.protocol import ActionProtocol, encode_text, protocol_for
 from agent_rl.rollout.engine import GenerateResult, Sampling
 from agent_rl.types import Trajectory
-from data_prep.io import Report
 
 SearchFn = Callable[[list[str], int], Awaitable[list[list[Any]]]]
 
@@ -311,8 +304,8 @@ def report_lines(res: BuildResult, seconds: float) -> list[str]:
     return lines
 
 
-# ----------------------------------------------------------------------------- CLI
-def _select(rows: list[dict], limit: int | None, seed: int, rest: bool = False) -> list[dict]:
+# ----------------------------------------------------------------------------- the QA rows tried
+def select_rows(rows: list[dict], limit: int | None, seed: int, rest: bool = False) -> list[dict]:
     """A seeded random sample of `limit` rows, in file order (all rows without a limit).
 
     `rest`: the rows outside that sample instead, i.e. the questions a build with the same
@@ -321,130 +314,3 @@ def _select(rows: list[dict], limit: int | None, seed: int, rest: bool = False) 
         return [] if rest else rows
     keep = set(random.Random(seed).sample(range(len(rows)), limit))
     return [r for i, r in enumerate(rows) if (i in keep) != rest]
-
-
-NONE_KEPT = 3
-"""Exit status when no candidate was grounded: not a failure of the run, so a recipe over
-several QA sets (scripts/real_data.sh) can leave that set out and go on."""
-
-
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="agent-rl-prep demos",
-        description="Build grounded cold-start demonstration trajectories with the rollout's own template, "
-                    "tags, observation formatting and tokenization, and real retriever observations.",
-        epilog=f"Exit status: 0 written; 1 retriever unavailable; 2 bad arguments or input files; {NONE_KEPT} no "
-               "question could be grounded in this corpus (nothing written; a recipe may go on without this set). "
-               "Example: agent-rl-prep demos --qa artifacts/kb/train.parquet --retriever-url http://127.0.0.1:8000 "
-               "--out artifacts/demos/kb_train.parquet --config configs/train/demo_grpo_cpu.yaml",
-    )
-    ap.add_argument("--qa", required=True, metavar="FILE", help="QA file (any format data_prep.qa.read_qa reads)")
-    ap.add_argument("--retriever-url", required=True, metavar="URL", help="running retriever (base URL or .../retrieve)")
-    ap.add_argument("--retriever-api-key-file", default=None, metavar="FILE",
-                    help="file holding the retriever's API key (default: retriever.api_key_file, else env RETRIEVER_API_KEY)")
-    ap.add_argument("--out", required=True, metavar="FILE", help="output .parquet (written atomically)")
-    ap.add_argument("--max-searches", type=int, default=None, metavar="K",
-                    help="most searches per demonstration (default: the config's max_turns)")
-    ap.add_argument("--limit", type=int, default=None, metavar="N", help="use a seeded random sample of N QA rows")
-    ap.add_argument("--rest", action="store_true",
-                    help="use the QA rows outside the --limit sample instead: the questions a build with the same "
-                         "--limit and --seed did not try (e.g. RL-only questions the corpus can answer)")
-    ap.add_argument("--seed", type=int, default=0, help="seed for --limit and the reasoning wording (default 0)")
-    ap.add_argument("--config", default=None, metavar="YAML",
-                    help="the RL run's config (configs/train/*.yaml): template, lengths, topk, max_turns, model")
-    ap.add_argument("--model", default=None, metavar="DIR",
-                    help="tokenizer directory (default: actor_rollout_ref.model.path of the config)")
-    ap.add_argument("--chains", type=int, default=4, metavar="K",
-                    help="second searches tried per question whose own search retrieves no gold answer: its "
-                         "supporting titles, then names its first observation mentions; the first that retrieves "
-                         "a gold answer makes a two-search demonstration (default 4; 0: single searches only)")
-    ap.add_argument("--plain-wording", action="store_true",
-                    help="plain Search-R1 think / search / answer turns: leave out the knowledge base's phrasing (what "
-                         "the question asks for, \"This needs N searches\", \"That was search i of n\")")
-    ap.add_argument("--dropped", default=None, metavar="FILE", help="also write each dropped id and reason (jsonl)")
-    ap.add_argument("overrides", nargs="*", help="config overrides, e.g. data.max_response_length=400")
-    return ap
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from data_prep.hardware import offline_env
-
-    offline_env()
-    try:  # a bad setting in one line, before the model and the retriever
-        cfg = load_config(TrainConfig, args.config, args.overrides + (
-            [f"retriever.api_key_file={args.retriever_api_key_file}"] if args.retriever_api_key_file else []))
-    except (OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    max_searches = cfg.max_turns if args.max_searches is None else args.max_searches
-    if args.rest and args.limit is None:
-        print("error: --rest needs --limit (the sample whose complement to use)", file=sys.stderr)
-        return 2
-    if max_searches < 1:
-        print(f"error: --max-searches must be >= 1, got {max_searches}", file=sys.stderr)
-        return 2
-    if max_searches > cfg.max_turns:
-        print(f"error: --max-searches {max_searches} exceeds max_turns={cfg.max_turns} of the config "
-              "(the rollout would not execute the extra searches); raise max_turns", file=sys.stderr)
-        return 2
-
-    from tqdm import tqdm
-    from transformers import AutoTokenizer
-
-    from agent_rl.rollout.retrieval_client import (ApiKeyFileError, RetrieverAuthError, RetrieverClient,
-                                                   RetrieverUnavailable)
-    from data_prep.io import DataPrepError
-    from data_prep.qa import read_qa
-
-    model = args.model or cfg.actor_rollout_ref.model.path
-    qa_report = Report()  # a malformed QA row is reported and skipped; the build goes on
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(model)
-        rows = _select(read_qa(args.qa, qa_report).to_dict("records"), args.limit, args.seed, args.rest)
-    except (OSError, DataPrepError) as e:  # missing files, unreadable QA files: one line, no traceback
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if qa_report.problems:
-        print(f"[demos] skipped {qa_report.skipped} malformed QA rows of {qa_report.read}:", file=sys.stderr)
-        qa_report.print_problems()
-    url = args.retriever_url  # base or Search-R1's .../retrieve form: the client accepts both
-
-    async def run() -> BuildResult:
-        client = RetrieverClient.from_config(cfg.retriever, [url])
-        try:
-            await client.wait_healthy(timeout=cfg.trainer.retriever_health_timeout_s)
-            with tqdm(total=len(rows), desc="demos", unit="q", dynamic_ncols=True) as bar:
-                return await build_demos(rows, client.search, tokenizer, cfg, max_searches, args.seed, bar.update,
-                                         chains=args.chains, kb_phrasing=not args.plain_wording)
-        finally:
-            await client.aclose()
-
-    t0 = time.time()
-    try:
-        res = asyncio.run(run())
-    except RetrieverUnavailable as e:
-        print(f"error: retriever at {url}: {e}", file=sys.stderr)
-        return 1
-    except (RetrieverAuthError, ApiKeyFileError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    for line in report_lines(res, time.time() - t0):
-        print(line, flush=True)
-    settings = settings_of(cfg, model, qa=str(args.qa), retriever_url=url, seed=args.seed,
-                           max_searches=max_searches, chains=args.chains, kb_phrasing=not args.plain_wording,
-                           candidates=res.candidates, kept=len(res.rows),
-                           dropped=dict(res.dropped))
-    if args.dropped:
-        Path(args.dropped).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.dropped).write_text("".join(json.dumps({"id": i, "reason": r}) + "\n" for i, r in res.dropped_ids))
-    if not res.rows:
-        print("error: no grounded demonstration was kept (see the reasons above); nothing written", file=sys.stderr)
-        return NONE_KEPT
-    write_demos(res.rows, args.out, settings)
-    print(f"[demos] wrote {len(res.rows)} demonstrations to {args.out}", flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""`agent-rl-sft --config configs/sft/X.yaml key=value ...`: cold-start supervised fine-tuning.
+"""Cold-start supervised fine-tuning (`agent-rl-sft`, parsed in `agent_rl.coldstart.cli`).
 
 Trains the policy on demonstration trajectories (`agent-rl-prep demos`) through the RL actor
 worker: the same `TokenBatch`, micro-batching, LoRA or full fine-tuning, bf16 autocast and
@@ -11,7 +11,6 @@ complete (`.complete`, written last), fsynced and renamed, so a kill or a power 
 leaves a half-written model that a re-run would take as finished.
 
     agent-rl-sft --config configs/sft/demo_cpu.yaml trainer.max_time_s=300
-    python -m agent_rl.coldstart.sft --config ... (same)
 
 Metrics: `sft/loss`, `sft/grad_norm`, `sft/lr`, `sft/tokens_per_s`, `sft/epoch`,
 `sft/val_loss`, `timing/step` (console, TensorBoard, jsonl in the run directory).
@@ -19,17 +18,15 @@ Metrics: `sft/loss`, `sft/grad_norm`, `sft/lr`, `sft/tokens_per_s`, `sft/epoch`,
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import math
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from agent_rl.config import SFTConfig, check_paths, load_config, to_dict
+from agent_rl.config import SFTConfig, to_dict
 from agent_rl.types import Trajectory
 from data_prep.atomic import COMPLETE, replace_dir
 
@@ -238,38 +235,3 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path | None = None,
     print(f"[sft] {run.step - first_step} steps in {time.perf_counter() - t_start:.0f}s; model: {model_dir}\n"
           f"[sft] start RL from it with actor_rollout_ref.model.path={model_dir}", flush=True)
     return model_dir
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="agent-rl-sft", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default=None, help="YAML config (configs/sft/*.yaml); defaults otherwise")
-    ap.add_argument("overrides", nargs="*", help="dotted overrides, e.g. actor_rollout_ref.actor.optim.lr=2e-5")
-    args = ap.parse_args(argv)
-    from data_prep.hardware import offline_env
-
-    offline_env()
-    try:  # every bad setting in one line, before the model loads
-        cfg = load_config(SFTConfig, args.config, args.overrides)
-        check_paths(cfg, ("actor_rollout_ref.model.path", "data.train_files", "data.val_files"))
-    except (OSError, ValueError) as e:
-        print(f"agent-rl-sft: error: {e}", file=sys.stderr)
-        return 2
-    from agent_rl.precision import announce_run
-
-    announce_run(cfg, engine=False)
-    try:
-        run_sft(cfg)
-    except KeyboardInterrupt:
-        print("\n[sft] interrupted (rerun the same command to resume from the last checkpoint, if any)", flush=True)
-        return 130
-    finally:
-        if cfg.trainer.num_actor_workers > 1:
-            import ray
-
-            ray.shutdown()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Measure, in a few seconds, how fast this host updates and generates with a given model.
 
-`python -m agent_rl.demo.calibrate --model DIR --config configs/train/demo_grpo_cpu.yaml --out cal.json`
+`python -m agent_rl.demo calibrate --model DIR --config configs/train/demo_grpo_cpu.yaml --out cal.json`
 
 The demo sizes its stages from these two numbers (agent_rl/demo/budget.py). Both use the precisions the run itself will use (`auto` resolved here):
 - update tok/s: forward + backward of the policy on packed random token rows, the trainer's
@@ -11,12 +11,8 @@ The demo sizes its stages from these two numbers (agent_rl/demo/budget.py). Both
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
-import sys
 import time
-from pathlib import Path
 
 
 def update_tokens_per_s(model_dir: str, autocast: str, seq_len: int = 512, rows: int = 1, steps: int = 1) -> dict:
@@ -73,32 +69,3 @@ def calibrate(model_dir: str, cfg, batch: int = 32, gen_tokens: int = 32) -> dic
     out.update(asyncio.run(_generation(model_dir, cfg.actor_rollout_ref.rollout, batch, gen_tokens)))
     out["hardware"] = hardware_info(**chosen_precisions(cfg))
     return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m agent_rl.demo.calibrate", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", required=True, help="HF model directory")
-    ap.add_argument("--config", default=None, help="train config whose precisions and engine settings to use")
-    ap.add_argument("--batch", type=int, default=32, help="sequences decoded together")
-    ap.add_argument("--gen-tokens", type=int, default=32, help="tokens generated per sequence")
-    ap.add_argument("--out", default=None, help="write the figures as JSON here")
-    ap.add_argument("overrides", nargs="*", help="dotted config overrides")
-    args = ap.parse_args(argv)
-    from data_prep.hardware import offline_env
-
-    offline_env()
-    from agent_rl.config import TrainConfig, load_config
-
-    cfg = load_config(TrainConfig, args.config, args.overrides)
-    res = calibrate(args.model, cfg, args.batch, args.gen_tokens)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(res, indent=2))
-    print(f"[calibrate] update {res['update_tok_s']:.0f} tok/s ({res['update_dtype']}), generation "
-          f"{res['gen_tok_s']:.0f} tok/s ({res['engine_dtype']}, batch {args.batch}), engine load {res['engine_load_s']:.0f}s",
-          flush=True)
-    return 0
-
-
-if __name__ == "__main__":  # vLLM may start worker processes with spawn
-    sys.exit(main())

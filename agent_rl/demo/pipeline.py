@@ -14,12 +14,11 @@ process tree) are printed at the end.
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from agent_rl.demo import stages
 from agent_rl.demo.budget import (SIZES, Budget, Speeds, default_budget_minutes, fit_budget,
@@ -70,7 +69,7 @@ class PeakMemory:
 class Demo:
     """One demo run: its workdir, its options, the stages' times and peaks."""
 
-    def __init__(self, args: argparse.Namespace, memory: PeakMemory | None = None):
+    def __init__(self, args: Any, memory: PeakMemory | None = None):
         self.args = args
         # another protocol or wording has its own demonstrations and runs, beside the default's
         variant = ("" if args.protocol == "search_r1" else f"_{args.protocol}") + ("_plain" if args.plain_wording else "")
@@ -175,40 +174,11 @@ def show_retrieval(base_url: str, qa_path: Path, n: int = 3) -> None:
         print(format_passages(docs))
 
 
-def parser() -> argparse.ArgumentParser:
-    lo, hi = SIZES.budget_minutes
-    ap = argparse.ArgumentParser(prog="python -m agent_rl.demo", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workdir", default="artifacts", help="where artifacts go (default: artifacts/)")
-    ap.add_argument("--port", type=int, default=0, help="retriever port (0: a free port)")
-    ap.add_argument("--budget-minutes", type=float, default=None,
-                    help="wall-time budget of the whole demo: after a short calibration the stages below are sized "
-                         f"to end inside it on this host (default: {lo:g}; on a host without native bf16 up to "
-                         f"{hi:g} where it needs that long for {SIZES.min_sft_steps} SFT and {SIZES.min_rl_steps} "
-                         "GRPO steps)")
-    ap.add_argument("--demos", type=int, default=None, help="training questions to build demonstrations from (default: budgeted)")
-    ap.add_argument("--sft-minutes", type=float, default=None, help="SFT time budget (default: budgeted)")
-    ap.add_argument("--rl-minutes", type=float, default=None,
-                    help="GRPO time budget after SFT; 0 skips GRPO (default: what is left before the last evaluation)")
-    ap.add_argument("--rl-steps", type=int, default=None, help="at most this many GRPO steps (default: the clock decides)")
-    ap.add_argument("--eval-limit", type=int, default=None,
-                    help=f"held-out questions on which SFT and SFT+RL are compared (default {SIZES.eval_limit})")
-    ap.add_argument("--retrieval-only", action="store_true", help="stop after showing retrieval")
-    ap.add_argument("--protocol", default="search_r1", choices=("search_r1", "hermes"),
-                    help="how the model acts: search_r1 (<search> tags, default) or hermes (native <tool_call> JSON, "
-                         "results as tool messages); demonstrations, SFT, GRPO and evaluation all use it")
-    ap.add_argument("--plain-wording", action="store_true",
-                    help="demonstrations in plain Search-R1 wording, without the knowledge base's phrasing (what the "
-                         "question asks for, \"This needs N searches\", \"That was search i of n\"): what that "
-                         "phrasing adds; its own demonstrations and runs, beside the default's")
-    return ap
+def run_demo(args: Any) -> int:
+    """The whole demo for `args`, the options of `python -m agent_rl.demo` (agent_rl.demo.cli);
+    returns the exit status."""
+    from data_prep.hardware import hardware_line
 
-
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    from data_prep.hardware import hardware_line, offline_env
-
-    offline_env()
     stages.stop_on_sigterm()
     t_start = time.time()
     print(hardware_line(), flush=True)
@@ -239,7 +209,3 @@ def main(argv: list[str] | None = None) -> int:
                 print("[demo] retriever stopped", flush=True)
     print(f"\n[demo] wall time {time.time() - t_start:.0f}s, peak memory {mem.peak / 2**30:.2f} GiB")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

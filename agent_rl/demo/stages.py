@@ -132,7 +132,7 @@ def dense_index(w: Workdir) -> list:
 
 
 def calibration(w: Workdir) -> list:
-    return [PY, "-m", "agent_rl.demo.calibrate", "--model", w.model, "--config", TRAIN_CFG, "--batch", 16,
+    return [PY, "-m", "agent_rl.demo", "calibrate", "--model", w.model, "--config", TRAIN_CFG, "--batch", 16,
             "--gen-tokens", 16, "--out", w.calibration, *w.train_overrides()]
 
 
@@ -145,7 +145,7 @@ def demonstrations(w: Workdir, url: str, limit: int, extra: list = ()) -> list:
 
 
 def sft(demos: Path, model: Path, out: Path, steps: int, max_time_s: float, seed: int | None = None) -> list:
-    return [PY, "-m", "agent_rl.coldstart.sft", "--config", SFT_CFG, f"data.train_files=[{demos}]",
+    return [PY, "-m", "agent_rl.coldstart.cli", "sft", "--config", SFT_CFG, f"data.train_files=[{demos}]",
             f"actor_rollout_ref.model.path={model}", *([f"data.seed={seed}"] if seed is not None else []),
             f"trainer.total_training_steps={steps}", f"trainer.max_time_s={int(max_time_s)}",
             f"trainer.default_local_dir={out}"]
@@ -155,7 +155,7 @@ def evaluation(w: Workdir, model: Path, url: str, data: Path, out: Path, limit: 
                overrides: list = (), seed: int | None = None, max_num_seqs: int = 128) -> list:
     """Greedy evaluation with the RL run's settings (template, lengths, topk, protocol); the same
     seeded sample of held-out questions for every model, so differences can be paired."""
-    return [PY, "-m", "agent_rl.evaluation.evaluate", "--model", model, "--config", TRAIN_CFG, "--retriever-url", url,
+    return [PY, "-m", "agent_rl.evaluation.cli", "eval", "--model", model, "--config", TRAIN_CFG, "--retriever-url", url,
             "--data", data, "--mode", *modes, "--limit", limit, *(["--seed", seed] if seed is not None else []),
             "--out", out, "--no-progress", f"actor_rollout_ref.rollout.max_num_seqs={max_num_seqs}",
             *w.train_overrides(model), *overrides]

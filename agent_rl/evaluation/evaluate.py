@@ -1,4 +1,5 @@
-"""`agent-rl-eval`: greedy evaluation of a model on held-out QA in three modes, resumable.
+"""`agent-rl-eval` (parsed in `agent_rl.evaluation.cli`): greedy evaluation of a model on
+held-out QA in three modes, resumable.
 
     agent-rl-eval --model artifacts/model --retriever-url http://127.0.0.1:8000 \\
         --data artifacts/kb/test.parquet --mode agent rag direct --out runs/eval/base --limit 100
@@ -27,21 +28,19 @@ batch-invariant, so a rerun from scratch can differ on a few questions.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
 import os
 import random
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from agent_rl.config import TrainConfig, load_config, to_dict
-from agent_rl.evaluation.report import MODES, summarize, summary_markdown, write_summary
+from agent_rl.config import TrainConfig, to_dict
+from agent_rl.evaluation.report import MODES, summarize, write_summary
 from agent_rl.rollout.reward import score_trajectory
 from agent_rl.rollout.reward import em, f1, is_valid_format, subem
 from agent_rl.training.data import Prompt, load_prompts
@@ -430,102 +429,3 @@ async def run_evaluation(cfg: TrainConfig, prompts: Sequence[Prompt], modes: Seq
     result.summary = summarize(records)
     write_summary(result.summary, out, title=f"Evaluation of {model_dir}")
     return result
-
-
-# ----------------------------------------------------------------------------- CLI
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="agent-rl-eval", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Other settings: --config a training YAML (lengths, template, reward) and/or dotted overrides, "
-               "e.g. data.max_response_length=512 actor_rollout_ref.rollout.max_tokens_per_turn=64 "
-               "(put them before the options, or after `--`).",
-    )
-    ap.add_argument("--model", required=True, help="HF model dir, run checkpoint dir, or run dir (its latest checkpoint)")
-    ap.add_argument("--retriever-url", nargs="+", default=None,
-                    help="retriever base URL(s) (http://host:port, /retrieve optional); needed for agent and rag")
-    ap.add_argument("--data", nargs="+", default=None, help="QA files (parquet/jsonl); default: the config's data.val_files")
-    ap.add_argument("--mode", nargs="+", default=["agent"], choices=MODES, help="one or more of agent rag direct (default agent)")
-    ap.add_argument("--out", default=None, help="output directory (default runs/eval/<model name>)")
-    ap.add_argument("--limit", type=int, default=None, help="a seeded random sample of N questions per data file")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the --limit sample and of the engine (default 0)")
-    ap.add_argument("--max-turns", type=int, default=None, help="turns with search in agent mode (default: config max_turns)")
-    ap.add_argument("--topk", type=int, default=None, help="passages per search / rag prompt (default: config retriever.topk)")
-    ap.add_argument("--dtype", default=None, choices=("auto", "bfloat16", "float32", "float16"),
-                    help="engine dtype (default: config; auto: bfloat16 where native, else float32)")
-    ap.add_argument("--config", default=None, help="training YAML to take lengths, template and reward settings from")
-    ap.add_argument("--concurrency", type=int, default=None, help="questions in flight (default: rollout.max_concurrent_trajectories)")
-    ap.add_argument("--max-model-len", type=int, default=4096, help="engine context length (default 4096)")
-    ap.add_argument("--retriever-api-key-file", default=None, metavar="FILE",
-                    help="file holding the retriever's API key (default: retriever.api_key_file, else env RETRIEVER_API_KEY)")
-    ap.add_argument("--retriever-wait", type=float, default=30.0, help="seconds to wait for the retriever's /health (default 30)")
-    ap.add_argument("--overwrite", action="store_true", help="discard earlier results in --out instead of resuming")
-    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
-    ap.add_argument("overrides", nargs="*", help="dotted config overrides (veRL names)")
-    return ap
-
-
-def _default_out(model: str) -> str:
-    p = Path(model).resolve()
-    name = f"{p.parent.name}_{p.name}" if p.name == "actor" else p.name
-    return str(Path("runs") / "eval" / name)
-
-
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """The training config the rollout manager needs: YAML, then dotted overrides, then flags."""
-    over = list(args.overrides)
-    over.append(f"actor_rollout_ref.model.path={args.model}")
-    if args.retriever_url:
-        over.append("retriever.url=[" + ",".join(base_url(u) for u in args.retriever_url) + "]")
-    for flag, key in ((args.max_turns, "max_turns"), (args.topk, "retriever.topk"),
-                      (args.retriever_api_key_file, "retriever.api_key_file"),
-                      (args.dtype, "actor_rollout_ref.rollout.dtype"),
-                      (args.concurrency, "actor_rollout_ref.rollout.max_concurrent_trajectories")):
-        if flag is not None:
-            over.append(f"{key}={flag}")
-    over.append(f"actor_rollout_ref.rollout.seed={args.seed}")
-    try:
-        cfg = load_config(TrainConfig, args.config, over)
-    except (OSError, ValueError) as e:
-        raise EvalInputError(str(e)) from None
-    return cfg  # --max-turns, --topk, --concurrency out of range: refused by load_config, naming the key
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from data_prep.hardware import offline_env
-
-    offline_env()
-    logging.basicConfig(level=logging.WARNING, format="[eval] %(levelname)s %(name)s: %(message)s")
-    modes = list(dict.fromkeys(args.mode))
-    try:
-        resolve_model_dir(args.model)
-        cfg = config_from_args(args)
-        from agent_rl.precision import announce_run
-
-        announce_run(cfg)
-        prompts = load_questions(args.data or cfg.data.val_files, args.limit, args.seed)
-        if any(m in NEEDS_RETRIEVER for m in modes):
-            if not args.retriever_url:
-                raise EvalInputError(f"--retriever-url is required for mode(s) {[m for m in modes if m in NEEDS_RETRIEVER]}")
-            asyncio.run(check_retriever(cfg.retriever, args.retriever_wait))
-        out = args.out or _default_out(args.model)
-        print(f"[eval] {len(prompts)} questions x modes {modes} -> {out}", flush=True)
-        result = asyncio.run(run_evaluation(cfg, prompts, modes, out, overwrite=args.overwrite,
-                                            progress=not args.no_progress, max_model_len=args.max_model_len))
-    except EvalInputError as e:
-        print(f"agent-rl-eval: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\n[eval] interrupted: finished questions are saved; rerun the same command to resume", file=sys.stderr)
-        return 130
-    print(f"[eval] ran {sum(result.computed.values())}, reused {sum(result.reused.values())} -> {out}")
-    for mode, block in result.summary["modes"].items():
-        if block["all"]["failed_retrieval"]:
-            print(f"[eval] WARNING: {block['all']['failed_retrieval']} {mode} question(s) saw a failed retrieval "
-                  "(an error text instead of passages); rerun the same command to retry them", file=sys.stderr)
-    print(summary_markdown(result.summary), end="")
-    return 0
-
-
-if __name__ == "__main__":  # vLLM may start worker processes with spawn: guard the entry point
-    sys.exit(main())

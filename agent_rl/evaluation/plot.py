@@ -1,14 +1,13 @@
 """Plot a run's reward and EM curves from its metrics.jsonl to a PNG, or several runs side by side.
 
-    python -m agent_rl.evaluation.plot runs/demo                # writes runs/demo/curves.png
-    python -m agent_rl.evaluation.plot runs/demo --out a.png --keys reward/mean val/em
-    python -m agent_rl.evaluation.plot EM-only=runs/a format=runs/b --out cmp.png \
+    python -m agent_rl.evaluation.cli plot runs/demo                # writes runs/demo/curves.png
+    python -m agent_rl.evaluation.cli plot runs/demo --out a.png --keys reward/mean val/em
+    python -m agent_rl.evaluation.cli plot EM-only=runs/a format=runs/b --out cmp.png \
         --keys reward/em reward/valid_format rollout/searches_mean --smooth 5
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 from pathlib import Path
 
@@ -94,23 +93,3 @@ def plot_runs(runs: dict[str, str | Path], out: str | Path, keys: list[str], smo
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return Path(out)
-
-
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("runs", nargs="+", help="a run directory containing metrics.jsonl, or LABEL=DIR pairs to compare")
-    ap.add_argument("--out", default=None, help="PNG path (default RUN_DIR/curves.png; required to compare)")
-    ap.add_argument("--keys", nargs="*", default=None, help="metric keys (default: reward/mean and EM curves)")
-    ap.add_argument("--smooth", type=int, default=1, help="moving average over this many steps (comparisons)")
-    args = ap.parse_args(argv)
-    if len(args.runs) == 1 and "=" not in args.runs[0]:
-        print(plot_run(args.runs[0], args.out, args.keys))
-        return
-    pairs = [r.split("=", 1) if "=" in r else (Path(r).name, r) for r in args.runs]
-    if not args.out:
-        ap.error("--out is required to compare runs")
-    print(plot_runs(dict(pairs), args.out, args.keys or ["reward/mean", "reward/em"], max(1, args.smooth)))
-
-
-if __name__ == "__main__":
-    main()

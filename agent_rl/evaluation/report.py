@@ -4,7 +4,7 @@
 statistics per mode, overall and per `data_source`; `write_summary` writes it as
 `summary.json` and `summary.md`; `comparison(runs)` reads several evaluation directories
 (e.g. base / SFT / SFT+RL) into the table the demo's report shows, one row per model and one
-column per mode.
+column per mode (`python -m agent_rl.evaluation.cli report`).
 
 Confidence intervals on EM are Wilson score intervals (95%, z = 1.96): EM is a proportion,
 and untrained or small models sit near 0 on small samples, where the normal approximation
@@ -273,35 +273,3 @@ def paired_comparison_markdown(cmp: Mapping, labels: tuple[str, str] = ("SFT", "
         diffs.append(f"**{100 * d['diff']:+.1f}** [{100 * d['ci_low']:+.1f}, {100 * d['ci_high']:+.1f}]")
     lines.append(f"| {labels[1]} − {labels[0]}, paired 95% CI | " + " | ".join(diffs) + " | | |")
     return "\n".join(lines) + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m agent_rl.evaluation.report LABEL=EVAL_DIR ... [--json PATH]`: print the model x mode table."""
-    import argparse
-    import sys
-
-    ap = argparse.ArgumentParser(prog="python -m agent_rl.evaluation.report", description=main.__doc__)
-    ap.add_argument("runs", nargs="+", help="LABEL=EVAL_DIR pairs in row order, e.g. base=runs/eval/base")
-    ap.add_argument("--source", default=ALL, help="data_source to show (default: all)")
-    ap.add_argument("--json", default=None, help="also write the table as JSON here")
-    args = ap.parse_args(argv)
-    pairs = []
-    for item in args.runs:
-        label, sep, d = item.partition("=")
-        if not sep or not label or not d:
-            print(f"report: expected LABEL=EVAL_DIR, got {item!r}", file=sys.stderr)
-            return 2
-        pairs.append((label, d))
-    try:
-        table = comparison(pairs, source=args.source)
-    except (OSError, ValueError) as e:
-        print(f"report: error: {e}", file=sys.stderr)
-        return 2
-    print(comparison_markdown(table), end="")
-    if args.json:
-        Path(args.json).write_text(json.dumps(table, indent=1) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -15,7 +15,7 @@ BUDGET_MINUTES, EVAL_LIMIT, MIN_RL_STEPS = SIZES.budget_minutes, SIZES.eval_limi
 RL_SHARE, SFT_STEPS = SIZES.rl_share, SIZES.sft_steps
 
 # calibrated speeds (update tok/s, generation tok/s, engine load s): an AVX2 host in fp32 and
-# an AVX512-BF16 host in bf16, as measured by `python -m agent_rl.demo.calibrate`
+# an AVX512-BF16 host in bf16, as measured by `python -m agent_rl.demo calibrate`
 SLOW = Speeds(130.0, 100.0, 8.0)
 FAST = Speeds(900.0, 800.0, 10.0)
 

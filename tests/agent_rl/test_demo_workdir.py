@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_rl.demo import pipeline, stages
+from agent_rl.demo import cli, pipeline, stages
 from agent_rl.config import SFTConfig, TrainConfig, load_config
 
 PATH_FIELDS = {"data.train_files", "data.val_files", "actor_rollout_ref.model.path", "critic.model_path",
@@ -40,24 +40,31 @@ def config_paths(cfg) -> list[tuple[str, str]]:
             and (k in PATH_FIELDS or ("/" in v and "://" not in v))]
 
 
+def command(cmd: list[str]) -> tuple[str, list[str]]:
+    """(`python -m` module and its subcommand, if any; the options): [PY, "-m", "data_prep",
+    "model", "--out", d] -> ("data_prep model", ["--out", d])."""
+    sub = not cmd[3].startswith("-")
+    return " ".join(cmd[2:3 + sub]), cmd[3 + sub:]
+
+
 def loaded_config(cmd: list[str]):
     """The config `cmd` loads, as the command loads it: its --config with its overrides."""
-    module, argv = cmd[2], cmd[3:]
+    name, argv = command(cmd)
     if "--config" not in argv:
         return None
-    if module == "agent_rl.evaluation.evaluate":  # adds --model and its flags to the overrides
-        from agent_rl.evaluation.evaluate import build_parser, config_from_args
+    if name == "agent_rl.evaluation.cli eval":  # adds --model and its flags to the overrides
+        from agent_rl.evaluation.cli import config_from_args, eval_parser
 
-        return config_from_args(build_parser().parse_args(argv))
+        return config_from_args(eval_parser().parse_args(argv))
     path = argv[argv.index("--config") + 1]
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]
-    return load_config(SFTConfig if module == "agent_rl.coldstart.sft" else TrainConfig, stages.ROOT / path,
+    return load_config(SFTConfig if name == "agent_rl.coldstart.cli sft" else TrainConfig, stages.ROOT / path,
                        overrides)
 
 
 def named_paths(cmd: list[str]) -> list[str]:
     """The paths a command names on its command line (its --config, a recipe file, left out)."""
-    argv, out = cmd[3:], []
+    argv, out = command(cmd)[1], []
     for prev, a in zip(["", *argv], argv):
         if a.startswith("-") or prev in ("--config", "--retriever-url") or "=" in a:
             continue  # overrides are checked in the config they produce
@@ -82,7 +89,7 @@ def test_every_stage_reads_and_writes_the_workdir_only(tmp_path, monkeypatch, ex
     def fake_run(cmd, what, tag="demo", on_start=None):
         cmd = [str(c) for c in cmd]
         cmds.append(cmd)
-        if "agent_rl.demo.calibrate" in cmd:  # the figures the budget reads
+        if "calibrate" in cmd:  # the figures the budget reads
             out = stages.ROOT / cmd[cmd.index("--out") + 1]
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps({"update_tok_s": 900.0, "gen_tok_s": 800.0, "engine_load_s": 10.0}))
@@ -104,13 +111,13 @@ def test_every_stage_reads_and_writes_the_workdir_only(tmp_path, monkeypatch, ex
     monkeypatch.setattr(launch, "wait_healthy", lambda *a, **k: {})
     monkeypatch.setattr(launch, "stop_server", lambda proc: 0)
 
-    assert pipeline.main(["--workdir", str(work), "--budget-minutes", "60", "--rl-minutes", "2",
+    assert cli.main(["--workdir", str(work), "--budget-minutes", "60", "--rl-minutes", "2",
                             "--eval-limit", "10", *extra]) == 0
-    modules = [c[2] if c[2] != "data_prep" else f"data_prep {c[3]}" for c in cmds]
-    for stage in ("data_prep model", "data_prep synthetic", "data_prep index", "agent_rl.demo.calibrate", "data_prep demos",
-                  "agent_rl.coldstart.sft", "agent_rl.evaluation.evaluate", "agent_rl.training.cli"):
+    modules = [command(c)[0] for c in cmds]
+    for stage in ("data_prep model", "data_prep synthetic", "data_prep index", "agent_rl.demo calibrate", "data_prep demos",
+                  "agent_rl.coldstart.cli sft", "agent_rl.evaluation.cli eval", "agent_rl.training.cli"):
         assert stage in modules, (stage, modules)
-    assert modules.count("agent_rl.evaluation.evaluate") == 3  # base, SFT, SFT+RL
+    assert modules.count("agent_rl.evaluation.cli eval") == 3  # base, SFT, SFT+RL
     demos = cmds[modules.index("data_prep demos")]
     # the plain wording reaches the demonstrations, which go beside the default's
     assert ("--plain-wording" in demos) == ("--plain-wording" in extra)

@@ -18,6 +18,7 @@ import hypothesis
 import pytest
 from hypothesis import strategies as st
 
+from agent_rl.coldstart import cli
 from agent_rl.coldstart import demo_file as DF
 from agent_rl.coldstart import demos as D
 from agent_rl.coldstart import plan as PL
@@ -552,15 +553,15 @@ def test_cli_reports_bad_input_in_one_line(tiny_kb, model_dir, tmp_path, capsys)
 
     out = tmp_path / "d.parquet"
     base = ["--out", str(out), "--model", str(model_dir)]
-    assert D.main(["--qa", str(tmp_path / "missing.parquet"), "--retriever-url", "http://127.0.0.1:1", *base]) == 2
+    assert cli.demos_main(["--qa", str(tmp_path / "missing.parquet"), "--retriever-url", "http://127.0.0.1:1", *base]) == 2
     assert "missing.parquet" in capsys.readouterr().err
     down = f"http://127.0.0.1:{free_port()}"
-    assert D.main(["--qa", str(tiny_kb / "test.parquet"), "--retriever-url", down, *base,
+    assert cli.demos_main(["--qa", str(tiny_kb / "test.parquet"), "--retriever-url", down, *base,
                    "trainer.retriever_health_timeout_s=0.5"]) == 1
     assert f"error: retriever at {down}" in capsys.readouterr().err and not out.exists()
-    assert D.main(["--qa", str(tiny_kb / "test.parquet"), "--retriever-url", down, "--max-searches", "5", *base]) == 2
+    assert cli.demos_main(["--qa", str(tiny_kb / "test.parquet"), "--retriever-url", down, "--max-searches", "5", *base]) == 2
     assert "exceeds max_turns" in capsys.readouterr().err
-    assert D.main(["--qa", str(tiny_kb / "test.parquet"), "--retriever-url", down, "--rest", *base]) == 2
+    assert cli.demos_main(["--qa", str(tiny_kb / "test.parquet"), "--retriever-url", down, "--rest", *base]) == 2
     assert "--rest needs --limit" in capsys.readouterr().err
 
 
@@ -572,22 +573,22 @@ def test_cli_exits_3_and_writes_nothing_when_no_question_is_grounded(tiny_kb, re
     qa, out = tmp_path / "ungroundable.parquet", tmp_path / "d.parquet"
     pd.DataFrame({"id": ["u1", "u2"], "question": ["who painted the moon?", "where is nowhere?"],
                   "golden_answers": [["zqxwv plorth"], ["vvqzzk"]], "data_source": "x", "split": "train"}).to_parquet(qa)
-    rc = D.main(["--qa", str(qa), "--retriever-url", retriever_url, "--out", str(out), "--model", str(model_dir),
+    rc = cli.demos_main(["--qa", str(qa), "--retriever-url", retriever_url, "--out", str(out), "--model", str(model_dir),
                  "max_turns=2"])
-    assert rc == D.NONE_KEPT == 3 and not out.exists()
+    assert rc == cli.NONE_KEPT == 3 and not out.exists()
     assert "no grounded demonstration was kept" in capsys.readouterr().err
 
 
 def test_rest_is_the_complement_of_the_limit_sample_in_file_order():
     rows = [{"id": str(i)} for i in range(50)]
-    sample, rest = D._select(rows, 20, seed=7), D._select(rows, 20, seed=7, rest=True)
+    sample, rest = D.select_rows(rows, 20, seed=7), D.select_rows(rows, 20, seed=7, rest=True)
     assert len(sample) == 20 and len(rest) == 30
     assert not {r["id"] for r in sample} & {r["id"] for r in rest}
     assert rest == [r for r in rows if r not in sample]
     assert [int(r["id"]) for r in sample] == sorted(int(r["id"]) for r in sample)
-    assert D._select(rows, 20, seed=8) != sample  # the seed picks the sample
-    assert D._select(rows, None, 0) == rows and D._select(rows, None, 0, rest=True) == []
-    assert D._select(rows, 50, 0, rest=True) == []
+    assert D.select_rows(rows, 20, seed=8) != sample  # the seed picks the sample
+    assert D.select_rows(rows, None, 0) == rows and D.select_rows(rows, None, 0, rest=True) == []
+    assert D.select_rows(rows, 50, 0, rest=True) == []
 
 
 def test_read_demos_rejects_a_broken_row_naming_it(tmp_path):
@@ -666,7 +667,7 @@ def test_cli_skips_malformed_qa_rows_and_builds_from_the_rest(kb_rows, retriever
     lines.insert(4, b'{"id": "x2", "golden_answers": ["a"]}')
     qa.write_bytes(b"\n".join(lines) + b"\n")
     out = tmp_path / "d.parquet"
-    rc = D.main(["--qa", str(qa), "--retriever-url", retriever_url, "--out", str(out), "--model", str(model_dir),
+    rc = cli.demos_main(["--qa", str(qa), "--retriever-url", retriever_url, "--out", str(out), "--model", str(model_dir),
                  "max_turns=2", "retriever.topk=1", "data.max_obs_length=256", "data.max_response_length=640"])
     printed = capsys.readouterr()
     assert rc == 0 and "6 candidates: kept" in printed.out

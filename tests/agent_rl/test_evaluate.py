@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from agent_rl.config import TrainConfig, load_config
+from agent_rl.evaluation import cli
 from agent_rl.evaluation import evaluate as ev
 from agent_rl.rollout.protocol import FEEDBACK_INVALID
 from agent_rl.training.data import Prompt
@@ -193,18 +194,18 @@ def test_base_url():
 
 
 def test_config_from_args_maps_flags():
-    args = ev.build_parser().parse_args(
+    args = cli.eval_parser().parse_args(
         ["data.max_response_length=200", "--model", "m", "--retriever-url", "http://a:1/retrieve", "http://b:2",
          "--max-turns", "3", "--topk", "5", "--dtype", "float32", "--seed", "7", "--mode", "agent", "rag"])
-    cfg = ev.config_from_args(args)
+    cfg = cli.config_from_args(args)
     assert cfg.retriever.url == ["http://a:1", "http://b:2"]
     assert (cfg.max_turns, cfg.retriever.topk, cfg.data.max_response_length) == (3, 5, 200)
     assert (cfg.actor_rollout_ref.rollout.dtype, cfg.actor_rollout_ref.rollout.seed) == ("float32", 7)
     assert args.mode == ["agent", "rag"]
     with pytest.raises(ev.EvalInputError, match=r"retriever.topk=0 is out of range \[1, inf\]"):
-        ev.config_from_args(ev.build_parser().parse_args(["--model", "m", "--topk", "0"]))
+        cli.config_from_args(cli.eval_parser().parse_args(["--model", "m", "--topk", "0"]))
     with pytest.raises(ev.EvalInputError, match="unknown config key"):
-        ev.config_from_args(ev.build_parser().parse_args(["--model", "m", "--", "nosuch.key=1"]))
+        cli.config_from_args(cli.eval_parser().parse_args(["--model", "m", "--", "nosuch.key=1"]))
 
 
 def test_settings_mismatch_refuses_to_mix(tmp_path, model_dir):
@@ -238,7 +239,7 @@ def test_mismatch_refused_before_the_engine_loads(tmp_path, aio, model_dir):
 
 # ----------------------------------------------------------------------------- CLI, bad input
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agent_rl.evaluation.evaluate", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "agent_rl.evaluation.cli", "eval", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
 
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from agent_rl.evaluation.plot import main as plot_main
+from agent_rl.evaluation.cli import plot_main
 from agent_rl.training.metrics import MetricsLogger, check_metrics, read_jsonl
 
 

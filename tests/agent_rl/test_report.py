@@ -124,12 +124,14 @@ def test_comparison_table(tmp_path):
 
 
 def test_report_cli(tmp_path, capsys):
+    from agent_rl.evaluation.cli import report_main
+
     report.write_summary(report.summarize([rec(em=1.0)]), tmp_path / "a")
-    assert report.main([f"A={tmp_path / 'a'}", "--json", str(tmp_path / "t.json")]) == 0
+    assert report_main([f"A={tmp_path / 'a'}", "--json", str(tmp_path / "t.json")]) == 0
     assert "| A | 100.0 [" in capsys.readouterr().out
     assert json.loads((tmp_path / "t.json").read_text())["rows"][0]["model"] == "A"
-    assert report.main(["nolabel"]) == 2
-    assert report.main([f"B={tmp_path / 'missing'}"]) == 2
+    assert report_main(["nolabel"]) == 2
+    assert report_main([f"B={tmp_path / 'missing'}"]) == 2
     assert "no summary.json" in capsys.readouterr().err
 
 

@@ -111,11 +111,11 @@ def test_synthetic_is_deterministic_across_processes_and_checks(tmp_path):
 
 def test_demos_dispatch(tmp_path):
     try:
-        import agent_rl.coldstart.demos  # noqa: F401
+        import agent_rl.coldstart.cli  # noqa: F401
     except ModuleNotFoundError:
         p = run("demos", "--help", cwd=tmp_path)
         assert p.returncode == 2
-        assert "demos needs agent_rl.coldstart.demos (not yet available)" in p.stderr
+        assert "demos needs agent_rl.coldstart.cli (install the agent_rl package)" in p.stderr
     else:
         p = run("demos", "--help", cwd=tmp_path)
         assert p.returncode == 0, p.stderr

@@ -187,28 +187,20 @@ def test_build_errors(tmp_path):
         build_index(tmp_path / "empty.jsonl", tmp_path / "x", kind="annoy")
 
 
-def test_cli_hooks(corpus, tmp_path, capsys):
-    import argparse
+def test_cli_index(corpus, tmp_path, capsys):
+    from data_prep.cli import main
 
-    from data_prep.indexing import add_index_arguments, index_command
-
-    p = argparse.ArgumentParser()
-    add_index_arguments(p)
     path, rows = corpus
-    args = p.parse_args(["--corpus", str(path), "--out", str(tmp_path / "b"), "--kind", "bm25"])
-    assert index_command(args) == 0
+    assert main(["index", "--corpus", str(path), "--out", str(tmp_path / "b"), "--kind", "bm25"]) == 0
     assert f"bm25 over {len(rows)} passages" in capsys.readouterr().out
-    args = p.parse_args(["--corpus", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "c")])
-    assert index_command(args) == 2
+    assert main(["index", "--corpus", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "c")]) == 2
     assert "does not exist" in capsys.readouterr().out
 
 
 def test_out_is_replaced_only_when_it_is_an_index(corpus, tmp_path, capsys):
     """`index --out DIR` used to move any existing DIR aside and delete it: a user's
     directory (or file) given by mistake is refused now, an index built before is replaced."""
-    import argparse
-
-    from data_prep.indexing import add_index_arguments, index_command
+    from data_prep.cli import main
 
     path, rows = corpus
     out = tmp_path / "idx"
@@ -222,9 +214,7 @@ def test_out_is_replaced_only_when_it_is_an_index(corpus, tmp_path, capsys):
     (user / "notes.txt").write_text("keep me")
     with pytest.raises(FileExistsError, match=r"mine exists and is a directory not written by this tool"):
         build_index(path, user, kind="bm25", progress=False)
-    p = argparse.ArgumentParser()
-    add_index_arguments(p)
-    assert index_command(p.parse_args(["--corpus", str(path), "--out", str(user), "--kind", "bm25"])) == 2
+    assert main(["index", "--corpus", str(path), "--out", str(user), "--kind", "bm25"]) == 2
     assert f"{user} exists" in capsys.readouterr().out
     assert [f.name for f in user.iterdir()] == ["notes.txt"] and (user / "notes.txt").read_text() == "keep me"
     assert not list(tmp_path.glob(".*"))
@@ -282,16 +272,12 @@ def test_bad_corpus_lines_are_skipped_and_the_build_resumes(corpus, enc, tmp_pat
 
 
 def test_cli_reports_skipped_corpus_lines(corpus, tmp_path, capfd):
-    import argparse
-
-    from data_prep.indexing import add_index_arguments, index_command
+    from data_prep.cli import main
 
     _, rows = corpus
     path = tmp_path / "bad.jsonl"
     expected = _with_bad_lines(path, rows)
-    p = argparse.ArgumentParser()
-    add_index_arguments(p)
-    assert index_command(p.parse_args(["--corpus", str(path), "--out", str(tmp_path / "b"), "--kind", "bm25"])) == 0
+    assert main(["index", "--corpus", str(path), "--out", str(tmp_path / "b"), "--kind", "bm25"]) == 0
     out, err = capfd.readouterr()
     assert f"bm25 over {len(rows)} passages" in out and f"read {len(rows) + 5}, written {len(rows)}, skipped 5" in out
     assert expected[0] in err and "skipped corpus lines (5)" in err

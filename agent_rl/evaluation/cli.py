@@ -1,0 +1,221 @@
+"""The evaluation commands: their parsers and entry points; the work is in `evaluate`, `report`
+and `plot`.
+
+    agent-rl-eval --model DIR --retriever-url URL --data FILE --mode agent rag direct   (eval_main)
+    python -m agent_rl.evaluation.cli eval ...                                   (the same)
+    python -m agent_rl.evaluation.cli report base=runs/eval/base SFT=runs/eval/sft (report_main)
+    python -m agent_rl.evaluation.cli plot runs/demo                             (plot_main)
+
+The heavier working modules are imported once the arguments are parsed, so `--help` starts fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from agent_rl.evaluation.report import ALL, MODES
+
+if TYPE_CHECKING:
+    from agent_rl.config import TrainConfig
+
+
+# ----------------------------------------------------------------------------- agent-rl-eval
+def eval_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="agent-rl-eval", description="`agent-rl-eval`: greedy evaluation of a model on held-out QA in three modes, "
+                                          "resumable.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Other settings: --config a training YAML (lengths, template, reward) and/or dotted overrides, "
+               "e.g. data.max_response_length=512 actor_rollout_ref.rollout.max_tokens_per_turn=64 "
+               "(put them before the options, or after `--`).",
+    )
+    ap.add_argument("--model", required=True, help="HF model dir, run checkpoint dir, or run dir (its latest checkpoint)")
+    ap.add_argument("--retriever-url", nargs="+", default=None,
+                    help="retriever base URL(s) (http://host:port, /retrieve optional); needed for agent and rag")
+    ap.add_argument("--data", nargs="+", default=None, help="QA files (parquet/jsonl); default: the config's data.val_files")
+    ap.add_argument("--mode", nargs="+", default=["agent"], choices=MODES, help="one or more of agent rag direct (default agent)")
+    ap.add_argument("--out", default=None, help="output directory (default runs/eval/<model name>)")
+    ap.add_argument("--limit", type=int, default=None, help="a seeded random sample of N questions per data file")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the --limit sample and of the engine (default 0)")
+    ap.add_argument("--max-turns", type=int, default=None, help="turns with search in agent mode (default: config max_turns)")
+    ap.add_argument("--topk", type=int, default=None, help="passages per search / rag prompt (default: config retriever.topk)")
+    ap.add_argument("--dtype", default=None, choices=("auto", "bfloat16", "float32", "float16"),
+                    help="engine dtype (default: config; auto: bfloat16 where native, else float32)")
+    ap.add_argument("--config", default=None, help="training YAML to take lengths, template and reward settings from")
+    ap.add_argument("--concurrency", type=int, default=None, help="questions in flight (default: rollout.max_concurrent_trajectories)")
+    ap.add_argument("--max-model-len", type=int, default=4096, help="engine context length (default 4096)")
+    ap.add_argument("--retriever-api-key-file", default=None, metavar="FILE",
+                    help="file holding the retriever's API key (default: retriever.api_key_file, else env RETRIEVER_API_KEY)")
+    ap.add_argument("--retriever-wait", type=float, default=30.0, help="seconds to wait for the retriever's /health (default 30)")
+    ap.add_argument("--overwrite", action="store_true", help="discard earlier results in --out instead of resuming")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ap.add_argument("overrides", nargs="*", help="dotted config overrides (veRL names)")
+    return ap
+
+
+def _default_out(model: str) -> str:
+    p = Path(model).resolve()
+    name = f"{p.parent.name}_{p.name}" if p.name == "actor" else p.name
+    return str(Path("runs") / "eval" / name)
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The training config the rollout manager needs: YAML, then dotted overrides, then flags."""
+    from agent_rl.config import TrainConfig, load_config
+    from agent_rl.evaluation.evaluate import EvalInputError, base_url
+
+    over = list(args.overrides)
+    over.append(f"actor_rollout_ref.model.path={args.model}")
+    if args.retriever_url:
+        over.append("retriever.url=[" + ",".join(base_url(u) for u in args.retriever_url) + "]")
+    for flag, key in ((args.max_turns, "max_turns"), (args.topk, "retriever.topk"),
+                      (args.retriever_api_key_file, "retriever.api_key_file"),
+                      (args.dtype, "actor_rollout_ref.rollout.dtype"),
+                      (args.concurrency, "actor_rollout_ref.rollout.max_concurrent_trajectories")):
+        if flag is not None:
+            over.append(f"{key}={flag}")
+    over.append(f"actor_rollout_ref.rollout.seed={args.seed}")
+    try:
+        cfg = load_config(TrainConfig, args.config, over)
+    except (OSError, ValueError) as e:
+        raise EvalInputError(str(e)) from None
+    return cfg  # --max-turns, --topk, --concurrency out of range: refused by load_config, naming the key
+
+
+def eval_main(argv: list[str] | None = None) -> int:
+    """`agent-rl-eval`: greedy evaluation in each mode, resumable (agent_rl.evaluation.evaluate)."""
+    args = eval_parser().parse_args(argv)
+    from data_prep.hardware import offline_env
+
+    offline_env()
+    import asyncio
+    import logging
+
+    from agent_rl.evaluation.evaluate import (NEEDS_RETRIEVER, EvalInputError, check_retriever, load_questions,
+                                              resolve_model_dir, run_evaluation)
+    from agent_rl.evaluation.report import summary_markdown
+
+    logging.basicConfig(level=logging.WARNING, format="[eval] %(levelname)s %(name)s: %(message)s")
+    modes = list(dict.fromkeys(args.mode))
+    try:
+        resolve_model_dir(args.model)
+        cfg = config_from_args(args)
+        from agent_rl.precision import announce_run
+
+        announce_run(cfg)
+        prompts = load_questions(args.data or cfg.data.val_files, args.limit, args.seed)
+        if any(m in NEEDS_RETRIEVER for m in modes):
+            if not args.retriever_url:
+                raise EvalInputError(f"--retriever-url is required for mode(s) {[m for m in modes if m in NEEDS_RETRIEVER]}")
+            asyncio.run(check_retriever(cfg.retriever, args.retriever_wait))
+        out = args.out or _default_out(args.model)
+        print(f"[eval] {len(prompts)} questions x modes {modes} -> {out}", flush=True)
+        result = asyncio.run(run_evaluation(cfg, prompts, modes, out, overwrite=args.overwrite,
+                                            progress=not args.no_progress, max_model_len=args.max_model_len))
+    except EvalInputError as e:
+        print(f"agent-rl-eval: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\n[eval] interrupted: finished questions are saved; rerun the same command to resume", file=sys.stderr)
+        return 130
+    print(f"[eval] ran {sum(result.computed.values())}, reused {sum(result.reused.values())} -> {out}")
+    for mode, block in result.summary["modes"].items():
+        if block["all"]["failed_retrieval"]:
+            print(f"[eval] WARNING: {block['all']['failed_retrieval']} {mode} question(s) saw a failed retrieval "
+                  "(an error text instead of passages); rerun the same command to retry them", file=sys.stderr)
+    print(summary_markdown(result.summary), end="")
+    return 0
+
+
+# ----------------------------------------------------------------------------- report
+def report_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m agent_rl.evaluation.cli report",
+                                 description="`python -m agent_rl.evaluation.cli report LABEL=EVAL_DIR ... [--json PATH]`: "
+                                             "print the model x mode table.")
+    ap.add_argument("runs", nargs="+", help="LABEL=EVAL_DIR pairs in row order, e.g. base=runs/eval/base")
+    ap.add_argument("--source", default=ALL, help="data_source to show (default: all)")
+    ap.add_argument("--json", default=None, help="also write the table as JSON here")
+    return ap
+
+
+def report_main(argv: list[str] | None = None) -> int:
+    """The model x mode table of several evaluation directories (agent_rl.evaluation.report.comparison)."""
+    args = report_parser().parse_args(argv)
+    from data_prep.hardware import offline_env
+
+    offline_env()
+    import json
+
+    from agent_rl.evaluation.report import comparison, comparison_markdown
+
+    pairs = []
+    for item in args.runs:
+        label, sep, d = item.partition("=")
+        if not sep or not label or not d:
+            print(f"report: expected LABEL=EVAL_DIR, got {item!r}", file=sys.stderr)
+            return 2
+        pairs.append((label, d))
+    try:
+        table = comparison(pairs, source=args.source)
+    except (OSError, ValueError) as e:
+        print(f"report: error: {e}", file=sys.stderr)
+        return 2
+    print(comparison_markdown(table), end="")
+    if args.json:
+        Path(args.json).write_text(json.dumps(table, indent=1) + "\n")
+    return 0
+
+
+# ----------------------------------------------------------------------------- plot
+def plot_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m agent_rl.evaluation.cli plot",
+                                 description="Plot a run's reward and EM curves from its metrics.jsonl to a PNG, or "
+                                             "several runs side by side.")
+    ap.add_argument("runs", nargs="+", help="a run directory containing metrics.jsonl, or LABEL=DIR pairs to compare")
+    ap.add_argument("--out", default=None, help="PNG path (default RUN_DIR/curves.png; required to compare)")
+    ap.add_argument("--keys", nargs="*", default=None, help="metric keys (default: reward/mean and EM curves)")
+    ap.add_argument("--smooth", type=int, default=1, help="moving average over this many steps (comparisons)")
+    return ap
+
+
+def plot_main(argv: list[str] | None = None) -> int:
+    """One run's curves (agent_rl.evaluation.plot.plot_run), or several runs compared (plot_runs)."""
+    ap = plot_parser()
+    args = ap.parse_args(argv)
+    from data_prep.hardware import offline_env
+
+    offline_env()
+    from agent_rl.evaluation.plot import plot_run, plot_runs
+
+    if len(args.runs) == 1 and "=" not in args.runs[0]:
+        print(plot_run(args.runs[0], args.out, args.keys))
+        return 0
+    pairs = [r.split("=", 1) if "=" in r else (Path(r).name, r) for r in args.runs]
+    if not args.out:
+        ap.error("--out is required to compare runs")
+    print(plot_runs(dict(pairs), args.out, args.keys or ["reward/mean", "reward/em"], max(1, args.smooth)))
+    return 0
+
+
+# ----------------------------------------------------------------------------- python -m
+COMMANDS = {"eval": (eval_main, "greedy evaluation in agent / rag / direct modes (agent-rl-eval)"),
+            "report": (report_main, "the model x mode table of several evaluation directories"),
+            "plot": (plot_main, "a run's reward and EM curves as PNG, or several runs compared")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m agent_rl.evaluation.cli COMMAND ...`: the evaluation commands by module path."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(prog="python -m agent_rl.evaluation.cli", description=main.__doc__,
+                                 epilog="`COMMAND --help`: the options of one command.")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (_, what) in COMMANDS.items():
+        sub.add_parser(name, add_help=False, help=what)
+    return COMMANDS[ap.parse_args(argv[:1]).command][0](argv[1:])
+
+
+if __name__ == "__main__":  # vLLM may start worker processes with spawn: guard the entry point
+    sys.exit(main())
