@@ -35,7 +35,8 @@ def init_ray(address: str | None) -> None:
     if ray.is_initialized():
         return
     env = {k: os.environ[k] for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM") if k in os.environ}
-    runtime_env = {"env_vars": env}
+    # every worker quiets the same third-party notices as this process, before its libraries load
+    runtime_env = {"env_vars": env, "worker_process_setup_hook": "data_prep.quiet.install"}
     if address:
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
     else:
