@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from data_prep.hardware import offline_env
 
-    offline_env()
+    offline_env(engine=True)  # calibration runs a vLLM engine here
     from agent_rl.config import TrainConfig, load_config
 
     cfg = load_config(TrainConfig, args.config, args.overrides)

@@ -494,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from data_prep.hardware import offline_env
 
-    offline_env()
+    offline_env(engine=True)  # evaluation runs a vLLM engine here
     logging.basicConfig(level=logging.WARNING, format="[eval] %(levelname)s %(name)s: %(message)s")
     modes = list(dict.fromkeys(args.mode))
     try:
