@@ -258,6 +258,7 @@ class RolloutEngine:
             tensor_parallel_size=cfg.tensor_model_parallel_size,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             disable_log_stats=True,
+            use_tqdm_on_load=False,  # a bar for a load our own line times ("vLLM engine ... ready in")
             logprobs_mode="processed_logprobs",  # the sampler's own distribution (module docstring)
             worker_extension_cls="agent_rl.rollout.vllm_worker.WeightLoaderExtension",
         )
