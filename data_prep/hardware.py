@@ -108,10 +108,15 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_P
 about forked workers. Values already set in the environment win."""
 
 
-def offline_env() -> None:
-    """Set OFFLINE_ENV's defaults; every command's entry point calls it before transformers loads."""
+def offline_env(engine: bool = False) -> None:
+    """Set OFFLINE_ENV's defaults and quiet the third-party notices that are not problems
+    (`data_prep.quiet`; `engine`: this process runs a vLLM engine). Every command's entry point
+    calls it first, before torch, transformers, vLLM or Ray load."""
     for k, v in OFFLINE_ENV.items():
         os.environ.setdefault(k, v)
+    from data_prep.quiet import install
+
+    install(engine=engine)
 
 
 def cuda_available() -> bool:

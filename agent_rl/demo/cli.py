@@ -80,7 +80,7 @@ def calibrate_main(argv: list[str] | None = None) -> int:
     args = calibrate_parser().parse_args(argv)
     from data_prep.hardware import offline_env
 
-    offline_env()
+    offline_env(engine=True)  # calibration runs a vLLM engine here
     import json
     from pathlib import Path
 

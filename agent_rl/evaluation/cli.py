@@ -90,7 +90,7 @@ def eval_main(argv: list[str] | None = None) -> int:
     args = eval_parser().parse_args(argv)
     from data_prep.hardware import offline_env
 
-    offline_env()
+    offline_env(engine=True)  # evaluation runs a vLLM engine here
     import asyncio
     import logging
 

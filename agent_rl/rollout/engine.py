@@ -156,29 +156,6 @@ def _unscannable(mod: Any) -> bool:
     return False
 
 
-class _ChosenNarrowing(logging.Filter):
-    """Drops vLLM's per-tensor warning for an fp32 checkpoint loaded into the bf16 / fp16 engine
-    the config chose (~270 lines per engine load of the 135M model; vLLM says "Downcasting
-    torch.float32 to ..." once at start-up, which stays)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        msg = record.getMessage()
-        return not (msg.startswith("Attempted to load weight") and "dtype torch.float32 into parameter" in msg)
-
-
-_NARROWING = _ChosenNarrowing()
-
-
-def _quiet_vllm() -> None:
-    """Keep the engine's start-up readable: vLLM's own deprecation warning at import (its
-    `torch.distributed.reduce_op` use, not ours) and the per-tensor dtype lines above. In-process
-    engines only: an `mp` engine core logs from its own process."""
-    warnings.filterwarnings("ignore", message=r".*torch\.distributed\.reduce_op.* is deprecated", category=FutureWarning)
-    loader_log = logging.getLogger("vllm.model_executor.models.utils")
-    if _NARROWING not in loader_log.filters:
-        loader_log.addFilter(_NARROWING)
-
-
 @contextmanager
 def _kernel_scan_guard() -> Iterator[None]:
     """Hide modules that crash vLLM's start-up scan, for the duration of engine creation.
@@ -252,7 +229,9 @@ class RolloutEngine:
             raise ValueError(f"rollout.engine_mode must be one of {sorted(cls.BACKENDS)}, got {cfg.engine_mode!r}")
         import importlib
 
-        _quiet_vllm()
+        from data_prep.quiet import install
+
+        install()  # vLLM's notices that are not problems (a no-op where the entry point ran it)
         module, _, name = cls.BACKENDS[cfg.engine_mode].partition(":")
         backend = getattr(importlib.import_module(module), name)
         dtype, why = engine_dtype(cfg.dtype)
@@ -279,6 +258,7 @@ class RolloutEngine:
             tensor_parallel_size=cfg.tensor_model_parallel_size,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             disable_log_stats=True,
+            use_tqdm_on_load=False,  # a bar for a load our own line times ("vLLM engine ... ready in")
             logprobs_mode="processed_logprobs",  # the sampler's own distribution (module docstring)
             worker_extension_cls="agent_rl.rollout.vllm_worker.WeightLoaderExtension",
         )

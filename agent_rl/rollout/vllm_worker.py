@@ -9,6 +9,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from data_prep.quiet import install
+
+install()  # with engine_mode=mp this module loads in vLLM's own process, where no entry point ran
+
 
 def _reload_in_worker(worker: Any, weights: Any, tie_word_embeddings: bool) -> float:
     """Runs inside the vLLM worker: reload weights in place, then fix the tied lm_head.

@@ -36,7 +36,8 @@ def init_ray(address: str | None) -> bool:
     if ray.is_initialized():
         return False
     env = {k: os.environ[k] for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM") if k in os.environ}
-    runtime_env = {"env_vars": env}
+    # every worker quiets the same third-party notices as this process, before its libraries load
+    runtime_env = {"env_vars": env, "worker_process_setup_hook": "data_prep.quiet.install"}
     if address:
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
     else:
@@ -48,12 +49,15 @@ def torch_threads(cfg: TrainConfig) -> int:
     return cfg.trainer.torch_threads or len(os.sched_getaffinity(0))
 
 
-def _actor_env(cfg: TrainConfig) -> dict:
-    """runtime_env for our actors: all cores for OpenMP (Ray's default for 0-CPU actors is 1)."""
+def _actor_env(cfg: TrainConfig, engine: bool = False) -> dict:
+    """runtime_env for our actors: all cores for OpenMP (Ray's default for 0-CPU actors is 1);
+    `engine`: the actor runs a vLLM engine (`data_prep.quiet.ENGINE_ENV`, read when torch loads)."""
+    from data_prep.quiet import engine_env
+
     n = str(torch_threads(cfg))
     keep = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "VLLM_CPU_OMP_THREADS_BIND")
     env = {k: os.environ[k] for k in keep if k in os.environ}
-    return {"env_vars": {**env, "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n}}
+    return {"env_vars": {**env, **(engine_env() if engine else {}), "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n}}
 
 
 GPU_SHARE = {"rollout": 0.2, "actor": 0.4, "critic": 0.4}
@@ -176,7 +180,7 @@ class RolloutWorker:
 def make_rollout_worker(cfg: TrainConfig, retriever: Any = None) -> Any:
     """Create and start the rollout worker; returns its handle once the engine is up.
     `retriever`: optional in-process search object replacing the HTTP client (tests)."""
-    worker = RolloutWorker.options(runtime_env=_actor_env(cfg), **_placement(cfg, "rollout", 0)).remote(cfg, retriever)
+    worker = RolloutWorker.options(runtime_env=_actor_env(cfg, engine=True), **_placement(cfg, "rollout", 0)).remote(cfg, retriever)
     ray.get(worker.start.remote())
     return worker
 

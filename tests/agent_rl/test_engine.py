@@ -213,23 +213,3 @@ def test_multiprocess_engine_mode(aio, model_dir, hf_model, tokenizer, hf_logpro
         assert max(_diffs(after.logprobs, hf_logprobs(hf_model, prompt, after.token_ids))) > 1e-2
     finally:
         aio(eng.shutdown())
-
-
-def test_quiet_vllm_drops_only_the_chosen_fp32_narrowing_lines():
-    """The per-tensor fp32 -> bf16 lines go (the engine dtype was chosen); other loader warnings stay."""
-    import logging
-
-    from agent_rl.rollout.engine import _quiet_vllm
-
-    _quiet_vllm()
-    _quiet_vllm()  # idempotent: one filter
-    log = logging.getLogger("vllm.model_executor.models.utils")
-    assert len(log.filters) == 1
-
-    def kept(msg: str, *args) -> bool:
-        return log.filter(logging.LogRecord(log.name, logging.WARNING, __file__, 1, msg, args, None))
-
-    narrowing = "Attempted to load weight %s with dtype %s into parameter with dtype %s"
-    assert not kept(narrowing, "layers.0.mlp.down_proj.weight", "torch.float32", "torch.bfloat16")
-    assert kept(narrowing, "layers.0.mlp.down_proj.weight", "torch.bfloat16", "torch.float16")
-    assert kept("Attempted to load nested weight 'x' into a single parameter 'y'")
