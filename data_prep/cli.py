@@ -336,5 +336,17 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def dispatch(prog: str, commands: dict, argv: list[str] | None = None) -> int:
+    """`prog COMMAND ...` for a package whose cli.py holds several commands (`python -m
+    agent_rl.coldstart.cli sft ...`): `commands` maps each name to (its main, one line of help);
+    the chosen main parses the rest. The one place such a dispatcher is written."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(prog=prog, epilog="`COMMAND --help`: the options of one command.")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (_, what) in commands.items():
+        sub.add_parser(name, add_help=False, help=what)
+    return commands[ap.parse_args(argv[:1]).command][0](argv[1:])
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -196,13 +196,9 @@ COMMANDS = {"sft": (sft_main, "cold-start SFT on demonstrations (agent-rl-sft)")
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m agent_rl.coldstart.cli COMMAND ...`: the cold-start commands by module path."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    ap = argparse.ArgumentParser(prog="python -m agent_rl.coldstart.cli", description=main.__doc__,
-                                 epilog="`COMMAND --help`: the options of one command.")
-    sub = ap.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, (_, what) in COMMANDS.items():
-        sub.add_parser(name, add_help=False, help=what)
-    return COMMANDS[ap.parse_args(argv[:1]).command][0](argv[1:])
+    from data_prep.cli import dispatch
+
+    return dispatch("python -m agent_rl.coldstart.cli", COMMANDS, argv)
 
 
 if __name__ == "__main__":  # vLLM and Ray start processes with spawn: guard the entry point
