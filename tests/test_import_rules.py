@@ -26,6 +26,7 @@ FORBIDDEN = [
     ("agent_rl.training", "agent_rl.coldstart", "RL does not depend on cold start"),
     ("agent_rl.training", "agent_rl.evaluation", "the trainer validates with rollout + reward, not evaluation"),
     ("agent_rl.coldstart", "agent_rl.evaluation", "cold start does not depend on evaluation"),
+    *[(pkg, "benchmarks", "nothing imports the benchmarks") for pkg in ("agent_rl", "data_prep", "retriever_server")],
     *[(lib, "agent_rl.demo", "the library knows nothing of the demo that sits above it")
       for lib in ("agent_rl.config", "agent_rl.types", "agent_rl.precision", "agent_rl.rollout", "agent_rl.coldstart",
                   "agent_rl.training", "agent_rl.evaluation")],
