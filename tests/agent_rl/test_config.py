@@ -77,7 +77,8 @@ def _bad_value(key: str, allowed=None, rng=None):
 
 
 def _config_class(key: str):
-    from agent_rl.config import SFTConfig, TrainConfig, _get
+    from agent_rl.config import SFTConfig, TrainConfig
+    from agent_rl.config.checks import _get
 
     return TrainConfig if _get(TrainConfig(), key)[0] else SFTConfig
 
