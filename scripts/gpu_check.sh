@@ -12,8 +12,8 @@
 #   scripts/gpu_check.sh prepare-vllm  # here: the kit (vLLM 0.24 trimmed, its missing deps, Ray,
 #                                      # the policy's GGUF, the encoder) -> .kit/piece-NN.bin + manifest
 #   scripts/gpu_check.sh kit           # there, once per piece as it arrives: check and unpack
-#   scripts/gpu_check.sh loop-start    # there: stages a+b (engine on CUDA, weight sync), then
-#                                      # stage c (`make demo`'s pipeline) started in the background
+#   scripts/gpu_check.sh loop-start    # there: stage c (`make demo`'s pipeline) started in the
+#                                      # background, stages a+b (engine on CUDA, weight sync) beside it
 #   scripts/gpu_check.sh loop-finish   # there: wait for stage c, then stage d's figures, one table
 #
 # On a CUDA machine where the project is installed (`pip install -e .`), `run` alone works: it
@@ -159,17 +159,18 @@ loop_start() {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
     "$py" -c "import vllm, ray, faiss, torch; print(f'vllm {vllm.__version__}, ray {ray.__version__}, faiss {faiss.__version__}, torch {torch.__version__}')"
     "$py" -m data_prep model --out artifacts/model 2>&1 | tail -2   # the real weights, from the GGUF
+    # stage c first, in its own session (it outlives this call; loop-finish waits for it): the
+    # longest stage, so the engine and weight-sync checks below run beside it. Their engines
+    # take 0.25 of the GPU, the demo's 0.5 at most: both fit on an H100 or an H200.
+    # shellcheck disable=SC2086
+    setsid "$py" -m agent_rl.demo $QUICKSTART_ARGS > artifacts/gpu_quickstart.log 2>&1 < /dev/null &
+    echo $! > artifacts/gpu_quickstart.pid
     set +e
     timeout "${AB_TIMEOUT_S:-300}" "$py" -m pytest -m gpu tests/gpu/test_vllm_gpu.py -q -rA -s -p no:cacheprovider \
         --junitxml="$out/stage_ab.xml" 2>&1 | tee "$out/stage_ab.log" | grep -v -E "^(INFO|DEBUG) "
     echo "[loop] stages a+b: pytest exit ${PIPESTATUS[0]}"
     set -e
-    # stage c outlives this call (its own session); loop-finish waits for it
-    # shellcheck disable=SC2086
-    setsid "$py" -m agent_rl.demo $QUICKSTART_ARGS > artifacts/gpu_quickstart.log 2>&1 < /dev/null &
-    echo $! > artifacts/gpu_quickstart.pid
-    sleep "${START_WAIT_S:-15}"
-    echo "[loop] stage c started (pid $(cat artifacts/gpu_quickstart.pid)):"; tail -n 5 artifacts/gpu_quickstart.log
+    echo "[loop] stage c (pid $(cat artifacts/gpu_quickstart.pid)) so far:"; grep -E "^\[demo\]" artifacts/gpu_quickstart.log | tail -n 8
 }
 
 loop_finish() {
