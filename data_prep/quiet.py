@@ -56,6 +56,9 @@ class Notice:
 
 NOTICES = (
     # vLLM 0.32, CPU build: engine start-up
+    Notice("vllm.platforms.interface", r"Unknown vLLM environment variable detected: VLLM_DIST_IDENT$",
+           "vLLM's own CPU worker sets VLLM_DIST_IDENT in the process that hosts an engine and does not list it; "
+           "an engine started later from that process (or a child of it) inherits it"),
     Notice("vllm.engine.arg_utils", r"The global random seed is set to",
            "we run the engine in our process on purpose (rollout.engine_mode=inproc), seeded by the config"),
     Notice("vllm.config.vllm", r"Enforce eager set, disabling torch\.compile",
