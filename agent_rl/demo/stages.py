@@ -54,7 +54,7 @@ def run_stage(cmd: list, what: str, tag: str = "demo", on_start: Callable[[], No
     t0 = time.time()
     proc = subprocess.Popen(cmd, cwd=ROOT)
     try:
-        code = proc.wait()
+        code = _wait(proc)
     except KeyboardInterrupt:
         if _TERMINATED.is_set() and proc.poll() is None:
             proc.send_signal(signal.SIGINT)
@@ -68,6 +68,17 @@ def run_stage(cmd: list, what: str, tag: str = "demo", on_start: Callable[[], No
     if code:
         raise subprocess.CalledProcessError(code, cmd)
     return time.time() - t0
+
+
+def _wait(proc: subprocess.Popen) -> int:
+    """proc.wait() that returns to Python at least every second: a signal that the kernel hands to
+    another thread of this process does not interrupt a blocking waitpid in the main thread, so its
+    handler (stop_on_sigterm's) would run only when the stage ends."""
+    while True:
+        try:
+            return proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            continue
 
 
 @dataclass(frozen=True)
