@@ -52,7 +52,7 @@ def run_stage(cmd: list, what: str, tag: str = "demo", on_start: Callable[[], No
     if on_start is not None:
         on_start()
     t0 = time.time()
-    proc = subprocess.Popen(cmd, cwd=ROOT)
+    proc = subprocess.Popen(cmd, cwd=ROOT, preexec_fn=_interruptible)
     try:
         code = _wait(proc)
     except KeyboardInterrupt:
@@ -68,6 +68,13 @@ def run_stage(cmd: list, what: str, tag: str = "demo", on_start: Callable[[], No
     if code:
         raise subprocess.CalledProcessError(code, cmd)
     return time.time() - t0
+
+
+def _interruptible() -> None:
+    """In the stage's process before it starts: SIGINT back to its default. A demo started in the
+    background by a non-interactive shell (`nohup make demo &`, CI) inherits SIGINT ignored, and so
+    would its stages, which then could not clean up when asked."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _wait(proc: subprocess.Popen) -> int:

@@ -153,21 +153,25 @@ except KeyboardInterrupt:
 
 
 @pytest.mark.parametrize("main_thread_blocks_it", [False, True])
-def test_sigterm_to_the_demo_stops_its_stage_as_ctrl_c_would(tmp_path, main_thread_blocks_it):
+@pytest.mark.parametrize("sigint_ignored", [False, True])
+def test_sigterm_to_the_demo_stops_its_stage_as_ctrl_c_would(tmp_path, main_thread_blocks_it, sigint_ignored):
     """`kill <demo>` must let the running stage clean up (its finally blocks: a checkpoint, Ray
     shut down, the GPU freed): the stage gets SIGINT, not SIGKILL (a killed GRPO stage left its
     Ray workers holding an H200's memory, docs/gpu.md). Also when the kernel hands the signal to
     another thread (here: the main thread blocks it), which does not interrupt the main
-    thread's wait for the stage (CI saw the handler run only when the stage ended)."""
+    thread's wait for the stage; and when the demo was started with SIGINT ignored, as a
+    non-interactive shell starts a background job (CI's does: its stage slept on)."""
     import signal
     import threading
 
     from agent_rl.demo import stages
 
     marker = tmp_path / "marker"
-    old = signal.getsignal(signal.SIGTERM)
+    old, old_int = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     stages._TERMINATED.clear()
     try:
+        if sigint_ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         stages.stop_on_sigterm()
         threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGTERM)).start()  # its thread takes SIGTERM
         if main_thread_blocks_it:
@@ -180,6 +184,7 @@ def test_sigterm_to_the_demo_stops_its_stage_as_ctrl_c_would(tmp_path, main_thre
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
         signal.signal(signal.SIGTERM, old)
+        signal.signal(signal.SIGINT, old_int)
         stages._TERMINATED.clear()
 
 
