@@ -222,6 +222,12 @@ def parse_retrieve(headers: dict[str, str], body: bytes, s: Settings) -> tuple[l
 
 
 # ----------------------------------------------------------------------------- the app
+LINGER_BYTES = 64 * 1024 * 1024
+"""At most this much of a too-large body is read (and dropped) so that its client gets the 413."""
+LINGER_S = 2.0
+"""For at most this long."""
+
+
 class BodyDeadline:
     """ASGI middleware: a request's body must arrive within `timeout_s` of its headers.
 
@@ -273,9 +279,28 @@ class BodyDeadline:
                 return  # answered 408 already: the app's answer to the "disconnect" goes nowhere
             if msg["type"] == "http.response.start":
                 started = True
+                if msg.get("status") == 413 and not body_read:
+                    await linger()
+                    if late:
+                        return
                 if not body_read:
                     msg = {**msg, "headers": [*msg.get("headers", []), (b"connection", b"close")]}
             await send(msg)
+
+        async def linger() -> None:
+            """Read and drop the rest of a body refused as too large, up to LINGER_BYTES and
+            LINGER_S: a client still sending it reads no answer before it has sent it all, so
+            closing at once reached it as a reset connection instead of the 413."""
+            dropped, until = 0, asyncio.get_running_loop().time() + LINGER_S
+            try:
+                async with asyncio.timeout_at(until):
+                    while not body_read and not late and dropped <= LINGER_BYTES:
+                        m = await timed_receive()
+                        if m["type"] != "http.request":
+                            return
+                        dropped += len(m.get("body", b""))
+            except TimeoutError:
+                pass
 
         await self.app(scope, timed_receive, closing_send)
 

@@ -266,3 +266,28 @@ def test_a_slow_body_within_the_deadline_is_answered_and_an_unread_body_closes_t
             loris.close()
     assert loris.received.startswith(b"HTTP/1.1 200 "), loris.received
     assert loris.closed_after_s is not None and loris.closed_after_s < 1.0, loris.closed_after_s
+
+
+def test_a_body_too_large_is_answered_413_not_a_reset_connection():
+    """The server refuses a body past max_body_bytes without reading it; closing the connection
+    at once reached a client still sending it as a reset (httpx: ReadError / WriteError) rather
+    than the 413 that says what to fix. It reads and drops the rest (bounded) first."""
+    body = json.dumps({"queries": ["x" * 2000] * 2100}).encode()  # ~4.2 MB, as benchmarks/retriever_faults.py
+
+    async def post_all(url: str) -> list:
+        async with httpx.AsyncClient(timeout=30) as c:
+            out = []
+            for _ in range(10):
+                try:
+                    r = await c.post(url, content=body, headers={"content-type": "application/json"})
+                    out.append(r)
+                except httpx.TransportError as e:
+                    out.append(type(e).__name__)
+            return out
+
+    with serve(ScriptedBackend(), max_body_bytes=1024 * 1024) as srv:
+        answers = asyncio.run(post_all(f"{srv.url}/retrieve"))
+        after = httpx.post(f"{srv.url}/retrieve", json={"queries": ["q"]}, timeout=5)
+    assert [getattr(a, "status_code", a) for a in answers] == [413] * 10
+    assert "max_body_bytes" in answers[0].text
+    assert after.status_code == 200
