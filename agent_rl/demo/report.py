@@ -31,11 +31,15 @@ def expectations(native_bf16: bool, results: Path = RESULTS) -> str:
     out = []
     for e in rows:
         s = e["summary"]
+        if s["seeds"] == 1:
+            spread, mean = f"{100 * s['median']:+.1f} (one seed: an anecdote, not a range)", ""
+        else:
+            spread = f"median {100 * s['median']:+.1f}, range {100 * s['worst']:+.1f} to {100 * s['best']:+.1f}"
+            mean = " on average"
         out.append(f"On this host kind ({kind}), `{e['command']}` (knowledge base seed {e['kb_seed']}, never tuned "
-                   f"on; {s['seeds']} seeds): GRPO minus the same minutes of continued SFT, agent EM "
-                   f"median {100 * s['median']:+.1f}, range {100 * s['worst']:+.1f} to {100 * s['best']:+.1f}; from "
-                   f"the same start, SFT for those minutes gave {100 * s['sft_more_minus_start_mean']:+.1f} and "
-                   f"GRPO {100 * s['grpo_minus_start_mean']:+.1f} on average.")
+                   f"on; {s['seeds']} seed{'s' if s['seeds'] != 1 else ''}): GRPO minus the same minutes of "
+                   f"continued SFT, agent EM {spread}; from the same start, SFT for those minutes gave "
+                   f"{100 * s['sft_more_minus_start_mean']:+.1f} and GRPO {100 * s['grpo_minus_start_mean']:+.1f}{mean}.")
     return "\n\n".join(out) + "\n"
 
 

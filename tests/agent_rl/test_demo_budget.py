@@ -216,3 +216,15 @@ def test_the_report_says_what_the_benchmark_measured_on_this_host_kind(tmp_path)
     assert expectations(True, results).startswith("No benchmark of GRPO against the same minutes of SFT on this "
                                                   "host kind (native bf16)")
     assert expectations(True, tmp_path / "absent.json").startswith("No benchmark")
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps([{
+        "host_kind": "native bf16", "command": "python benchmarks/rl_vs_sft.py --seeds 1", "kb_seed": 101,
+        "summary": {"seeds": 1, "median": -0.075, "worst": -0.075, "best": -0.075, "sft_more_minus_start_mean": 0.055,
+                    "grpo_minus_start_mean": -0.02}}]))
+    assert "1 seed)" in expectations(True, one) and "-7.5 (one seed: an anecdote" in expectations(True, one)
+    # the file on main: each entry names a host kind the report knows and reads as a sentence
+    from agent_rl.demo.report import RESULTS, host_kind
+
+    for entry in json.loads(RESULTS.read_text()) if RESULTS.is_file() else []:
+        assert entry["host_kind"] in {host_kind(True), host_kind(False)}
+        assert f"seed {entry['kb_seed']}, never tuned on" in expectations(entry["host_kind"] == host_kind(True))
