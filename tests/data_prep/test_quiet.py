@@ -39,6 +39,7 @@ SEEN = [
     ("vllm.model_executor.model_loader.reload.layerwise", "ParallelLMHead: Failed to load weights"),
     ("vllm.platforms.cuda", "Failed to import from vllm._moe_C_stable_libtorch: ModuleNotFoundError(\"No module "
                             "named 'vllm._moe_C_stable_libtorch'\")"),
+    ("vllm.platforms.interface", "Unknown vLLM environment variable detected: VLLM_DIST_IDENT"),
     ("ray._private.authentication.authentication_token_setup",
      "Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled to opt out. For more "
      "information, see https://docs.ray.io/en/latest/ray-security/token-auth.html"),
@@ -64,6 +65,8 @@ REAL = [
      "arbitrary code and access its data."),
     ("transformers.tokenization_utils_tokenizers", logging.WARNING, "Token indices sequence length is longer than "
                                                                     "the specified maximum sequence length"),
+    ("vllm.platforms.interface", logging.WARNING, "Unknown vLLM environment variable detected: VLLM_DIST_IDENTX"),
+    ("vllm.platforms.interface", logging.WARNING, "Unknown vLLM environment variable detected: VLLM_MY_TYPO"),
     # a listed text at ERROR level is not the notice any more
     ("vllm.platforms.cpu", logging.ERROR, "Triton is not installed. triton-cpu is expected on x86 CPUs."),
 ]
