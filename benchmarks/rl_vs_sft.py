@@ -190,14 +190,15 @@ def plot(rows: list[dict], out: Path) -> Path:
         a.bar([j + (i - 1) * w for j in x], [100 * r[key] for r in rows], w, label=label)
     a.set_xticks(list(x), [f"seed {r['seed']}" for r in rows])
     a.set_ylabel("agent EM % (held-out)")
-    a.legend()
+    a.set_ylim(0, 118)  # the legend sits above the bars, never on one
+    a.legend(loc="upper center", ncol=3, fontsize=8)
     for r in rows:
         pts = r["val_points"]
         b.plot([p[1] for p in pts], [100 * p[2] for p in pts], marker="o", label=f"GRPO seed {r['seed']}")
         b.axhline(100 * r["val_em_sft_more"], linestyle="--", linewidth=0.8, color=b.lines[-1].get_color())
     b.set_xlabel("GRPO training minutes")
     b.set_ylabel("running EM % (dashed: SFT arm at the end)")
-    b.legend()
+    b.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
