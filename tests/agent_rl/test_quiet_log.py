@@ -49,10 +49,8 @@ def bf16_forced_without_hardware() -> bool:
     """AGENT_RL_NATIVE_BF16=1 (checking the other host kind's choices) on a CPU without native bf16."""
     from data_prep import hardware
 
-    if os.environ.get(hardware.OVERRIDE_ENV, "").strip().lower() not in ("1", "true", "yes"):
+    if hardware._env_override() is not True:  # the override's own parse, not a copy of its words
         return False
-    saved = os.environ.pop(hardware.OVERRIDE_ENV)
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv(hardware.OVERRIDE_ENV)
         return not hardware.native_bf16()[0]
-    finally:
-        os.environ[hardware.OVERRIDE_ENV] = saved
