@@ -74,9 +74,14 @@ def split_test(kb: Path, val_n: int) -> tuple[Path, Path]:
 
 
 def evaluate(w: Workdir, model: Path, data: Path, url: str, out: Path, limit: int) -> Path:
-    """Greedy, agent mode, the same seeded sample (seed 0) for every model."""
-    run(stages.evaluation(w, model, url, data, out, limit, seed=0), f"evaluate {out.parent.name}/{out.name} "
-        f"({limit} questions)", done=out / "summary.json")
+    """Greedy, agent mode, the same seeded sample (seed 0) for every model. `model` is a model
+    or run directory, resolved only when the evaluation has not run yet: a finished seed's GRPO
+    checkpoints (2 GiB each) can be deleted and the command rerun with more seeds."""
+    from agent_rl.evaluation.evaluate import resolve_model_dir
+
+    done = out / "summary.json"
+    cmd = [] if done.exists() else stages.evaluation(w, resolve_model_dir(model), url, data, out, limit, seed=0)
+    run(cmd, f"evaluate {out.parent.name}/{out.name} ({limit} questions)", done=done)
     return out
 
 
@@ -87,8 +92,7 @@ def sft(w: Workdir, out: Path, seed: int, steps: int, max_time_s: float, model: 
 
 
 def grpo(w: Workdir, start: Path, val: Path, url: str, out: Path, seed: int, args) -> Path:
-    from agent_rl.evaluation.evaluate import resolve_model_dir
-
+    """The GRPO arm; returns its run directory (evaluated from its newest checkpoint)."""
     over = [f"data.val_files=[{val}]", f"data.val_data_num={args.val_n}", f"data.seed={seed}",
             f"actor_rollout_ref.rollout.seed={seed}", f"trainer.test_freq={args.val_every}",
             "trainer.val_before_train=true", *args.overrides]
@@ -96,7 +100,7 @@ def grpo(w: Workdir, start: Path, val: Path, url: str, out: Path, seed: int, arg
     run(stages.grpo(w, start, url, 60 * args.minutes, run_dir=out, overrides=over),
         f"GRPO -> {out.parent.name}/{out.name} ({args.minutes:g} min)", done=done)
     done.write_text(json.dumps({"minutes": args.minutes}) + "\n")
-    return resolve_model_dir(out)
+    return out
 
 
 def trained(run_dir: Path) -> tuple[int, float]:
