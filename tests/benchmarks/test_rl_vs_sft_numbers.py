@@ -90,3 +90,21 @@ def test_the_table_names_the_kb_the_host_and_every_seed(tmp_path):
     assert "| 3 | 25.0 | 50.0 (6, 10.0) | 75.0 (2, 2.0) | +25.0 [" in text
     assert "worst seed +25.0" in text
     assert rl_vs_sft.plot([row], tmp_path / "p.png").stat().st_size > 0
+
+
+def test_a_finished_evaluation_does_not_need_its_model(tmp_path, monkeypatch):
+    # a rerun with more seeds after a finished seed's GRPO checkpoints were deleted: the
+    # evaluation that already ran is picked up; one still to run names the missing checkpoint
+    from agent_rl.demo.stages import Workdir
+    from agent_rl.evaluation.evaluate import EvalInputError
+
+    ran = []
+    monkeypatch.setattr(rl_vs_sft.stages, "run_stage", lambda cmd, what, tag: ran.append(cmd) or 0.0)
+    w, run_dir = Workdir(tmp_path / "w"), tmp_path / "grpo"
+    run_dir.mkdir()  # a GRPO run directory whose checkpoints are gone
+    _write(tmp_path / "eval_done", [1, 0])
+    out = rl_vs_sft.evaluate(w, run_dir, tmp_path / "q.parquet", "http://x", tmp_path / "eval_done", 2)
+    assert out == tmp_path / "eval_done" and ran == []
+    with pytest.raises(EvalInputError, match="not an HF model directory"):
+        rl_vs_sft.evaluate(w, run_dir, tmp_path / "q.parquet", "http://x", tmp_path / "eval_new", 2)
+    assert ran == []
