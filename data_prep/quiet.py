@@ -32,6 +32,9 @@ SWITCH_ENV = "AGENT_RL_QUIET"
 ENV = {
     "VLLM_LOGGING_LEVEL": ("WARNING", "vLLM's INFO lines: its whole config and ~25 start-up steps per engine; "
                                       "our own lines name the engine's dtype and its start-up time"),
+    "HF_HUB_DISABLE_PROGRESS_BARS": ("1", "transformers' \"Loading weights\" bar at every model load (the SFT, the "
+                                          "actor, the calibration), which fills a log with its redraws; nothing is "
+                                          "downloaded at run time, so no hub bar has anything to show"),
 }
 """Every process: name -> (default, why)."""
 

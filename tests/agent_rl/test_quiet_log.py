@@ -36,6 +36,7 @@ def test_calibration_prints_our_lines_and_no_third_party_notices(model_dir, tmp_
     lines = out.splitlines()
     listed = [line for line in lines if any(re.search(n.text, line) for n in quiet.NOTICES)]
     assert not listed, "listed notices still printed:\n" + "\n".join(listed)
+    assert "Loading weights" not in out  # transformers' bar at every model load (quiet.ENV)
     assert "NUMA binding" not in out  # torch's C++ log in an engine process (quiet.ENGINE_ENV)
     warned = [line for line in lines if re.search(r"(?i)\bwarn", line)]
     if bf16_forced_without_hardware():  # AGENT_RL_NATIVE_BF16=1 on a CPU without bf16: vLLM says, truly, that
