@@ -36,6 +36,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,12 +52,13 @@ DEV_KB_SEED = 0
 """The knowledge base every design decision of the demo's recipe was tuned on: never report on it."""
 
 
-def run(cmd: list, what: str, done: Path) -> None:
-    """A stage of the benchmark, unless `done` exists (a finished stage of an earlier attempt)."""
+def run(cmd: list | Callable[[], list], what: str, done: Path) -> None:
+    """A stage of the benchmark, unless `done` exists (a finished stage of an earlier attempt).
+    `cmd` may be a function building the command, called only when the stage runs."""
     if done.exists():
         print(f"[rl_vs_sft] {what}: done earlier ({done})", flush=True)
         return
-    secs = stages.run_stage(cmd, what, tag="rl_vs_sft")
+    secs = stages.run_stage(cmd() if callable(cmd) else cmd, what, tag="rl_vs_sft")
     print(f"[rl_vs_sft] {what}: {secs:.0f}s", flush=True)
 
 
@@ -79,9 +81,8 @@ def evaluate(w: Workdir, model: Path, data: Path, url: str, out: Path, limit: in
     checkpoints (2 GiB each) can be deleted and the command rerun with more seeds."""
     from agent_rl.evaluation.evaluate import resolve_model_dir
 
-    done = out / "summary.json"
-    cmd = [] if done.exists() else stages.evaluation(w, resolve_model_dir(model), url, data, out, limit, seed=0)
-    run(cmd, f"evaluate {out.parent.name}/{out.name} ({limit} questions)", done=done)
+    run(lambda: stages.evaluation(w, resolve_model_dir(model), url, data, out, limit, seed=0),
+        f"evaluate {out.parent.name}/{out.name} ({limit} questions)", done=out / "summary.json")
     return out
 
 
