@@ -14,7 +14,12 @@ seed:
    (a) SFT continued on the same demonstrations (another order, same seed family);
    (b) GRPO on the KB's training questions (configs/train/demo_grpo_cpu.yaml; data order and
        sampling follow the seed);
-3. the start and both arms are evaluated greedily in agent mode on the same held-out questions
+3. SFT at GRPO's minutes: GRPO's steps are long (minutes on a CPU), so its last step ends
+   before the budget by up to a step and it trains fewer minutes than the SFT arm. The same
+   SFT run (same seed and order, constant lr: the same steps) is taken again to the last
+   step that had ended within GRPO's training seconds, by the SFT arm's own step times:
+   GRPO against exactly its own minutes of SFT, beside GRPO against the whole budget's;
+4. the start and the three trained models are evaluated greedily in agent mode on the same held-out questions
    (a seeded sample of the KB's test questions, the first `--val-n` of which are kept apart
    for the running evaluation): agent EM, the paired difference GRPO - SFT with its 95%
    interval, by question kind (single / bridge / comparison), searches per question, strict
@@ -112,6 +117,28 @@ def trained(run_dir: Path) -> tuple[int, float]:
     return (rows[-1]["step"], rows[-1]["training/elapsed_s"] / 60) if rows else (0, 0.0)
 
 
+def matched_steps(sft_dir: Path, grpo_dir: Path) -> tuple[int, float]:
+    """(k, minutes): the SFT arm's last step that had ended within GRPO's training seconds, by
+    the SFT arm's own step times (0 when not even its first had)."""
+    from agent_rl.training.metrics import read_jsonl
+
+    budget = trained(grpo_dir)[1] * 60
+    fit = [(r["step"], r["training/elapsed_s"] / 60) for r in read_jsonl(sft_dir)
+           if r.get("step", 0) > 0 and "training/elapsed_s" in r and r["training/elapsed_s"] <= budget]
+    return max(fit, default=(0, 0.0))
+
+
+def same_steps_gap(a: Path, b: Path, k: int) -> float:
+    """The largest |loss| difference over steps 1..k of two SFT runs: 0 when `b` repeats `a`'s
+    first k steps (the premise of SFT at GRPO's minutes); inf when either lacks one of them."""
+    from agent_rl.training.metrics import read_jsonl
+
+    if k == 0:  # no SFT run: the start model is SFT at GRPO's minutes
+        return 0.0
+    la, lb = ({r["step"]: r["sft/loss"] for r in read_jsonl(d) if "sft/loss" in r} for d in (a, b))
+    return max((abs(la[i] - lb[i]) if i in la and i in lb else float("inf") for i in range(1, k + 1)), default=0.0)
+
+
 def seed_row(s: int, d: Path, kinds: dict[str, str], gain: float) -> dict:
     """One seed's numbers from what its stages left in `d`."""
     from agent_rl.evaluation import report
@@ -119,6 +146,7 @@ def seed_row(s: int, d: Path, kinds: dict[str, str], gain: float) -> dict:
 
     start, more, rl = d / "eval_start", d / "eval_sft_more", d / "eval_grpo"
     vs_sft = report.paired_comparison(more, rl, group_of=kinds)
+    vs_matched = report.paired_comparison(d / "eval_sft_matched", rl, group_of=kinds)
     vs_start = report.paired_comparison(start, rl, group_of=kinds)
     sft_gain = report.paired_comparison(start, more, group_of=kinds)
     A = report.ALL
@@ -126,6 +154,7 @@ def seed_row(s: int, d: Path, kinds: dict[str, str], gain: float) -> dict:
     ttg = time_to_gain(d / "grpo", 0.0)
     hit = next((p for p in ttg["val_points"][1:] if p[2] >= val_sft_more + gain - 1e-9), None)
     (sft_steps, sft_min), (rl_steps, rl_min) = trained(d / "sft_more"), trained(d / "grpo")
+    k, k_min = matched_steps(d / "sft_more", d / "grpo")
     return {
         "seed": s, "n": vs_sft["n"],
         "em_start": vs_start["a"][A]["em"], "em_sft_more": vs_sft["a"][A]["em"], "em_grpo": vs_sft["b"][A]["em"],
@@ -138,17 +167,27 @@ def seed_row(s: int, d: Path, kinds: dict[str, str], gain: float) -> dict:
                           "sft_more": 1 - vs_sft["a"][A]["invalid_format_rate"],
                           "grpo": 1 - vs_sft["b"][A]["invalid_format_rate"]},
         "sft_more_steps": sft_steps, "sft_more_minutes": sft_min, "grpo_steps": rl_steps, "grpo_minutes": rl_min,
+        "em_sft_matched": vs_matched["a"][A]["em"], "grpo_minus_sft_matched": vs_matched["diff"][A],
+        "sft_matched_steps": k, "sft_matched_minutes": k_min,
+        "sft_matched_loss_gap": same_steps_gap(d / "sft_more", d / "sft_matched", k),
         "val_em_sft_more": val_sft_more, "val_points": ttg["val_points"],
         "time_to_gain_min": None if hit is None else hit[1],
     }
 
 
+def spread(diffs: list[float]) -> dict:
+    return {"mean": statistics.fmean(diffs), "median": statistics.median(diffs), "worst": min(diffs),
+            "best": max(diffs), "grpo_beats_sft_in_every_seed": all(x > 0 for x in diffs)}
+
+
 def summary(rows: list[dict]) -> dict:
-    d = [r["grpo_minus_sft"]["diff"] for r in rows]
-    return {"seeds": len(rows), "mean": statistics.fmean(d), "median": statistics.median(d), "worst": min(d),
-            "best": max(d), "grpo_beats_sft_in_every_seed": all(x > 0 for x in d),
+    """Over seeds: GRPO - SFT more (the whole budget's SFT) at the top level, GRPO - SFT at
+    GRPO's own minutes under "matched", and each arm's mean change from the start."""
+    return {"seeds": len(rows), **spread([r["grpo_minus_sft"]["diff"] for r in rows]),
             "sft_more_minus_start_mean": statistics.fmean(r["sft_more_minus_start"]["diff"] for r in rows),
-            "grpo_minus_start_mean": statistics.fmean(r["grpo_minus_start"]["diff"] for r in rows)}
+            "grpo_minus_start_mean": statistics.fmean(r["grpo_minus_start"]["diff"] for r in rows),
+            "matched": {**spread([r["grpo_minus_sft_matched"]["diff"] for r in rows]),
+                        "sft_minus_start_mean": statistics.fmean(r["em_sft_matched"] - r["em_start"] for r in rows)}}
 
 
 def table(rows: list[dict], summ: dict, host: str, args) -> str:
@@ -159,12 +198,14 @@ def table(rows: list[dict], summ: dict, host: str, args) -> str:
         return f"{100 * p['diff']:+.1f} [{100 * p['ci_low']:+.1f}, {100 * p['ci_high']:+.1f}]"
 
     kinds = sorted({k for r in rows for k in r["by_kind"]})
+    m = summ["matched"]
     lines = [f"RL against the same minutes of SFT, KB seed {args.kb_seed}, start SFT {args.start_steps} steps, "
              f"{args.minutes:g} training minutes per arm", host, "",
              "| seed | start EM | SFT more (steps, min) | GRPO (steps, min) | GRPO - SFT more, paired 95% CI | "
+             "SFT at GRPO's minutes (steps, min) | GRPO - SFT at GRPO's minutes | "
              + " | ".join(f"{k}: start / SFT / GRPO" for k in kinds) + " | searches start / SFT / GRPO | minutes to +"
              f"{100 * args.gain:.0f} |",
-             "|---|---|---|---|---|" + "---|" * len(kinds) + "---|---|"]
+             "|---|---|---|---|---|---|---|" + "---|" * len(kinds) + "---|---|"]
     for r in rows:
         bk = " | ".join(f"{pct(r['by_kind'][k]['start'])} / {pct(r['by_kind'][k]['sft_more'])} / "
                         f"{pct(r['by_kind'][k]['grpo'])}" for k in kinds)
@@ -172,12 +213,16 @@ def table(rows: list[dict], summ: dict, host: str, args) -> str:
         ttg = "not reached" if r["time_to_gain_min"] is None else f"{r['time_to_gain_min']:.1f}"
         lines.append(f"| {r['seed']} | {pct(r['em_start'])} | {pct(r['em_sft_more'])} ({r['sft_more_steps']}, "
                      f"{r['sft_more_minutes']:.1f}) | {pct(r['em_grpo'])} ({r['grpo_steps']}, {r['grpo_minutes']:.1f}) | "
-                     f"{diff(r['grpo_minus_sft'])} | {bk} | "
+                     f"{diff(r['grpo_minus_sft'])} | {pct(r['em_sft_matched'])} ({r['sft_matched_steps']}, "
+                     f"{r['sft_matched_minutes']:.1f}) | {diff(r['grpo_minus_sft_matched'])} | {bk} | "
                      f"{s['start']:.2f} / {s['sft_more']:.2f} / {s['grpo']:.2f} | {ttg} |")
     lines += ["", f"GRPO - SFT more: mean {100 * summ['mean']:+.1f}, median {100 * summ['median']:+.1f}, worst seed "
                   f"{100 * summ['worst']:+.1f}, best {100 * summ['best']:+.1f} over {summ['seeds']} seeds; "
                   f"from the start, SFT more {100 * summ['sft_more_minus_start_mean']:+.1f} and GRPO "
-                  f"{100 * summ['grpo_minus_start_mean']:+.1f} on average."]
+                  f"{100 * summ['grpo_minus_start_mean']:+.1f} on average.",
+              f"GRPO - SFT at GRPO's minutes: mean {100 * m['mean']:+.1f}, median {100 * m['median']:+.1f}, worst "
+              f"seed {100 * m['worst']:+.1f}, best {100 * m['best']:+.1f}; from the start, SFT at GRPO's minutes "
+              f"{100 * m['sft_minus_start_mean']:+.1f} on average."]
     return "\n".join(lines) + "\n"
 
 
@@ -189,14 +234,14 @@ def plot(rows: list[dict], out: Path) -> Path:
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     x = range(len(rows))
-    w = 0.27
-    for i, (key, label) in enumerate((("em_start", "start SFT"), ("em_sft_more", "SFT, same minutes"),
-                                      ("em_grpo", "GRPO, same minutes"))):
-        a.bar([j + (i - 1) * w for j in x], [100 * r[key] for r in rows], w, label=label)
+    w = 0.2
+    for i, (key, label) in enumerate((("em_start", "start SFT"), ("em_sft_more", "SFT, same budget"),
+                                      ("em_sft_matched", "SFT, GRPO's minutes"), ("em_grpo", "GRPO"))):
+        a.bar([j + (i - 1.5) * w for j in x], [100 * r[key] for r in rows], w, label=label)
     a.set_xticks(list(x), [f"seed {r['seed']}" for r in rows])
     a.set_ylabel("agent EM % (held-out)")
     a.set_ylim(0, 118)  # the legend sits above the bars, never on one
-    a.legend(loc="upper center", ncol=3, fontsize=8)
+    a.legend(loc="upper center", ncol=4, fontsize=7)
     for r in rows:
         pts = r["val_points"]
         b.plot([p[1] for p in pts], [100 * p[2] for p in pts], marker="o", label=f"GRPO seed {r['seed']}")
@@ -258,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
                 evaluate(w, more, val, url, d / "val_sft_more", args.val_n)
                 rl = grpo(w, start, val, url, d / "grpo", s, args)
                 evaluate(w, rl, rep, url, d / "eval_grpo", args.eval_limit)
+                k, _ = matched_steps(d / "sft_more", d / "grpo")  # the same SFT run, k steps: by count, not clock
+                matched = sft(w, d / "sft_matched", 1000 + s, k, 24 * 3600, start) if k else start
+                evaluate(w, matched, rep, url, d / "eval_sft_matched", args.eval_limit)
                 rows.append(seed_row(s, d, kinds, args.gain))
     except KeyboardInterrupt:
         print("\n[rl_vs_sft] interrupted (a re-run with the same --workdir goes on)", file=sys.stderr)

@@ -1,7 +1,7 @@
 """benchmarks/rl_vs_sft.py's numbers from evaluation folders and metrics written by hand (the
 real runs take hours: not in CI): a seed's row (EM of the start, of the SFT arm and of the GRPO
-arm, the paired GRPO - SFT difference, by question kind, time to gain against the SFT arm) and
-the summary over seeds (mean, median, worst)."""
+arm, the paired GRPO - SFT difference, by question kind, time to gain against the SFT arm, and
+SFT at GRPO's own minutes) and the summary over seeds (mean, median, worst)."""
 
 from __future__ import annotations
 
@@ -35,13 +35,19 @@ def _metrics(d: Path, rows: list[dict]) -> None:
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def _seed_dir(tmp: Path, start, more, grpo, val_more: float, val_points) -> Path:
+SFT_STEPS = [{"step": i, "sft/loss": 2.0 - 0.1 * i, "training/elapsed_s": 100.0 * i} for i in range(1, 7)]
+"""The SFT arm: 6 steps of 100 s in its 10 minutes."""
+
+
+def _seed_dir(tmp: Path, start, more, grpo, val_more: float, val_points, matched=None) -> Path:
     d = tmp / "seed"
     _write(d / "eval_start", start)
     _write(d / "eval_sft_more", more, searches=1)
+    _write(d / "eval_sft_matched", matched or start)
     _write(d / "eval_grpo", grpo, searches=2)
     _write(d / "val_sft_more", [val_more])
-    _metrics(d / "sft_more", [{"step": 5, "training/elapsed_s": 590.0}, {"step": 6, "training/elapsed_s": 600.0}])
+    _metrics(d / "sft_more", SFT_STEPS)
+    _metrics(d / "sft_matched", SFT_STEPS)  # the same run again (its extra steps do not count)
     _metrics(d / "grpo", [{"step": s, "val/em": em, "training/elapsed_s": t} for s, t, em in val_points])
     return d
 
@@ -62,6 +68,25 @@ def test_a_seed_row_pairs_the_arms_on_the_same_questions(tmp_path):
     assert (r["sft_more_steps"], r["sft_more_minutes"]) == (6, 10.0)
     assert (r["grpo_steps"], r["grpo_minutes"]) == (4, 4.0)
     assert r["time_to_gain_min"] == 4.0
+    # SFT at GRPO's 4 minutes: the SFT arm's first 2 steps (200 s; a third ends at 300), repeated
+    assert (r["sft_matched_steps"], r["sft_matched_minutes"]) == (2, 200.0 / 60)
+    assert r["em_sft_matched"] == 0.25 and r["grpo_minus_sft_matched"]["diff"] == pytest.approx(0.5)
+    assert r["sft_matched_loss_gap"] == 0.0
+
+
+def test_sft_at_grpos_minutes_is_the_sft_arms_prefix_by_its_own_step_times(tmp_path):
+    grpo = tmp_path / "grpo"
+    for secs, k in ((399.0, 3), (400.0, 4), (650.0, 6), (99.0, 0)):
+        _metrics(grpo, [{"step": 1, "training/elapsed_s": 0.5 * secs}, {"step": 2, "training/elapsed_s": secs}])
+        _metrics(tmp_path / "sft", SFT_STEPS)
+        assert rl_vs_sft.matched_steps(tmp_path / "sft", grpo) == (k, 100.0 * k / 60)
+    # the matched run repeats the SFT arm's first k steps: same losses (gap 0), or the gap says how far
+    _metrics(tmp_path / "again", SFT_STEPS[:4])
+    assert rl_vs_sft.same_steps_gap(tmp_path / "sft", tmp_path / "again", 4) == 0.0
+    _metrics(tmp_path / "other", [{**r, "sft/loss": r["sft/loss"] + 0.01 * r["step"]} for r in SFT_STEPS[:4]])
+    assert rl_vs_sft.same_steps_gap(tmp_path / "sft", tmp_path / "other", 4) == pytest.approx(0.04)
+    assert rl_vs_sft.same_steps_gap(tmp_path / "sft", tmp_path / "again", 5) == float("inf")
+    assert rl_vs_sft.same_steps_gap(tmp_path / "sft", tmp_path / "absent", 0) == 0.0
 
 
 def test_time_to_gain_is_none_when_grpo_never_leads_the_sft_arm(tmp_path):
@@ -71,13 +96,17 @@ def test_time_to_gain_is_none_when_grpo_never_leads_the_sft_arm(tmp_path):
 
 
 def test_summary_gives_mean_median_and_the_worst_seed():
-    rows = [{"grpo_minus_sft": {"diff": d}, "grpo_minus_start": {"diff": 0.1}, "sft_more_minus_start": {"diff": s}}
+    rows = [{"grpo_minus_sft": {"diff": d}, "grpo_minus_start": {"diff": 0.1}, "sft_more_minus_start": {"diff": s},
+             "grpo_minus_sft_matched": {"diff": d + 0.03}, "em_sft_matched": 0.5 + s, "em_start": 0.5}
             for d, s in ((0.10, 0.05), (-0.02, 0.0), (0.04, 0.10))]
     s = rl_vs_sft.summary(rows)
     assert s["mean"] == pytest.approx(0.04) and s["median"] == pytest.approx(0.04)
     assert (s["worst"], s["best"]) == (-0.02, 0.10)
     assert s["grpo_beats_sft_in_every_seed"] is False
     assert s["sft_more_minus_start_mean"] == pytest.approx(0.05)
+    m = s["matched"]
+    assert (m["mean"], m["worst"], m["best"]) == pytest.approx((0.07, 0.01, 0.13))
+    assert m["grpo_beats_sft_in_every_seed"] is True and m["sft_minus_start_mean"] == pytest.approx(0.05)
 
 
 def test_the_table_names_the_kb_the_host_and_every_seed(tmp_path):
@@ -88,7 +117,8 @@ def test_the_table_names_the_kb_the_host_and_every_seed(tmp_path):
     text = rl_vs_sft.table([row], rl_vs_sft.summary([row]), "[hardware] cpu='X'", args)
     assert "KB seed 101" in text and "[hardware] cpu='X'" in text
     assert "| 3 | 25.0 | 50.0 (6, 10.0) | 75.0 (2, 2.0) | +25.0 [" in text
-    assert "worst seed +25.0" in text
+    assert "| 25.0 (1, 1.7) | +50.0 [" in text  # SFT at GRPO's 2 minutes: 1 step of 100 s
+    assert "worst seed +25.0" in text and "GRPO - SFT at GRPO's minutes: mean +50.0" in text
     assert rl_vs_sft.plot([row], tmp_path / "p.png").stat().st_size > 0
 
 
