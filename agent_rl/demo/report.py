@@ -39,8 +39,18 @@ def expectations(native_bf16: bool, results: Path = RESULTS) -> str:
         out.append(f"On this host kind ({kind}), `{e['command']}` (knowledge base seed {e['kb_seed']}, never tuned "
                    f"on; {s['seeds']} seed{'s' if s['seeds'] != 1 else ''}): GRPO minus the same minutes of "
                    f"continued SFT, agent EM {spread}; from the same start, SFT for those minutes gave "
-                   f"{100 * s['sft_more_minus_start_mean']:+.1f} and GRPO {100 * s['grpo_minus_start_mean']:+.1f}{mean}.")
+                   f"{100 * s['sft_more_minus_start_mean']:+.1f} and GRPO {100 * s['grpo_minus_start_mean']:+.1f}{mean}."
+                   + matched(s.get("matched")))
     return "\n\n".join(out) + "\n"
+
+
+def matched(m: dict | None) -> str:
+    """The sentence on GRPO against SFT for GRPO's own training minutes (its long steps end its
+    budget early), when the benchmark measured it."""
+    if not m:
+        return ""
+    return (f" Against SFT for GRPO's own training minutes (its steps are long, so it stops early): median "
+            f"{100 * m['median']:+.1f}, range {100 * m['worst']:+.1f} to {100 * m['best']:+.1f}.")
 
 
 def question_kinds(test_parquet: Path) -> dict[str, str]:

@@ -212,7 +212,12 @@ def test_the_report_says_what_the_benchmark_measured_on_this_host_kind(tmp_path)
                     "grpo_minus_start_mean": 0.03}}]))
     fp32 = expectations(False, results)
     assert "median -4.0, range -11.0 to +2.0" in fp32 and "3 seeds" in fp32 and "seed 101" in fp32
-    assert "SFT for those minutes gave +8.0 and GRPO +3.0" in fp32
+    assert "SFT for those minutes gave +8.0 and GRPO +3.0" in fp32 and "own training minutes" not in fp32
+    entry = json.loads(results.read_text())
+    entry[0]["summary"]["matched"] = {"median": 0.01, "worst": -0.05, "best": 0.2}
+    results.write_text(json.dumps(entry))
+    assert "GRPO's own training minutes (its steps are long, so it stops early): median +1.0, range -5.0 to +20.0" \
+        in expectations(False, results)
     assert expectations(True, results).startswith("No benchmark of GRPO against the same minutes of SFT on this "
                                                   "host kind (native bf16)")
     assert expectations(True, tmp_path / "absent.json").startswith("No benchmark")
