@@ -18,9 +18,10 @@ seed:
    before the budget by up to a step and it trains fewer minutes than the SFT arm. The same
    SFT run (same seed and order, constant lr: the same steps) is taken again to the last
    step that had ended within GRPO's training seconds, by the SFT arm's own step times:
-   GRPO against exactly its own minutes of SFT, beside GRPO against the whole budget's;
-4. the start and the three trained models are evaluated greedily in agent mode on the same held-out questions
-   (a seeded sample of the KB's test questions, the first `--val-n` of which are kept apart
+   GRPO against exactly its own minutes of SFT, beside GRPO against the whole budget's (the
+   table warns where a replayed step's loss differs: then it was not the same run);
+4. the start and the three trained models are evaluated greedily in agent mode on the same
+   held-out questions (a seeded sample of the KB's test questions, the first `--val-n` of which are kept apart
    for the running evaluation): agent EM, the paired difference GRPO - SFT with its 95%
    interval, by question kind (single / bridge / comparison), searches per question, strict
    format.
@@ -223,6 +224,9 @@ def table(rows: list[dict], summ: dict, host: str, args) -> str:
               f"GRPO - SFT at GRPO's minutes: mean {100 * m['mean']:+.1f}, median {100 * m['median']:+.1f}, worst "
               f"seed {100 * m['worst']:+.1f}, best {100 * m['best']:+.1f}; from the start, SFT at GRPO's minutes "
               f"{100 * m['sft_minus_start_mean']:+.1f} on average."]
+    lines += [f"WARNING: seed {r['seed']}'s SFT at GRPO's minutes is not the SFT arm's run (largest loss difference "
+              f"over its {r['sft_matched_steps']} steps: {r['sft_matched_loss_gap']:.3g})"
+              for r in rows if r["sft_matched_loss_gap"] > 0]
     return "\n".join(lines) + "\n"
 
 
@@ -298,13 +302,14 @@ def main(argv: list[str] | None = None) -> int:
                 d = work / f"seed{s}"
                 start = sft(w, d / "start", s, args.start_steps, 24 * 3600, w.model)
                 evaluate(w, start, rep, url, d / "eval_start", args.eval_limit)
-                more = sft(w, d / "sft_more", 1000 + s, 1_000_000, 60 * args.minutes, start)
+                more_seed = 1000 + s  # the SFT arm and its replay at GRPO's minutes: one run
+                more = sft(w, d / "sft_more", more_seed, 1_000_000, 60 * args.minutes, start)
                 evaluate(w, more, rep, url, d / "eval_sft_more", args.eval_limit)
                 evaluate(w, more, val, url, d / "val_sft_more", args.val_n)
                 rl = grpo(w, start, val, url, d / "grpo", s, args)
                 evaluate(w, rl, rep, url, d / "eval_grpo", args.eval_limit)
                 k, _ = matched_steps(d / "sft_more", d / "grpo")  # the same SFT run, k steps: by count, not clock
-                matched = sft(w, d / "sft_matched", 1000 + s, k, 24 * 3600, start) if k else start
+                matched = sft(w, d / "sft_matched", more_seed, k, 24 * 3600, start) if k else start
                 evaluate(w, matched, rep, url, d / "eval_sft_matched", args.eval_limit)
                 rows.append(seed_row(s, d, kinds, args.gain))
     except KeyboardInterrupt:
