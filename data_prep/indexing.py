@@ -102,8 +102,22 @@ def build_index(corpus: str | os.PathLike, out: str | os.PathLike, kind: str = "
     return meta
 
 
-def _build_bm25(store: PassageStore, tmp: Path, progress: bool) -> dict:
+def import_bm25s() -> Any:
+    """bm25s, imported so that it leaves the GPU alone.
+
+    bm25s runs a JAX top-k when it is imported, wherever JAX is installed. On a CUDA machine
+    JAX then takes 75% of the GPU's memory in every process that imports bm25s (the index
+    builder, the retriever server): a vLLM engine started beside them found 0.96 of 139.8 GiB
+    free (docs/gpu.md, run 9). BM25's top-k is CPU work, so JAX runs on the CPU here unless the
+    user chose its platform (JAX_PLATFORMS)."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import bm25s
+
+    return bm25s
+
+
+def _build_bm25(store: PassageStore, tmp: Path, progress: bool) -> dict:
+    bm25s = import_bm25s()
     from bm25s.tokenization import Tokenizer
 
     t = time.time()
@@ -302,7 +316,7 @@ class BM25Searcher(Searcher):
     kind = "bm25"
 
     def __init__(self, index_dir: str | os.PathLike, store: PassageStore, mmap: bool = True):
-        import bm25s
+        bm25s = import_bm25s()
         from bm25s.tokenization import Tokenizer
 
         d = str(Path(index_dir) / BM25_DIR)

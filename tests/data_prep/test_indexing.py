@@ -330,3 +330,55 @@ def test_index_vectors_do_not_depend_on_batching(backend, precision, corpus, tmp
         vecs.append(index.reconstruct_n(0, index.ntotal))
     assert vecs[0].shape == (len(corpus[1]), 384)
     assert float(np.abs(vecs[0] - vecs[1]).max()) <= 1e-5
+
+
+FAKE_JAX = '''
+import os
+def _record(what):
+    with open(os.environ["FAKE_JAX_LOG"], "a") as f:
+        f.write(f"{what} {os.environ.get('JAX_PLATFORMS', '<unset>')}\\n")
+_record("import")
+'''
+FAKE_JAX_LAX = '''
+import numpy as np
+from jax import _record
+def top_k(x, k):
+    _record("top_k")
+    x = np.asarray(x)
+    idx = np.argsort(-x, kind="stable")[:k]
+    return x[idx], idx
+'''
+
+
+@pytest.mark.parametrize("user_choice", [None, "cuda"])
+def test_bm25_keeps_jax_off_the_gpu_unless_the_user_chose(user_choice, corpus, tmp_path):
+    """bm25s runs a JAX top-k at import wherever JAX is installed; on a CUDA machine JAX then
+    takes 75% of the GPU in the index builder and the retriever, and vLLM beside them finds
+    under 1 GiB free. A stand-in `jax` records the platform JAX would start on, in a fresh
+    process that builds and searches a BM25 index as `agent-rl-prep index` and the server do."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    fake = tmp_path / "fake"
+    (fake / "jax").mkdir(parents=True)
+    (fake / "jax" / "__init__.py").write_text(FAKE_JAX)
+    (fake / "jax" / "lax.py").write_text(FAKE_JAX_LAX)
+    path, _ = corpus
+    log = tmp_path / "jax.log"
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    env.update(FAKE_JAX_LOG=str(log), PYTHONPATH=os.pathsep.join([str(fake), str(root)]))
+    if user_choice:
+        env["JAX_PLATFORMS"] = user_choice
+    code = ("import sys; from data_prep.indexing import build_index, load_searcher; "
+            f"build_index({str(path)!r}, {str(tmp_path / 'bm25')!r}, kind='bm25', progress=False); "
+            f"s = load_searcher({str(tmp_path / 'bm25')!r}, {str(path)!r}); "
+            f"print(s.search([{FACTS[0][2]!r}], 3)[0][0][0])")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-1] == "k0"  # the stand-in's top-k served the search
+    lines = log.read_text().split()
+    assert lines[:2] == ["import", user_choice or "cpu"] and "top_k" in lines
+    assert set(lines[1::2]) == {user_choice or "cpu"}
