@@ -14,15 +14,19 @@ RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "rl_vs_sft.
 """What benchmarks/rl_vs_sft.py measured, per host kind (a list of its JSON summaries)."""
 
 
-def host_kind(native_bf16: bool) -> str:
-    return "native bf16" if native_bf16 else "no native bf16 (fp32)"
+def host_kind(hardware: dict) -> str:
+    """The kind of host a figure holds for, from `data_prep.hardware.hardware_info()`: a GPU (by
+    name; its CPU's bf16 does not matter there), else a CPU with or without native bf16."""
+    if hardware.get("gpu"):
+        return f"GPU ({hardware['gpu']})"
+    return "native bf16" if hardware.get("native_bf16") else "no native bf16 (fp32)"
 
 
-def expectations(native_bf16: bool, results: Path = RESULTS) -> str:
+def expectations(hardware: dict, results: Path = RESULTS) -> str:
     """What the demo's gain means on this host kind: the benchmark's GRPO against the same
     minutes of continued SFT (median and range over seeds, on a knowledge base never tuned on),
     or a sentence saying there is no such figure yet."""
-    kind = host_kind(native_bf16)
+    kind = host_kind(hardware)
     entries = json.loads(results.read_text()) if results.is_file() else []
     rows = [e for e in entries if e.get("host_kind") == kind]
     if not rows:
@@ -80,8 +84,8 @@ def write_report(runs: Path, evals: dict[str, Path], rl_dir: Path | None, budget
         summary["sft_vs_rl"] = cmp
         text += (f"## What GRPO adds to cold-start SFT\n\nAgent mode (the model searches), greedy, on the same "
                  f"{cmp['n']} held-out questions:\n\n" + paired_comparison_markdown(cmp) + "\n")
-        native = bool((budget.calibration if budget is not None else {}).get("hardware", {}).get("native_bf16"))
-        text += "### What to expect\n\n" + expectations(native) + "\n"
+        hardware = (budget.calibration if budget is not None else {}).get("hardware", {})
+        text += "### What to expect\n\n" + expectations(hardware) + "\n"
         png = plot_run(rl_dir, runs / "grpo_curves.png",
                        keys=["reward/mean", "reward/em", "reward/valid_format", "rollout/searches_mean",
                              "rollout/invalid_action_rate", "rollout/repeated_query_rate"])

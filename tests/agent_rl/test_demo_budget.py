@@ -198,6 +198,9 @@ def test_a_failing_stage_raises_with_its_exit_code(monkeypatch):
     assert e.value.returncode == 3
 
 
+FP32, BF16 = {"native_bf16": False, "gpu": None}, {"native_bf16": True, "gpu": None}
+
+
 def test_the_report_says_what_the_benchmark_measured_on_this_host_kind(tmp_path):
     """The demo's own run is one run: its report quotes, for its host kind, the median and range
     of GRPO against the same minutes of SFT over the benchmark's seeds, or says there is none."""
@@ -210,26 +213,31 @@ def test_the_report_says_what_the_benchmark_measured_on_this_host_kind(tmp_path)
         "host_kind": "no native bf16 (fp32)", "command": "python benchmarks/rl_vs_sft.py --kb-seed 101", "kb_seed": 101,
         "summary": {"seeds": 3, "median": -0.04, "worst": -0.11, "best": 0.02, "sft_more_minus_start_mean": 0.08,
                     "grpo_minus_start_mean": 0.03}}]))
-    fp32 = expectations(False, results)
+    fp32 = expectations(FP32, results)
     assert "median -4.0, range -11.0 to +2.0" in fp32 and "3 seeds" in fp32 and "seed 101" in fp32
     assert "SFT for those minutes gave +8.0 and GRPO +3.0" in fp32 and "own training minutes" not in fp32
     entry = json.loads(results.read_text())
     entry[0]["summary"]["matched"] = {"median": 0.01, "worst": -0.05, "best": 0.2}
     results.write_text(json.dumps(entry))
     assert "GRPO's own training minutes (its steps are long, so it stops early): median +1.0, range -5.0 to +20.0" \
-        in expectations(False, results)
-    assert expectations(True, results).startswith("No benchmark of GRPO against the same minutes of SFT on this "
+        in expectations(FP32, results)
+    assert expectations(BF16, results).startswith("No benchmark of GRPO against the same minutes of SFT on this "
                                                   "host kind (native bf16)")
-    assert expectations(True, tmp_path / "absent.json").startswith("No benchmark")
+    assert expectations(BF16, tmp_path / "absent.json").startswith("No benchmark")
     one = tmp_path / "one.json"
     one.write_text(json.dumps([{
         "host_kind": "native bf16", "command": "python benchmarks/rl_vs_sft.py --seeds 1", "kb_seed": 101,
         "summary": {"seeds": 1, "median": -0.075, "worst": -0.075, "best": -0.075, "sft_more_minus_start_mean": 0.055,
                     "grpo_minus_start_mean": -0.02}}]))
-    assert "1 seed)" in expectations(True, one) and "-7.5 (one seed: an anecdote" in expectations(True, one)
+    assert "1 seed)" in expectations(BF16, one) and "-7.5 (one seed: an anecdote" in expectations(BF16, one)
+    # a GPU is its own kind: the CPU's native bf16 beside it does not make a CPU figure its own
+    gpu = {"native_bf16": True, "gpu": "NVIDIA H200 x1"}
+    assert expectations(gpu, one).startswith("No benchmark of GRPO against the same minutes of SFT on this host "
+                                             "kind (GPU (NVIDIA H200 x1))")
     # the file on main: each entry names a host kind the report knows and reads as a sentence
     from agent_rl.demo.report import RESULTS, host_kind
 
     for entry in json.loads(RESULTS.read_text()) if RESULTS.is_file() else []:
-        assert entry["host_kind"] in {host_kind(True), host_kind(False)}
-        assert f"seed {entry['kb_seed']}, never tuned on" in expectations(entry["host_kind"] == host_kind(True))
+        native = entry["host_kind"] == host_kind(BF16)
+        assert entry["host_kind"] in {host_kind(BF16), host_kind(FP32)}
+        assert f"seed {entry['kb_seed']}, never tuned on" in expectations(BF16 if native else FP32)
