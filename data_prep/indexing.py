@@ -107,9 +107,9 @@ def import_bm25s() -> Any:
 
     bm25s runs a JAX top-k when it is imported, wherever JAX is installed. On a CUDA machine
     JAX then takes 75% of the GPU's memory in every process that imports bm25s (the index
-    builder, the retriever server): a vLLM engine started beside them found 0.96 of 139.8 GiB
-    free (docs/gpu.md, run 9). BM25's top-k is CPU work, so JAX runs on the CPU here unless the
-    user chose its platform (JAX_PLATFORMS)."""
+    builder, the retriever server), and a vLLM engine started beside them finds under 1 GiB
+    free (docs/gpu.md). BM25's top-k is CPU work, so JAX runs on the CPU here unless the user
+    chose its platform (JAX_PLATFORMS)."""
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import bm25s
 
