@@ -43,6 +43,10 @@ def demo_parser() -> argparse.ArgumentParser:
                     help="demonstrations in plain Search-R1 wording, without the knowledge base's phrasing (what the "
                          "question asks for, \"This needs N searches\", \"That was search i of n\"): what that "
                          "phrasing adds; its own demonstrations and runs, beside the default's")
+    ap.add_argument("--grpo-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for the GRPO stage alone, in veRL's dotted names (e.g. "
+                         "actor_rollout_ref.rollout.enforce_eager=false: CUDA graphs for the engine on a GPU); "
+                         "repeat for more; checked against the GRPO config before anything runs")
     return ap
 
 
@@ -52,7 +56,16 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["calibrate"]:
         return calibrate_main(argv[1:])
-    args = demo_parser().parse_args(argv)
+    ap = demo_parser()
+    args = ap.parse_args(argv)
+    if args.grpo_set:  # a typo fails now, not when the GRPO stage starts twenty minutes in
+        from agent_rl.config import TrainConfig, load_config
+        from agent_rl.demo.stages import ROOT, TRAIN_CFG
+
+        try:
+            load_config(TrainConfig, ROOT / TRAIN_CFG, args.grpo_set)
+        except ValueError as e:
+            ap.error(f"--grpo-set: {e}")
     from data_prep.hardware import offline_env
 
     offline_env()

@@ -150,7 +150,8 @@ class Demo:
         budget.rl_minutes, budget.rl_steps = rl_s / 60, int(rl_s / sp.rl_step_s)
         if rl_s >= 60:
             print(f"\n[demo] {left() / 60:.1f} minutes left: GRPO gets {rl_s / 60:.1f}", flush=True)
-            self.run(stages.grpo(w, w.sft_dir / "model", url, rl_s, args.rl_steps, overrides=self.proto),
+            self.run(stages.grpo(w, w.sft_dir / "model", url, rl_s, args.rl_steps,
+                                 overrides=self.proto + args.grpo_set),
                      f"GRPO from the SFT model ({rl_s / 60:.1f} min)")
             evals["SFT+RL"] = self.evaluate("SFT+RL", w.rl_dir, url, eval_limit, ("agent",))
         else:

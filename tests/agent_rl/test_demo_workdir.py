@@ -77,8 +77,11 @@ def under(path: str | Path, work: Path) -> bool:
     return (stages.ROOT / path).resolve().is_relative_to(work.resolve())
 
 
-@pytest.mark.parametrize("extra", [[], ["--protocol", "hermes"], ["--plain-wording"]],
-                         ids=["search_r1", "hermes", "plain_wording"])
+GRPO_SET = ["--grpo-set", "actor_rollout_ref.rollout.enforce_eager=false", "--grpo-set", "algorithm.kl_ctrl.kl_coef=0.01"]
+
+
+@pytest.mark.parametrize("extra", [[], ["--protocol", "hermes"], ["--plain-wording"], GRPO_SET],
+                         ids=["search_r1", "hermes", "plain_wording", "grpo_set"])
 def test_every_stage_reads_and_writes_the_workdir_only(tmp_path, monkeypatch, extra):
     from retriever_server import launch
 
@@ -123,6 +126,12 @@ def test_every_stage_reads_and_writes_the_workdir_only(tmp_path, monkeypatch, ex
     assert ("--plain-wording" in demos) == ("--plain-wording" in extra)
     assert demos[demos.index("--out") + 1].endswith("_plain.parquet") == ("--plain-wording" in extra)
 
+    # --grpo-set reaches the GRPO stage's config and no other stage's command
+    grpo = loaded_config(cmds[modules.index("agent_rl.training.cli")])
+    assert grpo.actor_rollout_ref.rollout.enforce_eager is (GRPO_SET[1] not in extra)
+    assert (grpo.algorithm.kl_ctrl.kl_coef == 0.01) == (GRPO_SET[3] in extra)
+    assert not [m for c, m in zip(cmds, modules) if m != "agent_rl.training.cli" and "kl_coef=0.01" in " ".join(c)]
+
     outside = []
     for cmd, module in zip(cmds, modules):
         outside += [f"{module}: {p}" for p in named_paths(cmd) if not under(p, work)]
@@ -132,3 +141,15 @@ def test_every_stage_reads_and_writes_the_workdir_only(tmp_path, monkeypatch, ex
     for what, paths in seen.items():
         outside += [f"{what}: {p}" for p in paths if p is not None and not under(p, work)]
     assert not outside, "\n".join(outside)
+
+
+@pytest.mark.parametrize("bad, says", [("actor_rollout_ref.rollout.enforce_eagre=false",
+                                        "unknown config key(s) ['actor_rollout_ref.rollout.enforce_eagre']"),
+                                       ("no_equals_sign", "'no_equals_sign' must look like key.sub=value")])
+def test_a_bad_grpo_override_fails_before_any_stage_runs(bad, says, tmp_path, monkeypatch, capsys):
+    ran = []
+    monkeypatch.setattr(stages, "run_stage", lambda *a, **k: ran.append(a))
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--workdir", str(tmp_path / "w"), "--grpo-set", bad])
+    assert e.value.code == 2 and not ran and not (tmp_path / "w").exists()
+    assert f"--grpo-set: {'override ' if '=' not in bad else ''}{says}" in capsys.readouterr().err
