@@ -12,12 +12,14 @@ when one did not, 3 when the package index could not be reached (nothing was che
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,9 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     rows, status = [], 0
     print("| Python | extra | requires-python | resolves | versions chosen |")
     print("|---|---|---|---|---|")
-    for py in args.pythons:
-        for extra in args.extras:
-            result, chosen, tail = resolve(requirements(extra), py)
+    # the resolutions are independent and mostly wait on the index: all at once (rows in order)
+    combos = list(itertools.product(args.pythons, args.extras))
+    with ThreadPoolExecutor(max_workers=len(combos)) as pool:
+        results = pool.map(lambda c: resolve(requirements(c[1]), c[0]), combos)
+        for (py, extra), (result, chosen, tail) in zip(combos, results):
             row = {"python": py, "extra": extra, "admitted": admits(py), "result": result, "chosen": chosen}
             rows.append(row)
             print(f"| {py} | {extra} | {'yes' if row['admitted'] else 'NO'} | {result} | "
