@@ -58,6 +58,16 @@ def model_dir() -> Path:
     return prepare_model(ROOT / "artifacts" / "model")
 
 
+@pytest.fixture(scope="session")
+def tiny_policy(model_dir, tmp_path_factory) -> Path:
+    """The embedded policy's first 2 blocks (its real weights, config and tokenizer): the same
+    architecture at a fraction of the cost, for tests of code paths rather than of what the
+    model knows. Read-only: tests train copies into their own directories."""
+    from agent_rl.training.workers import model_io
+
+    return model_io.truncated_copy(model_dir, tmp_path_factory.mktemp("tiny_policy") / "model", num_layers=2)
+
+
 @pytest.fixture
 def small_disk():
     """`run(code, limit)`: run Python `code` in a child process that may write at most `limit`

@@ -1,7 +1,7 @@
 """ActorWorker on the real embedded model.
 
 Exactness checks that only run forward passes use the full 30-layer model. Checks that need
-gradients or updates use `tiny_model`: a copy of the real model truncated to its first 2
+gradients or updates use `tiny_policy`: a copy of the real model truncated to its first 2
 blocks (real config and weights, `model_io.truncated_copy`), which keeps this file to about a
 minute on 2 cores. Gradient comparisons run in fp32 (bf16_autocast=False) so that only
 summation order differs.
@@ -20,19 +20,12 @@ from agent_rl.config import ActorRolloutRefConfig
 from agent_rl.training.algos import agg_loss
 from agent_rl.training.batch import TokenBatch
 from agent_rl.training.workers import forward as fw
-from agent_rl.training.workers import model_io
 from agent_rl.training.workers.actor import ActorWorker
 from agent_rl.training.workers.step import combine_metrics
 from agent_rl.types import Trajectory
 
 
 # ----------------------------------------------------------------------------- helpers
-@pytest.fixture(scope="session")
-def tiny_model(model_dir, tmp_path_factory):
-    """The real model's first 2 blocks (real weights), saved as an HF directory."""
-    return model_io.truncated_copy(model_dir, tmp_path_factory.mktemp("tiny") / "model", num_layers=2)
-
-
 def make_trajs(n: int = 6, seed: int = 0, max_len: int = 40) -> list[Trajectory]:
     """Random-token trajectories with an observation span (loss_mask 0) in most responses."""
     g = torch.Generator().manual_seed(seed)
@@ -126,9 +119,9 @@ def hf_logprobs(model, batch: TokenBatch, temperature: float = 1.0) -> list[torc
 
 
 @pytest.fixture(scope="module")
-def tiny_worker(tiny_model):
+def tiny_worker(tiny_policy):
     """Shared fp32 worker for gradient-only tests (they leave no gradients behind)."""
-    return ActorWorker(make_cfg(tiny_model, use_kl_loss=True, entropy_coeff=0.01, tis_cap=2.0), total_steps=4)
+    return ActorWorker(make_cfg(tiny_policy, use_kl_loss=True, entropy_coeff=0.01, tis_cap=2.0), total_steps=4)
 
 
 # ----------------------------------------------------------------------------- log-probs
@@ -362,8 +355,8 @@ def test_bf16_gradient_agrees_with_fp32(tiny_worker):
 
 
 # ----------------------------------------------------------------------------- updates
-def test_update_policy_changes_weights_with_finite_metrics(tiny_model):
-    cfg = make_cfg(tiny_model, use_kl_loss=True, entropy_coeff=0.01, ppo_epochs=2, bf16_autocast=True)
+def test_update_policy_changes_weights_with_finite_metrics(tiny_policy):
+    cfg = make_cfg(tiny_policy, use_kl_loss=True, entropy_coeff=0.01, ppo_epochs=2, bf16_autocast=True)
     cfg.actor.optim.lr_warmup_steps = 2
     w = ActorWorker(cfg, total_steps=10)
     batch = rl_batch(w, make_trajs(12))  # 12 sequences, mini-batches of 4 x n=2: 2 per epoch
@@ -383,9 +376,9 @@ def test_update_policy_changes_weights_with_finite_metrics(tiny_model):
     assert w.needs_old_log_probs(8)  # two epochs: the second one is off-policy
 
 
-def test_update_without_old_logprobs(tiny_model):
+def test_update_without_old_logprobs(tiny_policy):
     """Single on-policy step: old log-probs may be omitted (no extra forward pass)."""
-    w = ActorWorker(make_cfg(tiny_model), total_steps=1)
+    w = ActorWorker(make_cfg(tiny_policy), total_steps=1)
     batch = rl_batch(w, make_trajs(6))
     assert not w.needs_old_log_probs(len(batch))
     metrics = w.update_policy(dataclass_replace(batch, old_logprobs=None))
@@ -395,12 +388,12 @@ def test_update_without_old_logprobs(tiny_model):
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
-def test_zero_advantage_sequences_are_skipped_without_changing_the_update(tiny_model, mode):
+def test_zero_advantage_sequences_are_skipped_without_changing_the_update(tiny_policy, mode):
     """Without KL and entropy terms, a sequence whose advantages are all 0 adds nothing to the
     policy gradient: the update skips its forward and backward and the gradient is the one of
     the whole mini-batch (the normalisers still count its tokens). Reference: `_backward` with
     every sequence active."""
-    cfg = make_cfg(tiny_model, use_kl_loss=False, entropy_coeff=0.0, loss_agg_mode=mode, tis_cap=2.0)
+    cfg = make_cfg(tiny_policy, use_kl_loss=False, entropy_coeff=0.0, loss_agg_mode=mode, tis_cap=2.0)
     w = ActorWorker(cfg, total_steps=2)
     batch = rl_batch(w, make_trajs(8))
     zero = torch.tensor([0, 1, 0, 1, 1, 0, 0, 1], dtype=torch.bool)  # 4 of 8 with all-zero advantages
@@ -436,9 +429,9 @@ def dataclass_replace(batch, **kw):
     return dataclasses.replace(batch, **kw)
 
 
-def test_sft_step_trains_sampled_tokens(tiny_model):
+def test_sft_step_trains_sampled_tokens(tiny_policy):
     """SFT's NLL is the model's own (temperature 1), whatever the config's rollout temperature."""
-    w = ActorWorker(make_cfg(tiny_model), total_steps=3)
+    w = ActorWorker(make_cfg(tiny_policy), total_steps=3)
     batch = TokenBatch.from_trajectories(make_trajs(4))
     logp = w.compute_log_probs(batch)
     w.cfg.rollout.temperature = 0.5
@@ -449,10 +442,10 @@ def test_sft_step_trains_sampled_tokens(tiny_model):
     assert losses[-1] < first["sft/loss"]
 
 
-def test_save_load_round_trip(tiny_model, tmp_path):
+def test_save_load_round_trip(tiny_policy, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    cfg = make_cfg(tiny_model)
+    cfg = make_cfg(tiny_policy)
     w = ActorWorker(cfg, total_steps=5)
     batch = rl_batch(w, make_trajs(6))
     w.update_policy(batch)
@@ -484,12 +477,12 @@ def test_save_load_round_trip(tiny_model, tmp_path):
     assert all(torch.equal(p, q) for p, q in zip(w.optim.params, w3.optim.params))
 
 
-def test_named_weights_for_sync_match_checkpoint_names(tiny_model):
+def test_named_weights_for_sync_match_checkpoint_names(tiny_policy):
     from safetensors import safe_open
 
-    w = ActorWorker(make_cfg(tiny_model), total_steps=1)
+    w = ActorWorker(make_cfg(tiny_policy), total_steps=1)
     named = dict(w.named_weights_for_sync())
-    with safe_open(str(tiny_model / "model.safetensors"), "pt") as f:
+    with safe_open(str(tiny_policy / "model.safetensors"), "pt") as f:
         assert set(named) == set(f.keys())
         for k in named:
             assert torch.equal(named[k], f.get_tensor(k))
@@ -498,18 +491,18 @@ def test_named_weights_for_sync_match_checkpoint_names(tiny_model):
 
 # ----------------------------------------------------------------------------- LoRA
 @pytest.fixture(scope="module")
-def lora_worker(tiny_model):
-    w = ActorWorker(make_cfg(tiny_model, lora_rank=4), total_steps=2)
+def lora_worker(tiny_policy):
+    w = ActorWorker(make_cfg(tiny_policy, lora_rank=4), total_steps=2)
     w.update_policy(rl_batch(w, make_trajs(6)))  # adapters are non-zero from here on
     return w
 
 
-def test_lora_reference_is_the_base_model_without_a_copy(lora_worker, tiny_model):
+def test_lora_reference_is_the_base_model_without_a_copy(lora_worker, tiny_policy):
     from transformers import AutoModelForCausalLM
 
     w = lora_worker
     assert w.ref_policy is w.policy  # adapters off, same modules
-    base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(tiny_policy, dtype=torch.float32)
     n_base = sum(p.numel() for p in base.parameters())
     n_lora = sum(p.numel() for n, p in w.model.named_parameters() if "lora_" in n)
     assert sum(p.numel() for p in w.model.parameters()) == n_base + n_lora  # one copy of the base
@@ -521,11 +514,11 @@ def test_lora_reference_is_the_base_model_without_a_copy(lora_worker, tiny_model
     assert not torch.allclose(w.compute_log_probs(batch), ref, atol=1e-4)
 
 
-def test_lora_merged_weights_are_base_plus_scaled_ba(lora_worker, tiny_model):
+def test_lora_merged_weights_are_base_plus_scaled_ba(lora_worker, tiny_policy):
     from safetensors.torch import load_file
 
     w = lora_worker
-    base = load_file(str(tiny_model / "model.safetensors"))
+    base = load_file(str(tiny_policy / "model.safetensors"))
     merged = dict(w.named_weights_for_sync())
     assert set(merged) == set(base)
     scale = 8 / 4  # lora_alpha / rank
@@ -543,7 +536,7 @@ def test_lora_merged_weights_are_base_plus_scaled_ba(lora_worker, tiny_model):
     assert n_adapted == 2 * 7  # 2 blocks x (q, k, v, o, gate, up, down)
 
 
-def test_lora_save_load(lora_worker, tiny_model, tmp_path):
+def test_lora_save_load(lora_worker, tiny_policy, tmp_path):
     from transformers import AutoModelForCausalLM
 
     w = lora_worker
@@ -554,12 +547,12 @@ def test_lora_save_load(lora_worker, tiny_model, tmp_path):
     for i, r in enumerate(hf_logprobs(merged, batch)):
         # W + BA merged vs applied separately: fp32 round-off on log-probs of about -40 (LOGP_TOL)
         assert torch.allclose(mine[i, : len(r)], r, **LOGP_TOL)
-    w2 = ActorWorker(make_cfg(tiny_model, lora_rank=4), total_steps=2)
+    w2 = ActorWorker(make_cfg(tiny_policy, lora_rank=4), total_steps=2)
     w2.load(str(tmp_path / "actor"))
     assert torch.allclose(w2.compute_log_probs(batch), mine, atol=1e-6, rtol=0)
     assert w2.num_updates == 1
     with pytest.raises(ValueError, match="lora"):
-        ActorWorker(make_cfg(tiny_model), total_steps=1).load(str(tmp_path / "actor"))
+        ActorWorker(make_cfg(tiny_policy), total_steps=1).load(str(tmp_path / "actor"))
 
 
 def test_lr_schedule_warmup_then_cosine_to_the_floor():

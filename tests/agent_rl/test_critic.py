@@ -10,7 +10,6 @@ import torch
 
 from agent_rl.config import TrainConfig
 from agent_rl.training.batch import TokenBatch
-from agent_rl.training.workers import model_io
 from agent_rl.training.workers.critic import CriticWorker
 from agent_rl.types import Trajectory
 
@@ -31,11 +30,6 @@ def make_trajs(n: int, seed: int, head: int = 0) -> list[Trajectory]:
     return out
 
 
-@pytest.fixture(scope="module")
-def tiny_model(model_dir, tmp_path_factory):
-    return model_io.truncated_copy(model_dir, tmp_path_factory.mktemp("tiny_critic") / "model", num_layers=2)
-
-
 def make_cfg(path) -> TrainConfig:
     cfg = TrainConfig()
     cfg.actor_rollout_ref.model.path = str(path)
@@ -54,18 +48,18 @@ def with_targets(batch: TokenBatch, old: torch.Tensor, seed: int = 0) -> TokenBa
 
 
 @pytest.mark.parametrize("head", [0, 12], ids=["distinct prompts", "shared prompt head"])
-def test_values_are_head_of_the_predicting_hidden_state(tiny_model, head):
+def test_values_are_head_of_the_predicting_hidden_state(tiny_policy, head):
     """Values of each sequence computed alone by plain transformers; with a shared prompt head
     the micro-batch packs it once (forward.py)."""
     from transformers import AutoModel
 
-    c = CriticWorker(make_cfg(tiny_model), total_steps=1)
+    c = CriticWorker(make_cfg(tiny_policy), total_steps=1)
     assert c.share_prefix
     batch = TokenBatch.from_trajectories(make_trajs(5, seed=2, head=head))
     values = c.compute_values(batch)
     assert values.shape == batch.loss_mask.shape and values.dtype == torch.float32
     assert (values[~batch.response_valid_mask().bool()] == 0).all()
-    trunk = AutoModel.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    trunk = AutoModel.from_pretrained(tiny_policy, dtype=torch.float32).eval()
     head = c.model.value_head
     with torch.no_grad():
         for i in range(len(batch)):
@@ -75,8 +69,8 @@ def test_values_are_head_of_the_predicting_hidden_state(tiny_model, head):
             assert torch.allclose(values[i, : n - p], expected, atol=1e-5)
 
 
-def test_update_critic_fits_returns(tiny_model):
-    c = CriticWorker(make_cfg(tiny_model), total_steps=4)
+def test_update_critic_fits_returns(tiny_policy):
+    c = CriticWorker(make_cfg(tiny_policy), total_steps=4)
     batch = TokenBatch.from_trajectories(make_trajs(8, seed=4))
     head_before = c.model.value_head.weight.detach().clone()
     trunk_before = next(c.model.trunk.parameters()).detach().clone()
@@ -93,8 +87,8 @@ def test_update_critic_fits_returns(tiny_model):
         c.update_critic(batch)
 
 
-def test_critic_save_load(tiny_model, tmp_path):
-    cfg = make_cfg(tiny_model)
+def test_critic_save_load(tiny_policy, tmp_path):
+    cfg = make_cfg(tiny_policy)
     c = CriticWorker(cfg, total_steps=2)
     batch = TokenBatch.from_trajectories(make_trajs(4, seed=6))
     c.update_critic(with_targets(batch, c.compute_values(batch)))
@@ -119,7 +113,7 @@ def _fsdp_bf16_main(rank: int, port: int, model: str, out: str) -> None:
     torch.distributed.destroy_process_group()
 
 
-def test_fsdp_bf16_critic_keeps_an_fp32_value_head(tiny_model, tmp_path):
+def test_fsdp_bf16_critic_keeps_an_fp32_value_head(tiny_policy, tmp_path):
     """Under FSDP2 with bf16 parameters the value head used to be cast to bf16 as well and
     its fp32 input failed the matmul (found on an H100, docs/gpu.md); gloo, one rank."""
     import torch.multiprocessing as mp
@@ -127,7 +121,7 @@ def test_fsdp_bf16_critic_keeps_an_fp32_value_head(tiny_model, tmp_path):
     from agent_rl.training.workers import dist as wdist
 
     out = tmp_path / "critic.pt"
-    mp.spawn(_fsdp_bf16_main, args=(wdist.free_port(), str(tiny_model), str(out)), nprocs=1, join=True)
+    mp.spawn(_fsdp_bf16_main, args=(wdist.free_port(), str(tiny_policy), str(out)), nprocs=1, join=True)
     r = torch.load(out, weights_only=False)
     assert r["fsdp"] and r["values"].dtype == torch.float32 and torch.isfinite(r["values"]).all()
     assert r["head"] == "torch.float32" and math.isfinite(r["loss"])

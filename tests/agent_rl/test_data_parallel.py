@@ -20,14 +20,8 @@ import torch.multiprocessing as mp
 from agent_rl.config import ActorRolloutRefConfig
 from agent_rl.training.batch import TokenBatch, shard
 from agent_rl.training.workers import dist as wdist
-from agent_rl.training.workers import model_io
 from agent_rl.training.workers.actor import ActorWorker
 from agent_rl.types import Trajectory
-
-
-@pytest.fixture(scope="module")
-def tiny_model(model_dir, tmp_path_factory):
-    return model_io.truncated_copy(model_dir, tmp_path_factory.mktemp("tiny_dp") / "model", num_layers=2)
 
 
 def make_cfg(path: str, strategy: str) -> ActorRolloutRefConfig:
@@ -87,9 +81,9 @@ def _rank_main(rank: int, world: int, port: int, model: str, strategy: str, out:
 
 
 @pytest.fixture(scope="module")
-def single(tiny_model):
+def single(tiny_policy):
     """1 worker on the whole batch: the reference (the worker, and what `step` saw)."""
-    worker = ActorWorker(make_cfg(str(tiny_model), "replicas"), total_steps=2)
+    worker = ActorWorker(make_cfg(str(tiny_policy), "replicas"), total_steps=2)
     return worker, step(worker, make_batch())
 
 
@@ -99,11 +93,11 @@ def adam_moments(worker: ActorWorker) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("strategy", ["replicas", "fsdp"])
-def test_two_workers_equal_one(tiny_model, single, strategy, tmp_path):
+def test_two_workers_equal_one(tiny_policy, single, strategy, tmp_path):
     out = tmp_path / "rank0.pt"
     shards = [shard(make_batch(), r, 2) for r in range(2)]
     assert all(len(s) for s in shards) and len(shards[0]) + len(shards[1]) == 8
-    mp.spawn(_rank_main, args=(2, wdist.free_port(), str(tiny_model), strategy, str(out)), nprocs=2, join=True)
+    mp.spawn(_rank_main, args=(2, wdist.free_port(), str(tiny_policy), strategy, str(out)), nprocs=2, join=True)
     two = torch.load(out, weights_only=False)
     single_worker, single = single
 
@@ -120,7 +114,7 @@ def test_two_workers_equal_one(tiny_model, single, strategy, tmp_path):
 
     # the group's checkpoint (gathered from shards under FSDP) resumes in a single worker:
     # same weights and the same Adam moments as the worker that saw the whole batch
-    resumed = ActorWorker(make_cfg(str(tiny_model), "replicas"), total_steps=2)
+    resumed = ActorWorker(make_cfg(str(tiny_policy), "replicas"), total_steps=2)
     resumed.load(str(out) + ".ckpt")
     assert resumed.num_updates == 1
     for p, q in zip(resumed.optim.params, single_worker.optim.params):
@@ -139,11 +133,11 @@ def _group_of_one_main(rank: int, port: int, model: str, out: str) -> None:
     torch.distributed.destroy_process_group()
 
 
-def test_fsdp_over_a_group_of_one_equals_the_plain_worker(tiny_model, single, tmp_path):
+def test_fsdp_over_a_group_of_one_equals_the_plain_worker(tiny_policy, single, tmp_path):
     """strategy=fsdp with one rank (FSDP2's mixed precision on a single GPU, docs/gpu.md):
     the same gradient and parameters as the plain worker."""
     out = tmp_path / "one.pt"
-    mp.spawn(_group_of_one_main, args=(wdist.free_port(), str(tiny_model), str(out)), nprocs=1, join=True)
+    mp.spawn(_group_of_one_main, args=(wdist.free_port(), str(tiny_policy), str(out)), nprocs=1, join=True)
     one, (_, ref) = torch.load(out, weights_only=False), single
     assert (one["grad"] - ref["grad"]).norm() <= 1e-5 * ref["grad"].norm()
     for name, p1 in ref["params"].items():

@@ -69,7 +69,7 @@ def test_two_ranks_match_one_rank(model_dir):
 
 
 @pytest.mark.slow
-def test_fsdp_group_exports_full_weights_from_rank0(model_dir, tmp_path):
+def test_fsdp_group_exports_full_weights_from_rank0(tiny_policy):
     """Under FSDP the export gathers shards collectively: every rank must join rank 0's export
     (rank 0 alone waited for ever: seen while bringing up the GPU path, docs/gpu.md). Gloo here."""
     import ray
@@ -82,8 +82,7 @@ def test_fsdp_group_exports_full_weights_from_rank0(model_dir, tmp_path):
 
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False)
-    tiny = model_io.truncated_copy(model_dir, tmp_path / "tiny", num_layers=2)
-    cfg = load_config(TrainConfig, None, [f"actor_rollout_ref.model.path={tiny}", "actor_rollout_ref.rollout.n=1",
+    cfg = load_config(TrainConfig, None, [f"actor_rollout_ref.model.path={tiny_policy}", "actor_rollout_ref.rollout.n=1",
                                           "actor_rollout_ref.actor.strategy=fsdp",
                                           "actor_rollout_ref.actor.bf16_autocast=false"])
     group = WorkerGroup(cfg, functools.partial(ActorWorker, cfg.actor_rollout_ref, 10), 2)
@@ -93,7 +92,7 @@ def test_fsdp_group_exports_full_weights_from_rank0(model_dir, tmp_path):
     finally:
         group.shutdown()
     got = dict(unpack_weights(packed))
-    want = dict(model_io.named_weights(model_io.load_policy(tiny)))
+    want = dict(model_io.named_weights(model_io.load_policy(tiny_policy)))
     assert got.keys() == want.keys()
     for name, tensor in want.items():
         assert got[name].shape == tensor.shape and torch.equal(got[name], tensor), name

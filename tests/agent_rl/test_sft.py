@@ -32,13 +32,6 @@ def _rl_cfg() -> TrainConfig:
 
 
 @pytest.fixture(scope="module")
-def tiny_policy(model_dir, tmp_path_factory):
-    from agent_rl.training.workers import model_io
-
-    return model_io.truncated_copy(model_dir, tmp_path_factory.mktemp("sft_tiny") / "model", num_layers=2)
-
-
-@pytest.fixture(scope="module")
 def demo_file(aio, tiny_kb, retriever_url, tokenizer, model_dir, tmp_path_factory):
     """40 grounded demonstrations of the tiny KB's train questions, as `agent-rl-prep demos` writes them."""
     from agent_rl.rollout.retrieval_client import RetrieverClient

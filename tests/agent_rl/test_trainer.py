@@ -36,9 +36,11 @@ COMMON = ["reward/mean", "reward/em", "rollout/num_trajectories", "rollout/respo
           "timing/update_actor", "timing/sync", "timing/step", "batch/num_tokens"]
 
 
-def overrides(kb: Path, url: str, run_dir: Path, est: str) -> list[str]:
-    """Tiny, fast settings on top of configs/train/demo_<est>_cpu.yaml."""
+def overrides(kb: Path, url: str, run_dir: Path, est: str, model: Path) -> list[str]:
+    """Tiny, fast settings on top of configs/train/demo_<est>_cpu.yaml, training `model` (the
+    2-block `tiny_policy` where the test is about the run, not about what the model does)."""
     return [
+        f"actor_rollout_ref.model.path={model}",
         f"data.train_files=[{kb / 'train.parquet'}]",
         f"data.val_files=[{kb / 'test.parquet'}]",
         "data.train_batch_size=2",
@@ -82,12 +84,12 @@ def _weights(path: Path):
         return f.get_tensor(PARAM)
 
 
-def run_in_process(est: str, kb: Path, url: str, run_dir: Path, extra: list[str] | None = None) -> Path:
+def run_in_process(est: str, kb: Path, url: str, run_dir: Path, model: Path, extra: list[str] | None = None) -> Path:
     from agent_rl.config import TrainConfig, load_config
     from agent_rl.training.trainer import RayTrainer
 
     _ray()
-    args = [*overrides(kb, url, run_dir, est), *(extra or [])]
+    args = [*overrides(kb, url, run_dir, est, model), *(extra or [])]
     cfg = load_config(TrainConfig, ROOT / f"configs/train/demo_{est}_cpu.yaml", args)
     trainer = RayTrainer(cfg)
     try:
@@ -107,8 +109,8 @@ def retriever(retriever_url):
 
 
 @pytest.fixture(scope="module")
-def grpo_run(tiny_kb, retriever, tmp_path_factory):
-    return run_in_process("grpo", tiny_kb, retriever, tmp_path_factory.mktemp("grpo"))
+def grpo_run(tiny_kb, retriever, tiny_policy, tmp_path_factory):
+    return run_in_process("grpo", tiny_kb, retriever, tmp_path_factory.mktemp("grpo"), tiny_policy)
 
 
 def _check_run(run_dir: Path, est: str, model_dir: Path) -> None:
@@ -141,16 +143,16 @@ def _check_run(run_dir: Path, est: str, model_dir: Path) -> None:
 
 
 @pytest.mark.slow
-def test_grpo_two_steps_change_weights_and_log_finite_metrics(grpo_run, model_dir):
-    _check_run(grpo_run, "grpo", model_dir)
+def test_grpo_two_steps_change_weights_and_log_finite_metrics(grpo_run, tiny_policy):
+    _check_run(grpo_run, "grpo", tiny_policy)
 
 
 @pytest.mark.slow
-def test_ppo_two_steps_change_weights_and_log_finite_metrics(tiny_kb, retriever, tmp_path, model_dir):
+def test_ppo_two_steps_change_weights_and_log_finite_metrics(tiny_kb, retriever, tmp_path, tiny_policy):
     # also validates once before training: greedy rollouts on 2 held-out questions
     val = ["trainer.val_before_train=true", "data.val_data_num=2"]
-    run_dir = run_in_process("ppo", tiny_kb, retriever, tmp_path / "ppo", val)
-    _check_run(run_dir, "ppo", model_dir)
+    run_dir = run_in_process("ppo", tiny_kb, retriever, tmp_path / "ppo", tiny_policy, val)
+    _check_run(run_dir, "ppo", tiny_policy)
     first = read_jsonl(run_dir)[0]
     assert first["step"] == 0 and 0.0 <= first["val/em"] <= 1.0 and "val/reward" in first
     assert (run_dir / "checkpoints" / "global_step_2" / "critic").is_dir()
@@ -178,11 +180,12 @@ def kill_after_first_checkpoint(cmd: list[str], run_dir: Path, log: Path) -> dic
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_from_its_checkpoint_on_the_same_data_order(grpo_run, tiny_kb, retriever, tmp_path):
+def test_killed_run_resumes_from_its_checkpoint_on_the_same_data_order(grpo_run, tiny_kb, retriever, tiny_policy,
+                                                                      tmp_path):
     ray = _ray()
     run_dir = tmp_path / "killed"
     cmd = [sys.executable, "-m", "agent_rl.training.cli", "--config", "configs/train/demo_grpo_cpu.yaml",
-           *overrides(tiny_kb, retriever, run_dir, "grpo"),
+           *overrides(tiny_kb, retriever, run_dir, "grpo", tiny_policy),
            f"trainer.ray_address={ray.get_runtime_context().gcs_address}"]  # join the test's cluster
     env = kill_after_first_checkpoint(cmd, run_dir, tmp_path / "first.log")
     assert (run_dir / "checkpoints" / "latest").read_text() == "global_step_1"
@@ -201,11 +204,11 @@ def test_killed_run_resumes_from_its_checkpoint_on_the_same_data_order(grpo_run,
 
 
 @pytest.mark.slow
-def test_time_budget_stops_with_a_checkpoint_and_a_rerun_continues_the_clock(tiny_kb, retriever, tmp_path):
+def test_time_budget_stops_with_a_checkpoint_and_a_rerun_continues_the_clock(tiny_kb, retriever, tiny_policy, tmp_path):
     run_dir = tmp_path / "budget"
     # 1 s: step 1 runs (nothing measured yet), then the next step would end past the budget
-    run_in_process("grpo", tiny_kb, retriever, run_dir, ["trainer.total_training_steps=3", "trainer.max_time_s=1",
-                                                         "trainer.save_freq=-1"])
+    run_in_process("grpo", tiny_kb, retriever, run_dir, tiny_policy,
+                   ["trainer.total_training_steps=3", "trainer.max_time_s=1", "trainer.save_freq=-1"])
     ckpt = run_dir / "checkpoints"
     assert (ckpt / "latest").read_text() == "global_step_1"  # saved although save_freq=-1 and 3 steps were asked
     first = read_jsonl(run_dir)
@@ -214,8 +217,9 @@ def test_time_budget_stops_with_a_checkpoint_and_a_rerun_continues_the_clock(tin
     assert state["trained_s"] == pytest.approx(first[0]["training/elapsed_s"]) and state["trained_s"] > 1
     # a larger budget: the clock goes on from the checkpoint's, not from 0; a validation after
     # step 2 is not on it (a run's training minutes do not depend on how often it validates)
-    run_in_process("grpo", tiny_kb, retriever, run_dir, ["trainer.total_training_steps=2", "trainer.max_time_s=100000",
-                                                         "trainer.test_freq=1", "data.val_data_num=4"])
+    run_in_process("grpo", tiny_kb, retriever, run_dir, tiny_policy,
+                   ["trainer.total_training_steps=2", "trainer.max_time_s=100000", "trainer.test_freq=1",
+                    "data.val_data_num=4"])
     rows = read_jsonl(run_dir)
     assert [r["step"] for r in rows] == [1, 2]
     step_s, validate_s = rows[1]["timing/step"], rows[1]["timing/validate"]
@@ -517,7 +521,7 @@ def test_the_sync_collector_waits_out_an_outage_and_collects_again(monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_retriever_killed_mid_run_does_not_teach_the_policy(tiny_kb, few_shot_prompt, tmp_path):
+def test_a_retriever_killed_mid_run_does_not_teach_the_policy(tiny_kb, few_shot_prompt, model_dir, tmp_path):
     """A real GRPO run whose retriever (its own server process) is killed after step 1 and
     started again 8 s later on the same port: step 2's failed searches are counted and left
     out of the update, the trainer waits for /health, and step 3 searches again. Few-shot
@@ -557,7 +561,7 @@ def test_a_retriever_killed_mid_run_does_not_teach_the_policy(tiny_kb, few_shot_
     _ray()
     run_dir = tmp_path / "run"
     cfg = load_config(TrainConfig, ROOT / "configs/train/demo_grpo_cpu.yaml", [
-        *overrides(tiny_kb, url, run_dir, "grpo"), f"data.train_files=[{qa}]", f"data.val_files=[{qa}]",
+        *overrides(tiny_kb, url, run_dir, "grpo", model_dir), f"data.train_files=[{qa}]", f"data.val_files=[{qa}]",
         "data.max_prompt_length=1024", "actor_rollout_ref.rollout.chat_template=false",
         "actor_rollout_ref.rollout.temperature=0.3", "trainer.total_training_steps=3", "trainer.save_freq=-1",
         "trainer.test_freq=-1", "trainer.val_before_train=false",
@@ -588,8 +592,10 @@ AHEAD = ["actor_rollout_ref.actor.tis_cap=2.0", "trainer.max_staleness=1"]
 
 
 @pytest.mark.slow
-def test_one_step_off_trains_step_k_on_the_batch_generated_during_update_k_minus_1(tiny_kb, retriever, tmp_path, model_dir):
-    run_dir = run_in_process("grpo", tiny_kb, retriever, tmp_path / "one_step_off", ["trainer.mode=one_step_off", *AHEAD])
+def test_one_step_off_trains_step_k_on_the_batch_generated_during_update_k_minus_1(tiny_kb, retriever, tiny_policy,
+                                                                                  tmp_path):
+    run_dir = run_in_process("grpo", tiny_kb, retriever, tmp_path / "one_step_off", tiny_policy,
+                             ["trainer.mode=one_step_off", *AHEAD])
     rows = [r for r in read_jsonl(run_dir) if r["step"] > 0]
     assert [r["step"] for r in rows] == [1, 2]
     # step 1 trains what version 0 sampled; step 2 the batch version 0 sampled during update 1
@@ -598,11 +604,12 @@ def test_one_step_off_trains_step_k_on_the_batch_generated_during_update_k_minus
     assert rows[0]["async/partial_trajectories"] == rows[1]["async/partial_trajectories"] == 0  # swaps wait for the batch
     assert all("timing/drain" in r and "actor/tis_weight_mean" in r and "async/engine_idle_s" in r for r in rows)
     assert rows[0]["prompt_ids"] != rows[1]["prompt_ids"]
-    assert (_weights(run_dir / "checkpoints" / "global_step_2" / "actor") - _weights(model_dir)).abs().max() > 0
+    assert (_weights(run_dir / "checkpoints" / "global_step_2" / "actor") - _weights(tiny_policy)).abs().max() > 0
 
 
 @pytest.mark.slow
-def test_async_run_killed_mid_step_continues_its_trajectories_and_trains_every_prompt_once(tiny_kb, retriever, tmp_path):
+def test_async_run_killed_mid_step_continues_its_trajectories_and_trains_every_prompt_once(tiny_kb, retriever,
+                                                                                           tiny_policy, tmp_path):
     """trainer.mode=async, 6 prompts, 3 steps of 2: killed with SIGKILL during step 2 (after
     step 1's checkpoint), started again: the groups the checkpoint held in flight are
     continued (their sampled tokens are trained, not regenerated) and every prompt of the
@@ -610,7 +617,7 @@ def test_async_run_killed_mid_step_continues_its_trajectories_and_trains_every_p
     ray = _ray()
     run_dir = tmp_path / "async"
     cmd = [sys.executable, "-m", "agent_rl.training.cli", "--config", "configs/train/demo_grpo_cpu.yaml",
-           *overrides(tiny_kb, retriever, run_dir, "grpo"), "trainer.mode=async", *AHEAD,
+           *overrides(tiny_kb, retriever, run_dir, "grpo", tiny_policy), "trainer.mode=async", *AHEAD,
            "data.train_data_num=6", "trainer.total_training_steps=null", "trainer.total_epochs=1",
            f"trainer.ray_address={ray.get_runtime_context().gcs_address}"]
     env = kill_after_first_checkpoint(cmd, run_dir, tmp_path / "first.log")
