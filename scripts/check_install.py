@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     rows, status = [], 0
     print("| Python | extra | requires-python | resolves | versions chosen |")
     print("|---|---|---|---|---|")
-    # the resolutions are independent and mostly wait on the index: all at once (rows in order)
+    # the resolutions are independent and each waits on the index about half its time: all at
+    # once (rows in order)
     combos = list(itertools.product(args.pythons, args.extras))
     with ThreadPoolExecutor(max_workers=len(combos)) as pool:
         results = pool.map(lambda c: resolve(requirements(c[1]), c[0]), combos)
