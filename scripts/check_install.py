@@ -74,8 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     # the resolutions are independent and each waits on the index about half its time: all at
     # once (rows in order)
     combos = list(itertools.product(args.pythons, args.extras))
+    reqs = {extra: requirements(extra) for extra in args.extras}  # an unknown extra stops here, before pip
     with ThreadPoolExecutor(max_workers=len(combos)) as pool:
-        results = pool.map(lambda c: resolve(requirements(c[1]), c[0]), combos)
+        results = pool.map(resolve, [reqs[extra] for _, extra in combos], [py for py, _ in combos])
         for (py, extra), (result, chosen, tail) in zip(combos, results):
             row = {"python": py, "extra": extra, "admitted": admits(py), "result": result, "chosen": chosen}
             rows.append(row)
