@@ -15,6 +15,9 @@
 #   scripts/gpu_check.sh loop-start    # there: stage c (`make demo`'s pipeline) started in the
 #                                      # background, stages a+b (engine on CUDA, weight sync) beside it
 #   scripts/gpu_check.sh loop-finish   # there: wait for stage c, then stage d's figures, one table
+#   scripts/gpu_check.sh probe         # there, instead of the loop: where the actor update's time
+#                                      # goes (shared vs whole packing) and interleaved / plain
+#                                      # generation, on the embedded policy, in one call (~5 min)
 #
 # On a CUDA machine where the project is installed (`pip install -e .`), `run` alone works: it
 # then uses the embedded model from `make setup` and the installed packages. `prepare` exists for
@@ -203,6 +206,31 @@ loop_finish() {
         --cpu-step-s 74.7 --json "$out/gpu_loop.json"
 }
 
+# The figures that need no demo, in one call: the actor update's packings on the worker's device
+# (run 10's update ran at ~4,000 tok/s in the demo against 32,757 in benchmarks/gpu.py) and the
+# rollout benchmark (interleaved / plain generation; the untrained policy with few-shot prompts).
+# KIT=0 runs it with the current environment's packages (a rehearsal on the CPU, with QUICK=1).
+probe() {
+    local out=${OUT:-gpu_out} py=${GPU_PY:-python3} quick=()
+    mkdir -p "$out" artifacts
+    [ "${QUICK:-0}" = 1 ] && quick=(--quick)
+    if [ "${KIT:-1}" != 0 ]; then
+        "$py" scripts/gpu_kit.py unpack --require-all || return 1
+        kit_env
+    fi
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+    [ -f artifacts/model/.complete ] || "$py" -m data_prep model --out artifacts/model 2>&1 | tail -2
+    set +e
+    timeout "${TRAIN_TIMEOUT_S:-200}" "$py" benchmarks/train.py --shared-prefix-only "${quick[@]}" --model artifacts/model \
+        --json "$out/train_prefix.json" 2>&1 | tee "$out/train_prefix.log" | grep -v -E "^(INFO|DEBUG|WARNING) " | tail -n 20
+    echo "[probe] update packings: exit ${PIPESTATUS[0]}"
+    timeout "${D_TIMEOUT_S:-200}" "$py" benchmarks/rollout.py "${quick[@]}" --model artifacts/model --tool-latency-ms 0-0 \
+        --trajectories 128 --max-num-seqs 128 --in-flight 128 --max-turns 2 --max-tokens-per-turn 96 \
+        --json "$out/rollout.json" 2>&1 | tee "$out/rollout.log" | grep -v -E "^(INFO|DEBUG|WARNING) " | tail -n 14
+    echo "[probe] rollout benchmark: exit ${PIPESTATUS[0]}"
+    set -e
+}
+
 case "${1:-run}" in
     prepare) prepare ;;
     prepare-ray) prepare_ray ;;
@@ -210,6 +238,7 @@ case "${1:-run}" in
     kit) "${GPU_PY:-python3}" scripts/gpu_kit.py unpack ;;
     loop-start) loop_start ;;
     loop-finish) loop_finish ;;
+    probe) probe ;;
     run) run ;;
-    *) echo "usage: $0 prepare|prepare-ray|prepare-vllm|kit|loop-start|loop-finish|run" >&2; exit 2 ;;
+    *) echo "usage: $0 prepare|prepare-ray|prepare-vllm|kit|loop-start|loop-finish|probe|run" >&2; exit 2 ;;
 esac
