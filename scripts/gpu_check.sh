@@ -17,7 +17,8 @@
 #   scripts/gpu_check.sh loop-finish   # there: wait for stage c, then stage d's figures, one table
 #   scripts/gpu_check.sh probe         # there, instead of the loop: where the actor update's time
 #                                      # goes (shared vs whole packing) and interleaved / plain
-#                                      # generation, on the embedded policy, in one call (~5 min)
+#                                      # generation, on the embedded policy, in one call (two
+#                                      # timeouts of 200 s; not yet timed on a GPU)
 #
 # On a CUDA machine where the project is installed (`pip install -e .`), `run` alone works: it
 # then uses the embedded model from `make setup` and the installed packages. `prepare` exists for
