@@ -199,6 +199,28 @@ def test_pack_shares_the_common_prompt_head_once():
     assert fw.pack(one.input_ids, one.seq_lens, one.prompt_lens, share_prefix=True).shared_prefix_len == 0
 
 
+def test_shared_prefix_attention_equals_a_slow_reference():
+    """One packed row: a shared prefix of 5 tokens, then sequences of 4 and 3 tokens, grouped
+    query heads (4 query, 2 key/value). A prefix token attends causally within the prefix; a
+    sequence's token attends to the whole prefix and causally within its own sequence; scored
+    here query by query with an explicit softmax."""
+    g = torch.Generator().manual_seed(0)
+    prefix, lens, hq, hkv, d = 5, (4, 3), 4, 2, 8
+    t = prefix + sum(lens)
+    q, k, v = (torch.randn(1, h, t, d, generator=g) for h in (hq, hkv, hkv))
+    cu = torch.tensor([0, prefix, prefix + lens[0], t])
+    out, _ = fw.varlen_sdpa_attention(None, q, k, v, None, cu_seq_lens_q=cu, shared_prefix_len=prefix)
+    ref = torch.empty(1, t, hq, d)
+    for i in range(t):
+        start = 0 if i < prefix else (prefix if i < prefix + lens[0] else prefix + lens[0])
+        keys = [*range(min(prefix, start)), *range(start, i + 1)]
+        for h in range(hq):
+            kh = h // (hq // hkv)
+            w = torch.softmax(q[0, h, i] @ k[0, kh, keys].T / math.sqrt(d), dim=-1)
+            ref[0, i, h] = w @ v[0, kh, keys]
+    assert torch.allclose(out, ref, atol=1e-5), (out - ref).abs().max()
+
+
 def test_shared_prefix_log_probs_equal_plain_transformers(full_worker, plain_model):
     """Sequences that share their prompts' head, packed with it once, score as a plain fp32
     forward of each sequence alone."""
