@@ -38,6 +38,19 @@ def make_cfg(path: str, strategy: str) -> ActorRolloutRefConfig:
     return cfg
 
 
+def assert_same_adam_step(got: dict, want: dict, lr: float = 1e-3) -> None:
+    """Parameters after one Adam step from the same start and (to summation order) the same
+    gradient: equal to 1e-6, except on the few elements whose gradient is at the noise level
+    of Adam's eps, where a changed summation order (another packing, another ISA's kernels)
+    flips the first step's lr * g / (|g| + eps); such an element moves by at most 2 * lr."""
+    bad = total = 0
+    for name, p in want.items():
+        d = (got[name] - p).abs()
+        assert d.max() <= 2 * lr + 1e-6, name
+        bad, total = bad + int((d > 1e-6).sum()), total + d.numel()
+    assert bad <= 1e-4 * total, f"{bad} of {total} parameters differ by more than 1e-6"
+
+
 def make_batch() -> TokenBatch:
     g = torch.Generator().manual_seed(0)
     trajs = []
@@ -105,20 +118,16 @@ def test_two_workers_equal_one(tiny_policy, single, strategy, tmp_path):
     assert (g2 - g1).norm() <= 1e-5 * g1.norm()
     for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/pg_clipfrac", "actor/ppo_kl", "actor/grad_norm"):
         assert two["metrics"][key] == pytest.approx(single["metrics"][key], rel=1e-4, abs=1e-6), key
-    assert set(two["params"]) == set(single["params"])
-    moved = 0
-    for name, p1 in single["params"].items():
-        assert torch.allclose(two["params"][name], p1, atol=1e-6, rtol=0), name
-        moved += 1
-    assert moved > 0
+    assert set(two["params"]) == set(single["params"]) and single["params"]
+    assert_same_adam_step(two["params"], single["params"])
 
     # the group's checkpoint (gathered from shards under FSDP) resumes in a single worker:
     # same weights and the same Adam moments as the worker that saw the whole batch
     resumed = ActorWorker(make_cfg(str(tiny_policy), "replicas"), total_steps=2)
     resumed.load(str(out) + ".ckpt")
     assert resumed.num_updates == 1
-    for p, q in zip(resumed.optim.params, single_worker.optim.params):
-        assert torch.allclose(p, q, atol=1e-6, rtol=0)
+    assert_same_adam_step({i: p.detach() for i, p in enumerate(resumed.optim.params)},
+                          {i: q.detach() for i, q in enumerate(single_worker.optim.params)})
     m1, m2 = adam_moments(single_worker), adam_moments(resumed)
     assert (m2 - m1).norm() <= 1e-5 * m1.norm()
 
@@ -140,8 +149,7 @@ def test_fsdp_over_a_group_of_one_equals_the_plain_worker(tiny_policy, single, t
     mp.spawn(_group_of_one_main, args=(wdist.free_port(), str(tiny_policy), str(out)), nprocs=1, join=True)
     one, (_, ref) = torch.load(out, weights_only=False), single
     assert (one["grad"] - ref["grad"]).norm() <= 1e-5 * ref["grad"].norm()
-    for name, p1 in ref["params"].items():
-        assert torch.allclose(one["params"][name], p1, atol=1e-6, rtol=0), name
+    assert_same_adam_step(one["params"], ref["params"])
 
 
 def test_collectives_put_their_tensors_where_the_backend_reduces(monkeypatch):
