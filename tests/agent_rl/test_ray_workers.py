@@ -45,8 +45,11 @@ def test_two_ranks_match_one_rank(model_dir):
 
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False)
+    # fp32 on every host kind (`auto` picks bf16 where it is native): the check is rows and
+    # order, and bf16 rounds two packings' log-probs differently by more than its 1e-4
     cfg = load_config(TrainConfig, None, [f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.n=1",
-                                          "actor_rollout_ref.actor.ppo_mini_batch_size=5"])
+                                          "actor_rollout_ref.actor.ppo_mini_batch_size=5",
+                                          "actor_rollout_ref.actor.bf16_autocast=false"])
     factory = functools.partial(ActorWorker, cfg.actor_rollout_ref, 10)
     batch = _batch()
 
