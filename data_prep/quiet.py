@@ -62,6 +62,9 @@ NOTICES = (
     Notice("vllm.platforms.interface", r"Unknown vLLM environment variable detected: VLLM_DIST_IDENT$",
            "vLLM's own CPU worker sets VLLM_DIST_IDENT in the process that hosts an engine and does not list it; "
            "an engine started later from that process (or a child of it) inherits it"),
+    Notice("vllm.platforms.cpu", r"Reset SSM cache type to float32 for accelerated GDN mamba backend",
+           "a bf16 engine on the CPU sets the state cache of mamba layers; the policy is a dense transformer "
+           "and has none (seen on native-bf16 hosts only, where `auto` picks bf16)"),
     Notice("vllm.engine.arg_utils", r"The global random seed is set to",
            "we run the engine in our process on purpose (rollout.engine_mode=inproc), seeded by the config"),
     Notice("vllm.config.vllm", r"Enforce eager set, disabling torch\.compile",
