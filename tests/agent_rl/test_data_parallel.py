@@ -24,6 +24,10 @@ from agent_rl.training.workers.actor import ActorWorker
 from agent_rl.types import Trajectory
 
 
+LR = 1e-3
+"""The optimizer's lr in these tests: it also bounds how far one Adam step moves an element."""
+
+
 def make_cfg(path: str, strategy: str) -> ActorRolloutRefConfig:
     cfg = ActorRolloutRefConfig()
     cfg.model.path = path
@@ -33,12 +37,12 @@ def make_cfg(path: str, strategy: str) -> ActorRolloutRefConfig:
     cfg.actor.bf16_autocast = False
     cfg.actor.use_kl_loss = True
     cfg.actor.entropy_coeff = 0.01
-    cfg.actor.optim.lr = 1e-3
+    cfg.actor.optim.lr = LR
     cfg.actor.strategy = strategy
     return cfg
 
 
-def assert_same_adam_step(got: dict, want: dict, lr: float = 1e-3) -> None:
+def assert_same_adam_step(got: dict, want: dict, lr: float = LR) -> None:
     """Parameters after one Adam step from the same start and (to summation order) the same
     gradient: equal to 1e-6, except on the few elements whose gradient is at the noise level
     of Adam's eps, where a changed summation order (another packing, another ISA's kernels)
