@@ -4,16 +4,19 @@ One `Encoder` serves index building (passages) and the retriever (queries), so b
 the same model, pooling and prefixes; `identity()` is what index metadata records and what the
 server compares before it serves an index.
 
-A text's vector never depends on the texts it is batched with (the retriever's batcher groups
-concurrent queries; an index shard groups passages): at every precision, alone vs in any batch
-differs by fp32 rounding only (<= 1e-5; measured ~1e-7). How each precision keeps that:
+A text's vector does not depend on the texts it is batched with (the retriever's batcher groups
+concurrent queries; an index shard groups passages) beyond the precision's own rounding: fp32
+and int8 differ by fp32 rounding only (<= 1e-5; measured ~1e-7), bf16 by less than one bf16
+step (2^-8). How each precision keeps that:
 - fp32 (ONNX or torch): padding is masked exactly; matmul blockings differ by ~1e-7.
 - int8 (ONNX): every activation row (token) has its own scale (`data_prep.onnx_int8`). ONNX
   Runtime's `quantize_dynamic`, used before, shared one scale over the whole batch tensor, so a
   query moved with its batch mates (3e-2, cosine 0.976).
 - bf16 / fp16 (torch): only texts of equal token count share a forward pass. 16-bit attention
   over padded batches moved vectors by up to 2e-3 (300 NQ questions, bf16 on an AVX-512 EPYC),
-  equal-length batches by 0.
+  equal-length batches by 0 there. On AMX hosts oneDNN blocks a bf16 GEMM by its row count, so
+  equal-length batches of 7 and 64 still differ by up to 1.2e-3 (80 passages, 2-core Xeon with
+  AMX), about half of what bf16 itself moves a vector from fp32 (2.2e-3; cosine >= 0.99994).
 
 Speed on CPU: the default is ONNX Runtime (`backend="onnx"`) with `precision="auto"`: int8
 where the CPU has int8 dot products (VNNI), fp32 elsewhere (on an AVX2 host int8 gained nothing:

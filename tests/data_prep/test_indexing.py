@@ -316,7 +316,11 @@ def test_memory_mapped_index_searches_like_a_copied_one(tmp_path, kind):
 def test_index_vectors_do_not_depend_on_batching(backend, precision, corpus, tmp_path):
     """The same corpus built with two batch sizes and shard sizes stores the same vectors (issue
     27: int8 with one activation scale per batch moved a passage's vector with its shard mates by
-    ~3e-2). 1e-5: fp32 rounding of the non-integer ops (measured ~4e-8)."""
+    ~3e-2). fp32 and int8: 1e-5, fp32 rounding of the non-integer ops (measured ~4e-8). bf16: one
+    bf16 step at 1.0 (2^-8 = 3.9e-3): on AMX hosts oneDNN blocks a bf16 GEMM by its row count
+    (measured 1.0e-3 there, 0 on AVX2 and on an AVX-512 EPYC without AMX); the per-batch-scale
+    bug moved vectors by 3e-2, eight times this bound. bf16 over padded batches (2e-3) is kept out
+    by construction and checked in test_encoder (test_16_bit_passes_hold_equal_lengths_only)."""
     import faiss
 
     from data_prep.encoder import Encoder
@@ -329,7 +333,7 @@ def test_index_vectors_do_not_depend_on_batching(backend, precision, corpus, tmp
         index = faiss.read_index(str(tmp_path / f"b{batch}" / "index.faiss"))
         vecs.append(index.reconstruct_n(0, index.ntotal))
     assert vecs[0].shape == (len(corpus[1]), 384)
-    assert float(np.abs(vecs[0] - vecs[1]).max()) <= 1e-5
+    assert float(np.abs(vecs[0] - vecs[1]).max()) <= (2.0 ** -8 if precision == "bf16" else 1e-5)
 
 
 FAKE_JAX = '''
