@@ -33,6 +33,16 @@ passes the SFT arm's EM on the same questions (at the end of its minutes) by `--
 It prints each seed's row, the mean, the median and the worst seed, and writes JSON and a PNG
 into the workdir (default runs/rl_vs_sft/kb<K>). A re-run with the same workdir reuses every
 finished stage. Extra `key=value` arguments override the GRPO config (veRL names).
+
+Choosing `--start-steps` (a design decision: make it on the dev KB, seed 0):
+
+    python benchmarks/rl_vs_sft.py --kb-seed 0 --seeds 1 --start-curve 20 120
+
+trains each seed's start SFT once to 120 steps, saving every 20 (the lr is constant after its
+warm-up, so the checkpoint at step k is the k-step start), and evaluates every checkpoint on the
+report questions: agent EM by question kind and searches per question against steps
+(`start_curve.{md,json,png}`). The fair start is where that curve has stopped rising: more SFT
+from there gains nothing, and what RL adds is RL's.
 """
 
 from __future__ import annotations
@@ -92,10 +102,64 @@ def evaluate(w: Workdir, model: Path, data: Path, url: str, out: Path, limit: in
     return out
 
 
-def sft(w: Workdir, out: Path, seed: int, steps: int, max_time_s: float, model: Path) -> Path:
-    run(stages.sft(w.demos, model, out, steps, max_time_s, seed=seed), f"SFT -> {out.parent.name}/{out.name}",
+def sft(w: Workdir, out: Path, seed: int, steps: int, max_time_s: float, model: Path, save_every: int = 0) -> Path:
+    """`save_every` > 0: a checkpoint every that many steps, all kept (the start curve)."""
+    keep = [f"trainer.save_freq={save_every}", "trainer.max_ckpt_to_keep=null"] if save_every else []
+    run(stages.sft(w.demos, model, out, steps, max_time_s, seed=seed) + keep, f"SFT -> {out.parent.name}/{out.name}",
         done=out / "model" / "config.json")
     return out / "model"
+
+
+def start_curve(w: Workdir, d: Path, seed: int, every: int, steps: int, rep: Path, url: str, limit: int,
+                kinds: dict[str, str]) -> list[dict]:
+    """One start SFT to `steps`, its checkpoint every `every` steps evaluated on the report
+    questions: [{step, em, by_kind, searches, strict_format}]."""
+    from agent_rl.evaluation import report
+
+    run_dir = d / "start_curve"
+    sft(w, run_dir, seed, steps, 24 * 3600, w.model, save_every=every)
+    points = []
+    for k in range(every, steps + 1, every):
+        out = evaluate(w, run_dir / "checkpoints" / f"global_step_{k}", rep, url, d / f"eval_curve_{k}", limit)
+        recs = report.read_records(out, "agent")
+        by_kind: dict[str, list[dict]] = {}
+        for r in recs:
+            by_kind.setdefault(kinds.get(str(r["id"]), "?"), []).append(r)
+        a = report.stats(recs)
+        points.append({"step": k, "n": len(recs), "em": a["em"], "searches": a["searches_mean"],
+                       "strict_format": 1 - a["invalid_format_rate"],
+                       "by_kind": {g: report.stats(rs)["em"] for g, rs in sorted(by_kind.items())}})
+    return points
+
+
+def curve_table(curves: dict[int, list[dict]], host: str, args) -> str:
+    kinds = sorted({g for pts in curves.values() for p in pts for g in p["by_kind"]})
+    lines = [f"Start SFT against steps, KB seed {args.kb_seed}, {args.eval_limit} report questions", host, "",
+             "| seed | SFT steps | agent EM | " + " | ".join(kinds) + " | searches | strict format |",
+             "|---|---|---|" + "---|" * len(kinds) + "---|---|"]
+    for s, pts in curves.items():
+        lines += [f"| {s} | {p['step']} | {100 * p['em']:.1f} | "
+                  + " | ".join(f"{100 * p['by_kind'].get(g, float('nan')):.1f}" for g in kinds)
+                  + f" | {p['searches']:.2f} | {100 * p['strict_format']:.1f} |" for p in pts]
+    return "\n".join(lines) + "\n"
+
+
+def curve_plot(curves: dict[int, list[dict]], out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for s, pts in curves.items():
+        ax.plot([p["step"] for p in pts], [100 * p["em"] for p in pts], marker="o", label=f"seed {s}")
+    ax.set_xlabel("start SFT steps (of 8 demonstrations)")
+    ax.set_ylabel("agent EM % (report questions)")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
 
 
 def grpo(w: Workdir, start: Path, val: Path, url: str, out: Path, seed: int, args) -> Path:
@@ -273,9 +337,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--demo-args", default="", help="extra arguments of `agent-rl-prep demos` (quoted), e.g. the wording")
     ap.add_argument("--workdir", default=None, help="default runs/rl_vs_sft/kb<K>")
     ap.add_argument("--json", default=None, help="write the result here too")
+    ap.add_argument("--start-curve", type=int, nargs=2, metavar=("EVERY", "STEPS"), default=None,
+                    help="instead of the arms: each seed's start SFT to STEPS, evaluated every EVERY steps "
+                         "(choose --start-steps with it, on the dev KB)")
     ap.add_argument("overrides", nargs="*", help="GRPO config overrides, key=value")
     args = ap.parse_args(argv)
-    if args.kb_seed == DEV_KB_SEED:
+    if args.start_curve and (args.start_curve[0] < 1 or args.start_curve[1] < args.start_curve[0]):
+        ap.error("--start-curve EVERY STEPS: 1 <= EVERY <= STEPS")
+    if args.kb_seed == DEV_KB_SEED and not args.start_curve:
         print(f"rl_vs_sft: KB seed {DEV_KB_SEED} is the dev KB the recipe was tuned on; report on another "
               "(its numbers would not be a result)", file=sys.stderr)
     from benchmarks.kb_server import serve_index
@@ -298,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
         with serve_index(w.index, w.kb / "corpus.jsonl", log_path=work / "retriever.log") as url:
             run(stages.demonstrations(w, url, args.demos, args.demo_args.split()), "grounded demonstrations",
                 done=w.demos)
+            if args.start_curve:
+                return curves(w, work, args, rep, url, kinds)
             for s in args.seeds:
                 d = work / f"seed{s}"
                 start = sft(w, d / "start", s, args.start_steps, 24 * 3600, w.model)
@@ -325,6 +396,24 @@ def main(argv: list[str] | None = None) -> int:
               "png": str(plot(rows, work / "rl_vs_sft.png"))}
     (work / "rl_vs_sft.md").write_text(text)
     (work / "rl_vs_sft.json").write_text(json.dumps(result, indent=1) + "\n")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+def curves(w: Workdir, work: Path, args, rep: Path, url: str, kinds: dict[str, str]) -> int:
+    from data_prep.hardware import hardware_line
+
+    every, steps = args.start_curve
+    curves = {s: start_curve(w, work / f"seed{s}", s, every, steps, rep, url, args.eval_limit, kinds) for s in args.seeds}
+    host = hardware_line()
+    text = curve_table(curves, host, args)
+    print("\n" + text)
+    result = {"kb_seed": args.kb_seed, "dev_kb_seed": DEV_KB_SEED, "every": every, "steps": steps,
+              "eval_limit": args.eval_limit, "curves": {str(s): c for s, c in curves.items()}, "host": host,
+              "png": str(curve_plot(curves, work / "start_curve.png"))}
+    (work / "start_curve.md").write_text(text)
+    (work / "start_curve.json").write_text(json.dumps(result, indent=1) + "\n")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     return 0

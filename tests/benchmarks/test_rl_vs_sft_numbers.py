@@ -141,3 +141,25 @@ def test_a_finished_evaluation_does_not_need_its_model(tmp_path, monkeypatch):
     with pytest.raises(EvalInputError, match="not an HF model directory"):
         rl_vs_sft.evaluate(w, run_dir, tmp_path / "q.parquet", "http://x", tmp_path / "eval_new", 2)
     assert ran == []
+
+
+def test_the_start_curve_trains_once_keeps_every_checkpoint_and_scores_each(tmp_path, monkeypatch):
+    # one start SFT to 6 steps saving every 3 (all kept), then the checkpoints at 3 and 6 scored
+    # on the report questions: EM overall and by kind, searches
+    from agent_rl.demo.stages import Workdir
+
+    ran = []
+    monkeypatch.setattr(rl_vs_sft.stages, "run_stage", lambda cmd, what, tag: ran.append([str(c) for c in cmd]) or 0.0)
+    d = tmp_path / "seed5"
+    _write(d / "eval_curve_3", [1, 0, 0, 0], searches=2)
+    _write(d / "eval_curve_6", [1, 1, 1, 0], searches=1)
+    pts = rl_vs_sft.start_curve(Workdir(tmp_path / "w"), d, 5, 3, 6, tmp_path / "rep.parquet", "http://x", 4, KINDS)
+    assert len(ran) == 1 and "trainer.total_training_steps=6" in ran[0] and "data.seed=5" in ran[0]
+    assert "trainer.save_freq=3" in ran[0] and "trainer.max_ckpt_to_keep=null" in ran[0]
+    assert [(p["step"], p["em"], p["searches"]) for p in pts] == [(3, 0.25, 2.0), (6, 0.75, 1.0)]
+    assert pts[1]["by_kind"] == {"bridge": 0.5, "single": 1.0}
+    args = argparse.Namespace(kb_seed=0, eval_limit=4)
+    text = rl_vs_sft.curve_table({5: pts}, "[hardware] cpu='X'", args)
+    assert "KB seed 0" in text and "[hardware] cpu='X'" in text
+    assert "| 5 | 3 | 25.0 | 0.0 | 50.0 | 2.00 | 100.0 |" in text and "| 5 | 6 | 75.0 | 50.0 | 100.0 | 1.00 |" in text
+    assert rl_vs_sft.curve_plot({5: pts}, tmp_path / "c.png").stat().st_size > 0
