@@ -201,7 +201,9 @@ def test_a_query_gets_the_same_passages_alone_and_in_a_burst(backend, precision,
     what it was grouped with. Each question alone, then all of them inside a burst of 64
     concurrent different requests: the same passage ids in the same order, scores within 1e-4
     (fp32 rounding: ~1e-7 measured; int8 with one activation scale per batch tensor moved
-    vectors by 3e-2 and reordered these rankings). Cache off, so every answer is computed."""
+    vectors by 3e-2 and reordered these rankings); bf16 within one bf16 step (2^-8): on AMX hosts
+    oneDNN blocks a bf16 GEMM by its row count (6.5e-4 measured on a 2-core Xeon; 0 on AVX2).
+    Cache off, so every answer is computed."""
     from retriever_server.launch import start_server, stop_server, wait_healthy
 
     proc, url = start_server(flat_index, tiny_corpus, extra_args=[
@@ -232,4 +234,4 @@ def test_a_query_gets_the_same_passages_alone_and_in_a_burst(backend, precision,
     assert after["max_size"] > 8 and after["multi_request"] > before["multi_request"], after  # really batched
     for q, a, b in zip(targets, alone, in_burst):
         assert [d["document"]["id"] for d in a] == [d["document"]["id"] for d in b], q
-        assert max(abs(x["score"] - y["score"]) for x, y in zip(a, b)) <= 1e-4, q
+        assert max(abs(x["score"] - y["score"]) for x, y in zip(a, b)) <= (2.0 ** -8 if precision == "bf16" else 1e-4), q
