@@ -20,7 +20,9 @@ interleaved, median of --reps after a warm-up:
 - shared_prefix: the demo's GRPO and SFT shapes with real Search-R1 prompts (the template's
   ~145 tokens, then a question), `update_policy` and `update_sft` with each micro-batch's common
   prompt head packed once (the workers' default with SDPA attention) and packed whole, at
-  micro-batches of 1024 and 2048 tokens: seconds, speed-up and peak RSS per setting.
+  micro-batches of 1024 and 2048 tokens: seconds, speed-up and peak RSS per setting; on CUDA
+  also each with one SDPA call per sequence instead of one varlen kernel call per layer
+  (`forward.VARLEN_KERNEL`), loop ÷ kernel.
 
 Phases (bf16 worker, fp32 worker, naive, LoRA) run one after another so that only one set
 of models is in memory; inside a phase the variants are interleaved.
@@ -55,6 +57,7 @@ import torch  # noqa: E402
 
 from agent_rl.config import ActorRolloutRefConfig  # noqa: E402
 from agent_rl.training.batch import TokenBatch, micro_batches  # noqa: E402
+from agent_rl.training.workers import forward as fw  # noqa: E402
 from agent_rl.training.workers.actor import ActorWorker  # noqa: E402
 from agent_rl.training.workers.forward import pack  # noqa: E402
 from agent_rl.types import Trajectory  # noqa: E402
@@ -121,20 +124,22 @@ def shared_prefix_bench(model: str, reps: int, quick: bool) -> dict:
         w.loop.max_token_len = max_len
         rl_b, warm_b = rl_fields(w, rl), rl_fields(w, warm)
 
-        def with_sharing(on: bool, fn):
+        def with_sharing(on: bool, fn, kernel: bool = True):
             def run(b):
                 w.share_prefix = on
-                return fn(b)
+                fw.VARLEN_KERNEL = kernel
+                try:
+                    return fn(b)
+                finally:
+                    fw.VARLEN_KERNEL = True
             return run
 
-        secs = measure({
-            "rl_shared": with_sharing(True, w.update_policy),
-            "rl_whole": with_sharing(False, w.update_policy),
-        }, warm_b, rl_b, reps)
-        secs.update(measure({
-            "sft_shared": with_sharing(True, w.update_sft),
-            "sft_whole": with_sharing(False, w.update_sft),
-        }, warm, sft, reps))
+        # on CUDA the attention is one varlen kernel call per layer; "_loop": one SDPA call per sequence
+        loops = ("", "_loop") if w.device.type == "cuda" else ("",)
+        secs = measure({f"rl_{how}{lp}": with_sharing(how == "shared", w.update_policy, not lp)
+                        for lp in loops for how in ("shared", "whole")}, warm_b, rl_b, reps)
+        secs.update(measure({f"sft_{how}{lp}": with_sharing(how == "shared", w.update_sft, not lp)
+                             for lp in loops for how in ("shared", "whole")}, warm, sft, reps))
         out["by_micro_batch"][max_len] = {**secs, "rl_speedup": secs["rl_whole"] / secs["rl_shared"],
                                           "sft_speedup": secs["sft_whole"] / secs["sft_shared"],
                                           "rl_micro_batches": len(micro_batches(rl_b, True, max_len, 0)),
@@ -386,6 +391,14 @@ def report_shared_prefix(r: dict, json_path: Path | None) -> None:
     for max_len, m in r["by_micro_batch"].items():
         print(f"{max_len:>11} {m['rl_shared']:10.2f} {m['rl_whole']:11.2f} {m['rl_speedup']:9.2f} "
               f"{m['sft_shared']:9.2f} {m['sft_whole']:10.2f} {m['sft_speedup']:9.2f} {m['peak_rss_gib']:21.2f}")
+    loops = {k: m for k, m in r["by_micro_batch"].items() if "rl_shared_loop" in m}
+    if loops:
+        print("\nthe same with one SDPA call per sequence instead of one varlen kernel call per layer "
+              "(AGENT_RL_VARLEN_KERNEL=0); loop ÷ kernel")
+        print(f"{'micro-batch':>11} {'GRPO once':>10} {'GRPO whole':>11} {'SFT once':>9} {'SFT whole':>10}")
+        for max_len, m in loops.items():
+            print(f"{max_len:>11} " + " ".join(f"{m[k + '_loop']:6.2f} {m[k + '_loop'] / m[k]:4.1f}x"
+                                               for k in ("rl_shared", "rl_whole", "sft_shared", "sft_whole")))
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(r, indent=2) + "\n")

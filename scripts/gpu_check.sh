@@ -15,10 +15,11 @@
 #   scripts/gpu_check.sh loop-start    # there: stage c (`make demo`'s pipeline) started in the
 #                                      # background, stages a+b (engine on CUDA, weight sync) beside it
 #   scripts/gpu_check.sh loop-finish   # there: wait for stage c, then stage d's figures, one table
-#   scripts/gpu_check.sh probe         # there, instead of the loop: where the actor update's time
-#                                      # goes (shared vs whole packing) and interleaved / plain
-#                                      # generation, on the embedded policy, in one call (two
-#                                      # timeouts of 200 s; not yet timed on a GPU)
+#   scripts/gpu_check.sh probe         # there, instead of the loop: the varlen kernel's test, where
+#                                      # the actor update's time goes (shared vs whole packing, varlen
+#                                      # kernel vs per-sequence SDPA) and interleaved / plain
+#                                      # generation, on the embedded policy, in one call (timeouts
+#                                      # 120 + 200 + 200 s; not yet timed on a GPU)
 #
 # On a CUDA machine where the project is installed (`pip install -e .`), `run` alone works: it
 # then uses the embedded model from `make setup` and the installed packages. `prepare` exists for
@@ -222,6 +223,10 @@ probe() {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
     [ -f artifacts/model/.complete ] || "$py" -m data_prep model --out artifacts/model 2>&1 | tail -2
     set +e
+    # the varlen kernel (one flash call per layer, the CUDA default) against the loop it replaces
+    timeout 120 "$py" -m pytest -m gpu tests/gpu/test_training_gpu.py -k varlen_kernel -q -rA -p no:cacheprovider 2>&1 \
+        | tail -n 6
+    echo "[probe] varlen kernel test: exit ${PIPESTATUS[0]}"
     timeout "${TRAIN_TIMEOUT_S:-200}" "$py" benchmarks/train.py --shared-prefix-only "${quick[@]}" --model artifacts/model \
         --json "$out/train_prefix.json" 2>&1 | tee "$out/train_prefix.log" | grep -v -E "^(INFO|DEBUG|WARNING) " | tail -n 20
     echo "[probe] update packings: exit ${PIPESTATUS[0]}"

@@ -223,6 +223,46 @@ def test_shared_prefix_attention_equals_a_slow_reference():
     assert torch.allclose(out, ref, atol=1e-5), (out - ref).abs().max()
 
 
+def end_aligned_causal_reference(q, k, v, cu_q, cu_k, max_q, max_k, scale):
+    """A varlen kernel's contract, segment by segment: (T, H, D) tensors, query i of a segment of
+    n queries and m keys sees keys 0 .. m - n + i (flash-attention's causal alignment)."""
+    outs = []
+    for qs, qe, ks, ke in zip(cu_q[:-1].tolist(), cu_q[1:].tolist(), cu_k[:-1].tolist(), cu_k[1:].tolist()):
+        n, m = qe - qs, ke - ks
+        mask = torch.ones(n, m, dtype=torch.bool).tril(m - n)
+        outs.append(torch.nn.functional.scaled_dot_product_attention(
+            q[qs:qe].transpose(0, 1), k[ks:ke].transpose(0, 1), v[ks:ke].transpose(0, 1), attn_mask=mask,
+            scale=scale, enable_gqa=True).transpose(0, 1))
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("prefix", [0, 5])
+def test_one_varlen_call_equals_the_loop_over_sequences(prefix):
+    """The GPU's layout (one varlen kernel call per layer: keys of a sequence after the shared
+    prefix gathered as prefix + its own) gives the per-sequence loop's output and gradients, the
+    prefix's gradient summed over the sequences that read it. The kernel here is a slow
+    reference of flash-attention's contract; on a GPU, tests/gpu/test_training_gpu.py runs the
+    real one."""
+    g = torch.Generator().manual_seed(1)
+    lens, hq, hkv, d = (4, 3, 6), 4, 2, 8
+    t = prefix + sum(lens)
+    leaves = [torch.randn(1, h, t, d, generator=g, requires_grad=True) for h in (hq, hkv, hkv)]
+    cu = torch.tensor([0, *([prefix] if prefix else []), *(prefix + torch.tensor(lens).cumsum(0)).tolist()])
+    segs = list(zip(cu[:-1].tolist(), cu[1:].tolist()))
+    loop, _ = fw.varlen_sdpa_attention(None, *leaves, None, cu_seq_lens_q=cu, shared_prefix_len=prefix)
+    one = fw.varlen_kernel_attention(*leaves, segs, prefix, None, kernel=end_aligned_causal_reference)
+    assert one.shape == loop.shape and torch.allclose(one, loop, atol=1e-6), (one - loop).abs().max()
+    w = torch.randn(loop.shape, generator=g)
+    grads = [torch.autograd.grad((x * w).sum(), leaves) for x in (loop, one)]
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, atol=1e-5), (a - b).abs().max()
+    cu_q, cu_k, index, max_q, max_k = fw.varlen_layout(tuple(segs), prefix)
+    if prefix:  # the prefix attends to itself; each sequence to the prefix and then to itself
+        assert cu_k.tolist() == [0, 5, 14, 22, 33] and max_k == 11 and index[5:9].tolist() == [0, 1, 2, 3]
+    else:
+        assert index is None and torch.equal(cu_q, cu_k) and max_q == 6
+
+
 def test_shared_prefix_log_probs_equal_plain_transformers(full_worker, plain_model):
     """Sequences that share their prompts' head, packed with it once, score as a plain fp32
     forward of each sequence alone."""

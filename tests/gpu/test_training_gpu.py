@@ -211,3 +211,31 @@ def test_critic_bf16_fsdp_fits_returns(tiny_policy):
         b = batch.with_fields(values=c.compute_values(batch), returns=returns.contiguous())
         losses.append(c.update_critic(b)["critic/vf_loss"])
     assert losses[-1] < 0.5 * losses[0], losses
+
+
+@pytest.mark.parametrize("prefix", [0, 37])
+def test_the_varlen_kernel_equals_the_loop_over_sequences(prefix, monkeypatch):
+    """One flash varlen call per layer (the CUDA default) against one SDPA call per sequence,
+    under bf16 autocast with fp32 query and key beside a bf16 value (as rotary embeddings leave
+    them), grouped-query heads as in SmolLM2: outputs and gradients within bf16 rounding."""
+    from agent_rl.training.workers import forward as fw
+
+    g = torch.Generator().manual_seed(0)
+    lens, hq, hkv, d = (50, 17, 90), 9, 3, 64
+    t = prefix + sum(lens)
+    leaves = [torch.randn(1, h, t, d, generator=g).cuda().requires_grad_() for h in (hq, hkv, hkv)]
+    cu = torch.tensor([0, *([prefix] if prefix else []), *(prefix + torch.tensor(lens).cumsum(0)).tolist()]).cuda()
+    w = torch.randn(1, t, hq, d, generator=g).cuda()
+    outs = {}
+    for kernel in (True, False):
+        monkeypatch.setattr(fw, "VARLEN_KERNEL", kernel)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            q, k, v = leaves[0], leaves[1], leaves[2].to(torch.bfloat16)
+            assert fw._kernel_applies(q, 0.0) is kernel
+            out, _ = fw.varlen_sdpa_attention(None, q, k, v, None, cu_seq_lens_q=cu, shared_prefix_len=prefix)
+        outs[kernel] = (out.float(), torch.autograd.grad((out.float() * w).sum(), leaves))
+    (a, ga), (b, gb) = outs[True], outs[False]
+    assert (a - b).abs().max() <= 2e-2, (a - b).abs().max()
+    for x, y in zip(ga, gb):
+        assert (x - y).abs().max() <= 5e-2 * y.abs().max(), ((x - y).abs().max(), y.abs().max())
+

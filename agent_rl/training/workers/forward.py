@@ -3,8 +3,10 @@
 Sequences are packed end to end into one row with position ids restarting at 0 for each, and
 attention is causal *within* each sequence (block-diagonal): no padding is computed at all.
 On CPU the block-diagonal attention is one causal SDPA call per sequence
-(`VARLEN_ATTN`, registered with transformers' attention interface); on GPU with flash-attn the
-same position ids drive flash-attention's varlen kernel.
+(`VARLEN_ATTN`, registered with transformers' attention interface). On CUDA in bf16/fp16 the
+same attention is one call per layer to torch's flash-attention varlen kernel
+(`torch.nn.attention.varlen`, `VARLEN_KERNEL`), shared prefix included; with the flash-attn
+package installed transformers' own flash_attention_2 takes the position ids instead.
 
 Shared prefix (`pack(..., share_prefix=True)`, `VARLEN_ATTN` only): the tokens every sequence of
 a micro-batch starts with (the system prompt and instructions, ~145 of a demo sequence's ~500)
@@ -23,6 +25,9 @@ cross-entropy, https://arxiv.org/abs/2410.10989).
 
 from __future__ import annotations
 
+import functools
+import inspect
+import os
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +35,13 @@ import torch.nn.functional as F
 
 VARLEN_ATTN = "varlen_sdpa"
 """attn_implementation name of the packed (block-diagonal causal) SDPA attention."""
+
+VARLEN_KERNEL = os.environ.get("AGENT_RL_VARLEN_KERNEL", "1") != "0"
+"""On CUDA in bf16/fp16: one flash-attention varlen call per layer for the whole packed row
+instead of one SDPA call per sequence. The loop costs a few dozen kernel launches per sequence
+and layer, and with a shared prefix its masked calls run SDPA's unfused math backend (flash
+takes no mask; pytorch/pytorch#181528): a GRPO update ran at ~4,000 tokens/s on an H200 where a
+bare update reached 32,757 (docs/gpu.md, run 10). AGENT_RL_VARLEN_KERNEL=0 keeps the loop (A/B)."""
 
 LOGIT_CHUNK = 1024
 """Tokens per chunk of the lm_head + log-softmax (bounds the (chunk, V) temporaries)."""
@@ -66,8 +78,11 @@ def varlen_sdpa_attention(module, query, key, value, attention_mask, dropout=0.0
             raise ValueError("varlen_sdpa_attention: a shared prefix needs one packed row and no padding mask")
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     gqa = query.shape[1] != key.shape[1]
+    segments = _segments(kwargs, query.shape[2])
+    if _kernel_applies(query, dropout):
+        return varlen_kernel_attention(query, key, value, segments, prefix, scaling), None
     outs = []
-    for s, e in _segments(kwargs, query.shape[2]):
+    for s, e in segments:
         if prefix and s >= prefix:  # a sequence's own tokens: the shared prefix, then causal
             k = torch.cat([key[:, :, :prefix], key[:, :, s:e]], dim=2)
             v = torch.cat([value[:, :, :prefix], value[:, :, s:e]], dim=2)
@@ -87,6 +102,82 @@ def _prefix_causal_mask(n: int, prefix: int, device: torch.device) -> torch.Tens
     mask = torch.ones(n, prefix + n, dtype=torch.bool, device=device)
     mask[:, prefix:] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
     return mask
+
+
+def _kernel_applies(query: torch.Tensor, dropout: float) -> bool:
+    """Whether the varlen kernel serves this call: CUDA, sm80+, bf16/fp16 (or autocast to one),
+    no dropout, head size <= 256 (flash-attention's limits)."""
+    if not (VARLEN_KERNEL and query.is_cuda and dropout == 0 and query.shape[-1] <= 256):
+        return False
+    half = (torch.float16, torch.bfloat16)
+    if not (query.dtype in half or (torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") in half)):
+        return False
+    return torch.cuda.get_device_capability(query.device)[0] >= 8 and _flash_varlen() is not None
+
+
+@functools.lru_cache(maxsize=16)
+def varlen_layout(segments: tuple[tuple[int, int], ...], prefix: int):
+    """One varlen call's layout of a packed row: (cu_q, cu_k, key_index, max_q, max_k). Queries
+    stay where they are (the segments tile the row); a sequence after a shared prefix of
+    `prefix` tokens reads the prefix's keys, then its own, so its keys are gathered by
+    `key_index` (None without a prefix: the keys are the queries' positions). Causal attention
+    aligned to the end of each key segment is then exactly `varlen_sdpa_attention`'s. Cached:
+    the layers of one forward share it."""
+    cu_q, cu_k, index = [0], [0], []
+    for s, e in segments:
+        keys = [*range(prefix), *range(s, e)] if prefix and s >= prefix else range(s, e)
+        index.extend(keys)
+        cu_q.append(e)
+        cu_k.append(cu_k[-1] + len(keys))
+    lens_q = [b - a for a, b in zip(cu_q, cu_q[1:])]
+    lens_k = [b - a for a, b in zip(cu_k, cu_k[1:])]
+    as_tensor = functools.partial(torch.tensor, dtype=torch.int32)
+    return (as_tensor(cu_q), as_tensor(cu_k), torch.tensor(index, dtype=torch.long) if prefix else None,
+            max(lens_q), max(lens_k))
+
+
+def varlen_kernel_attention(query, key, value, segments, prefix: int, scaling, kernel=None) -> torch.Tensor:
+    """`varlen_sdpa_attention` in one varlen call: query (1, H, T, D), key/value (1, Hkv, T, D)
+    -> (1, T, H, D). `kernel` (default torch's flash varlen) takes (T, H, D) tensors, int32
+    cumulative offsets and the longest segments, and attends causally aligned to each key
+    segment's end."""
+    cu_q, cu_k, index, max_q, max_k = varlen_layout(tuple(segments), prefix)
+    dev = query.device
+    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (T, heads, D)
+    if index is not None:
+        idx = index.to(dev, non_blocking=True)
+        k, v = k.index_select(0, idx), v.index_select(0, idx)  # backward sums the prefix's gradient
+    if kernel is None:
+        kernel = _flash_varlen()
+        if torch.is_autocast_enabled(dev.type):  # rotary embeddings leave q, k in fp32 beside a bf16 v
+            half = torch.get_autocast_dtype(dev.type)
+            q, k, v = q.to(half), k.to(half), v.to(half)
+    out = kernel(q.contiguous(), k.contiguous(), v.contiguous(), cu_q.to(dev), cu_k.to(dev), max_q, max_k, scaling)
+    return out.unsqueeze(0)
+
+
+@functools.lru_cache(maxsize=1)
+def _flash_varlen():
+    """torch's flash varlen attention as kernel(q, k, v, cu_q, cu_k, max_q, max_k, scale), causal
+    aligned to the end of each key segment, across torch 2.10 (is_causal) and 2.11+ (window_size);
+    grouped-query heads repeated where the function cannot take them. None without it."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    params = inspect.signature(varlen_attn).parameters
+    causal = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+
+    def kernel(q, k, v, cu_q, cu_k, max_q, max_k, scale):
+        kw = dict(causal)
+        if k.shape[1] != q.shape[1]:
+            if "enable_gqa" in params:
+                kw["enable_gqa"] = True
+            else:
+                k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
+        return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, scale=scale, **kw)
+
+    return kernel
 
 
 def _varlen_mask(*args, attention_mask=None, **kwargs):
