@@ -462,10 +462,41 @@ class HermesToolCalls(ActionProtocol):
 _TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
+MAX_JSON_DEPTH = 100
+"""Deepest nesting of arrays and objects a tool call may have (a real call needs 2-3). Checked
+before parsing: the parser's own limit is the interpreter's recursion limit, which libraries
+raise at run time (torch's inductor sets 2000), so the same text parsed or failed by test order."""
+
+
+def _json_depth(text: str) -> int:
+    """The deepest nesting of [ and { outside JSON strings."""
+    depth = deepest = 0
+    in_str = escaped = False
+    for c in text:
+        if in_str:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_str = False
+        elif c == '"':
+            in_str = True
+        elif c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth -= 1
+    return deepest
+
+
 def _load_json(text: str) -> tuple[Any, str | None]:
     """(value, None), or (None, why) for text that is not JSON the parser can hold: besides
-    syntax errors, nesting deeper than the recursion limit (RecursionError) and integers past
-    Python's digit limit (ValueError) are the model's malformed call, never an exception."""
+    syntax errors, nesting deeper than MAX_JSON_DEPTH (or the recursion limit: RecursionError)
+    and integers past Python's digit limit (ValueError) are the model's malformed call, never an
+    exception."""
+    if _json_depth(text) > MAX_JSON_DEPTH:
+        return None, "nested too deeply"
     try:
         return json.loads(text), None
     except json.JSONDecodeError as e:

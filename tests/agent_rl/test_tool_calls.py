@@ -352,6 +352,26 @@ def test_a_call_nested_too_deeply_is_one_invalid_turn_not_a_dead_batch(tok):
     assert all(t.num_turns == 1 for t in trajs[2:])
 
 
+def test_nesting_is_bounded_by_the_parser_not_by_the_recursion_limit():
+    """A library raised the recursion limit (torch's inductor sets 2000) and 1,200 `[` became a
+    syntax error instead of "nested too deeply", depending on which tests ran first. The depth is
+    now checked before parsing; brackets inside strings do not count."""
+    from agent_rl.rollout import protocol
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(5000)
+    try:
+        deep = protocol.MAX_JSON_DEPTH + 1
+        assert protocol._load_json("[" * deep + "]" * deep) == (None, "nested too deeply")
+        assert protocol._load_json("<" + "[" * 1200)[1] == "nested too deeply"  # the batch test's text
+    finally:
+        sys.setrecursionlimit(limit)
+    ok = "[" * protocol.MAX_JSON_DEPTH + "]" * protocol.MAX_JSON_DEPTH
+    assert protocol._load_json(ok)[1] is None
+    quoted = json.dumps({"name": "search", "arguments": {"query": "[" * 500 + '\\" {{'}})
+    assert protocol._json_depth(quoted) == 2 and protocol._load_json(quoted)[0]["arguments"]["query"].startswith("[[")
+
+
 def test_a_parse_that_raises_anyway_is_an_invalid_turn(tok):
     """The last resort: whatever `parse` raises, the turn is the model's invalid action."""
     eng = ScriptedEngine(tok, _bad_then_answer("<tool_call>boom</tool_call>"), max_model_len=16384)
