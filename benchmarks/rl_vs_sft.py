@@ -36,9 +36,9 @@ finished stage. Extra `key=value` arguments override the GRPO config (veRL names
 
 Choosing `--start-steps` (a design decision: make it on the dev KB, seed 0):
 
-    python benchmarks/rl_vs_sft.py --kb-seed 0 --seeds 1 --start-curve 20 120
+    python benchmarks/rl_vs_sft.py --kb-seed 0 --seeds 1 2 --start-curve 20 100
 
-trains each seed's start SFT once to 120 steps, saving every 20 (the lr is constant after its
+trains each seed's start SFT once to 100 steps, saving every 20 (the lr is constant after its
 warm-up, so the checkpoint at step k is the k-step start), and evaluates every checkpoint on the
 report questions: agent EM by question kind and searches per question against steps
 (`start_curve.{md,json,png}`). The fair start is where that curve has stopped rising: more SFT

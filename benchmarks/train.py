@@ -126,12 +126,12 @@ def shared_prefix_bench(model: str, reps: int, quick: bool) -> dict:
 
         def with_sharing(on: bool, fn, kernel: bool = True):
             def run(b):
-                w.share_prefix = on
-                fw.VARLEN_KERNEL = kernel
+                w.share_prefix, was = on, fw.VARLEN_KERNEL
+                fw.VARLEN_KERNEL = kernel and was  # AGENT_RL_VARLEN_KERNEL=0 keeps the loop throughout
                 try:
                     return fn(b)
                 finally:
-                    fw.VARLEN_KERNEL = True
+                    fw.VARLEN_KERNEL = was
             return run
 
         # on CUDA the attention is one varlen kernel call per layer; "_loop": one SDPA call per sequence
