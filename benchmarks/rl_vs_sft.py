@@ -121,14 +121,11 @@ def start_curve(w: Workdir, d: Path, seed: int, every: int, steps: int, rep: Pat
     points = []
     for k in range(every, steps + 1, every):
         out = evaluate(w, run_dir / "checkpoints" / f"global_step_{k}", rep, url, d / f"eval_curve_{k}", limit)
-        recs = report.read_records(out, "agent")
-        by_kind: dict[str, list[dict]] = {}
-        for r in recs:
-            by_kind.setdefault(kinds.get(str(r["id"]), "?"), []).append(r)
-        a = report.stats(recs)
-        points.append({"step": k, "n": len(recs), "em": a["em"], "searches": a["searches_mean"],
+        st = report.grouped_stats(out, "agent", kinds)
+        a = st.pop(report.ALL)
+        points.append({"step": k, "n": a["n"], "em": a["em"], "searches": a["searches_mean"],
                        "strict_format": 1 - a["invalid_format_rate"],
-                       "by_kind": {g: report.stats(rs)["em"] for g, rs in sorted(by_kind.items())}})
+                       "by_kind": {g: st[g]["em"] for g in sorted(st)}})
     return points
 
 
@@ -144,22 +141,30 @@ def curve_table(curves: dict[int, list[dict]], host: str, args) -> str:
     return "\n".join(lines) + "\n"
 
 
-def curve_plot(curves: dict[int, list[dict]], out: Path) -> Path:
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    return plt
+
+
+def _save(fig, out: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    _pyplot().close(fig)
+    return out
+
+
+def curve_plot(curves: dict[int, list[dict]], out: Path) -> Path:
+    fig, ax = _pyplot().subplots(figsize=(6, 4))
     for s, pts in curves.items():
         ax.plot([p["step"] for p in pts], [100 * p["em"] for p in pts], marker="o", label=f"seed {s}")
     ax.set_xlabel("start SFT steps (of 8 demonstrations)")
     ax.set_ylabel("agent EM % (report questions)")
     ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(fig, out)
 
 
 def grpo(w: Workdir, start: Path, val: Path, url: str, out: Path, seed: int, args) -> Path:
@@ -295,12 +300,7 @@ def table(rows: list[dict], summ: dict, host: str, args) -> str:
 
 
 def plot(rows: list[dict], out: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (a, b) = _pyplot().subplots(1, 2, figsize=(11, 4))
     x = range(len(rows))
     w = 0.2
     for i, (key, label) in enumerate((("em_start", "start SFT"), ("em_sft_more", "SFT, same budget"),
@@ -317,10 +317,7 @@ def plot(rows: list[dict], out: Path) -> Path:
     b.set_xlabel("GRPO training minutes")
     b.set_ylabel("running EM % (dashed: SFT arm at the end)")
     b.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(fig, out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -405,13 +402,13 @@ def curves(w: Workdir, work: Path, args, rep: Path, url: str, kinds: dict[str, s
     from data_prep.hardware import hardware_line
 
     every, steps = args.start_curve
-    curves = {s: start_curve(w, work / f"seed{s}", s, every, steps, rep, url, args.eval_limit, kinds) for s in args.seeds}
+    by_seed = {s: start_curve(w, work / f"seed{s}", s, every, steps, rep, url, args.eval_limit, kinds) for s in args.seeds}
     host = hardware_line()
-    text = curve_table(curves, host, args)
+    text = curve_table(by_seed, host, args)
     print("\n" + text)
     result = {"kb_seed": args.kb_seed, "dev_kb_seed": DEV_KB_SEED, "every": every, "steps": steps,
-              "eval_limit": args.eval_limit, "curves": {str(s): c for s, c in curves.items()}, "host": host,
-              "png": str(curve_plot(curves, work / "start_curve.png"))}
+              "eval_limit": args.eval_limit, "curves": {str(s): c for s, c in by_seed.items()}, "host": host,
+              "png": str(curve_plot(by_seed, work / "start_curve.png"))}
     (work / "start_curve.md").write_text(text)
     (work / "start_curve.json").write_text(json.dumps(result, indent=1) + "\n")
     if args.json:

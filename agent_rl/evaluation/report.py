@@ -231,6 +231,22 @@ def read_records(eval_dir: str | Path, mode: str) -> list[dict]:
     return [r for r in read_jsonl_rows(path) if r.get("mode") == mode]
 
 
+def _grouped(keys: Sequence[tuple], group_of: Mapping[str, str] | None) -> dict[str, list[tuple]]:
+    """{ALL: keys, group: its keys} for (data_source, id) keys; ids `group_of` lacks are in ALL only."""
+    keyed = {ALL: list(keys)}
+    for k in keys if group_of else ():
+        g = group_of.get(str(k[1]))
+        if g is not None:
+            keyed.setdefault(str(g), []).append(k)
+    return keyed
+
+
+def grouped_stats(eval_dir: str | Path, mode: str = "agent", group_of: Mapping[str, str] | None = None) -> dict:
+    """One evaluation's `stats` overall (ALL) and per group (`group_of`: question id -> group)."""
+    recs = {(r["data_source"], r["id"]): r for r in read_records(eval_dir, mode)}
+    return {g: stats([recs[k] for k in keys]) for g, keys in _grouped(sorted(recs), group_of).items()}
+
+
 def paired_comparison(a_dir: str | Path, b_dir: str | Path, mode: str = "agent",
                       group_of: Mapping[str, str] | None = None) -> dict:
     """Model b against model a on the questions both answered in `mode`: each model's `stats`
@@ -242,12 +258,7 @@ def paired_comparison(a_dir: str | Path, b_dir: str | Path, mode: str = "agent",
     a = {(r["data_source"], r["id"]): r for r in read_records(a_dir, mode)}
     b = {(r["data_source"], r["id"]): r for r in read_records(b_dir, mode)}
     common = sorted(set(a) & set(b))
-    keyed = {ALL: common}
-    if group_of:
-        for k in common:
-            g = group_of.get(str(k[1]))
-            if g is not None:
-                keyed.setdefault(str(g), []).append(k)
+    keyed = _grouped(common, group_of)
     out: dict = {"n": len(common), "groups": list(keyed), "a": {}, "b": {}, "diff": {}}
     for g, keys in keyed.items():
         out["a"][g] = stats([a[k] for k in keys])
