@@ -247,6 +247,8 @@ async def main_async(args) -> dict:
     r.dtype, r.max_num_seqs, r.max_tokens_per_turn = args.dtype, args.max_num_seqs, args.max_tokens_per_turn
     r.max_concurrent_trajectories, r.enable_prefix_caching = args.in_flight, not args.no_prefix_caching
     r.chat_template, r.temperature = args.prompt == "chat", args.temperature
+    if args.gpu_memory_utilization is not None:
+        r.gpu_memory_utilization = args.gpu_memory_utilization
 
     with kb_retriever("bench-rollout-") as (tmp, url):
         client = RetrieverClient(url, timeout=30.0)
@@ -280,7 +282,7 @@ async def main_async(args) -> dict:
                                max_turns=args.max_turns, max_tokens_per_turn=args.max_tokens_per_turn,
                                max_response_length=args.max_response_length, tool_latency_ms=args.tool_latency_ms,
                                prompt=args.prompt, engine_mode=r.engine_mode, temperature=args.temperature,
-                               repeats=args.repeats)
+                               repeats=args.repeats, gpu_memory_utilization=r.gpu_memory_utilization)
         await engine.shutdown()
         await client.aclose()
         return res
@@ -304,6 +306,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto", help="engine dtype (auto: bfloat16 where native, else float32)")
     ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (lower: more searches)")
     ap.add_argument("--no-prefix-caching", action="store_true")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=None,
+                    help="the engine's share of a GPU (default: the config's); lower it to run beside another engine")
     ap.add_argument("--prompt", choices=["few_shot", "search_r1", "chat"], default="few_shot",
                     help="few_shot: three examples before the instruction (the untrained model); search_r1: the "
                          "bare instruction; chat: the training chat template (use with an SFT --model)")

@@ -14,6 +14,10 @@
 #   scripts/gpu_check.sh kit           # there, once per piece as it arrives: check and unpack
 #   scripts/gpu_check.sh loop-start    # there: stage c (`make demo`'s pipeline) started in the
 #                                      # background, stages a+b (engine on CUDA, weight sync) beside it
+#                                      # (AB=0 leaves them out); VARLEN_TEST=1 runs the varlen kernel's
+#                                      # test first (the demo trains with the loop if it fails),
+#                                      # ROLLOUT_BESIDE=1 the rollout benchmark beside the demo, WAIT_S=N
+#                                      # waits for the demo until N s into the call
 #   scripts/gpu_check.sh loop-finish   # there: wait for stage c, then stage d's figures, one table
 #   scripts/gpu_check.sh probe         # there, instead of the loop: the varlen kernel's test, where
 #                                      # the actor update's time goes (shared vs whole packing, varlen
@@ -157,16 +161,30 @@ kit_env() {
 QUICKSTART_ARGS=${QUICKSTART_ARGS:---demos 160 --sft-minutes 2 --rl-minutes 8 --rl-steps 50 --eval-limit 200 --budget-minutes 20}
 
 loop_start() {
-    local out=${OUT:-gpu_out} py=${GPU_PY:-python3}
+    local out=${OUT:-gpu_out} py=${GPU_PY:-python3} vpid=
     mkdir -p "$out" artifacts
-    "$py" scripts/gpu_kit.py unpack --require-all || return 1
-    kit_env
+    if [ "${KIT:-1}" != 0 ]; then
+        "$py" scripts/gpu_kit.py unpack --require-all || return 1
+        kit_env
+    fi
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
     "$py" -c "import vllm, ray, faiss, torch; print(f'vllm {vllm.__version__}, ray {ray.__version__}, faiss {faiss.__version__}, torch {torch.__version__}')"
+    # VARLEN_TEST=1: the varlen kernel's GPU test beside the policy's conversion; if it fails, the
+    # demo trains with the per-sequence loop it replaces
+    if [ "${VARLEN_TEST:-0}" = 1 ]; then
+        timeout 150 "$py" -m pytest -m gpu tests/gpu/test_training_gpu.py -k varlen_kernel -q -rA -p no:cacheprovider \
+            > "$out/varlen_test.log" 2>&1 &
+        vpid=$!
+    fi
     "$py" -m data_prep model --out artifacts/model 2>&1 | tail -2   # the real weights, from the GGUF
+    if [ -n "$vpid" ]; then
+        if wait "$vpid"; then echo "[loop] varlen kernel test passed: the demo trains with the kernel"
+        else echo "[loop] varlen kernel test failed: the demo trains with the loop"; export AGENT_RL_VARLEN_KERNEL=0; fi
+        tail -n 4 "$out/varlen_test.log"
+    fi
     # stage c first, in its own session (it outlives this call; loop-finish waits for it): the
-    # longest stage, so the engine and weight-sync checks below run beside it. Their engines
-    # take 0.25 of the GPU, the demo's 0.5 at most: both fit on an H100 or an H200.
+    # longest stage, so the checks below run beside it. The engines of stages a+b take 0.25 of
+    # the GPU, the rollout benchmark's 0.2, the demo's 0.5 at most: they fit on an H100 or an H200.
     # shellcheck disable=SC2086
     setsid "$py" -m agent_rl.demo $QUICKSTART_ARGS > artifacts/gpu_quickstart.log 2>&1 < /dev/null &
     echo $! > artifacts/gpu_quickstart.pid
@@ -178,27 +196,60 @@ loop_start() {
         echo "[loop] stages a+b: pytest exit ${PIPESTATUS[0]}"
         set -e
     fi
+    # ROLLOUT_BESIDE=1: interleaved / plain generation on the untrained policy (few-shot prompts)
+    # beside the demo's stages before GRPO, so that a loan need not wait for the demo to measure it
+    if [ "${ROLLOUT_BESIDE:-0}" = 1 ]; then
+        rollout_benchmark "$py" "$out" --model artifacts/model --gpu-memory-utilization 0.2
+        cp "$out/rollout.json" artifacts/gpu_rollout.json 2>/dev/null || true
+    fi
     echo "[loop] stage c (pid $(cat artifacts/gpu_quickstart.pid)) so far:"; grep -E "^\[demo\]" artifacts/gpu_quickstart.log | tail -n 8
+    # WAIT_S: wait for the demo in this call too, until WAIT_S seconds after it began (loop-finish
+    # then waits for the rest)
+    if [ -n "${WAIT_S:-}" ]; then wait_demo "$out" "$WAIT_S"; fi
+}
+
+rollout_benchmark() {  # PY OUT ARGS...: interleaved / plain generation of the same prompts
+    local py=$1 out=$2; shift 2
+    set +e
+    timeout "${D_TIMEOUT_S:-200}" "$py" benchmarks/rollout.py "$@" --tool-latency-ms 0-0 --trajectories 128 \
+        --max-num-seqs 128 --in-flight 128 --max-turns 2 --max-tokens-per-turn 96 \
+        --json "$out/rollout.json" 2>&1 | tee "$out/rollout.log" | grep -v -E "^(INFO|DEBUG|WARNING) " | tail -n 14
+    echo "[loop] rollout benchmark: exit ${PIPESTATUS[0]}"
+    set -e
+}
+
+collect_demo() {  # OUT: the demo's log, report and GRPO metrics so far (also while it runs)
+    local out=$1
+    cp artifacts/gpu_quickstart.log "$out/" 2>/dev/null || true
+    for f in report.md plan.json grpo_curves.png; do cp "artifacts/demo_runs/$f" "$out/" 2>/dev/null || true; done
+    cp artifacts/demo_runs/grpo/metrics.jsonl "$out/grpo_metrics.jsonl" 2>/dev/null || true
+}
+
+wait_demo() {  # OUT SECONDS: wait for stage c until SECONDS after this call began, copying what it
+               # wrote so far every 15 s (a call cut short by the loan still returns it)
+    local out=$1 pid deadline=$2 last=$SECONDS
+    pid=$(cat artifacts/gpu_quickstart.pid)
+    while kill -0 "$pid" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ]; do
+        sleep 3
+        if [ $((SECONDS - last)) -ge 15 ]; then collect_demo "$out"; last=$SECONDS; fi
+    done
+    if kill -0 "$pid" 2>/dev/null && [ "${STOP:-0}" = 1 ]; then
+        echo "[loop] stage c still running ${2} s into this call: stopped"; kill -TERM "$pid"; sleep 10
+    fi
+    collect_demo "$out"
 }
 
 loop_finish() {
-    local out=${OUT:-gpu_out} py=${GPU_PY:-python3} pid
+    local out=${OUT:-gpu_out} py=${GPU_PY:-python3}
     mkdir -p "$out"
     kit_env
-    pid=$(cat artifacts/gpu_quickstart.pid)
-    local deadline=$((SECONDS + ${WAIT_S:-400}))
-    while kill -0 "$pid" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ]; do sleep 3; done
-    if kill -0 "$pid" 2>/dev/null; then
-        echo "[loop] stage c still running after ${WAIT_S:-400} s: stopped"; kill -TERM "$pid"; sleep 10
-    fi
+    STOP=1 wait_demo "$out" "${WAIT_S:-400}"
     grep -E "^\[demo\]|^\$ |^# |^\| |step [0-9]+|Error|error" artifacts/gpu_quickstart.log | tail -n 60
-    cp artifacts/gpu_quickstart.log "$out/" || true
-    for f in report.md plan.json grpo_curves.png; do cp "artifacts/demo_runs/$f" "$out/" 2>/dev/null || true; done
-    cp artifacts/demo_runs/grpo/metrics.jsonl "$out/grpo_metrics.jsonl" 2>/dev/null || true
-    set +e
-    timeout "${D_TIMEOUT_S:-150}" "$py" benchmarks/rollout.py --model artifacts/demo_runs/sft/model --prompt chat \
-        --tool-latency-ms 0-0 --trajectories 128 --max-num-seqs 128 --in-flight 128 --max-turns 2 --max-tokens-per-turn 96 \
-        --json "$out/rollout.json" 2>&1 | tee "$out/rollout.log" | grep -v -E "^(INFO|DEBUG|WARNING) " | tail -n 14
+    if [ -f artifacts/gpu_rollout.json ]; then   # measured beside the demo by loop-start
+        cp artifacts/gpu_rollout.json "$out/rollout.json"
+    else
+        rollout_benchmark "$py" "$out" --model artifacts/demo_runs/sft/model --prompt chat
+    fi
     # TRAIN_BENCH=0: skip the update / bare forward+backward figure (measured in run 8) when the
     # loan's minutes are better spent on GRPO steps
     if [ "${TRAIN_BENCH:-1}" != 0 ]; then
@@ -230,11 +281,8 @@ probe() {
     timeout "${TRAIN_TIMEOUT_S:-200}" "$py" benchmarks/train.py --shared-prefix-only "${quick[@]}" --model artifacts/model \
         --json "$out/train_prefix.json" 2>&1 | tee "$out/train_prefix.log" | grep -v -E "^(INFO|DEBUG|WARNING) " | tail -n 20
     echo "[probe] update packings: exit ${PIPESTATUS[0]}"
-    timeout "${D_TIMEOUT_S:-200}" "$py" benchmarks/rollout.py "${quick[@]}" --model artifacts/model --tool-latency-ms 0-0 \
-        --trajectories 128 --max-num-seqs 128 --in-flight 128 --max-turns 2 --max-tokens-per-turn 96 \
-        --json "$out/rollout.json" 2>&1 | tee "$out/rollout.log" | grep -v -E "^(INFO|DEBUG|WARNING) " | tail -n 14
-    echo "[probe] rollout benchmark: exit ${PIPESTATUS[0]}"
     set -e
+    rollout_benchmark "$py" "$out" "${quick[@]}" --model artifacts/model
 }
 
 case "${1:-run}" in
