@@ -40,8 +40,8 @@ VARLEN_KERNEL = os.environ.get("AGENT_RL_VARLEN_KERNEL", "1") != "0"
 """On CUDA in bf16/fp16: one flash-attention varlen call per layer for the whole packed row
 instead of one SDPA call per sequence. The loop costs a few dozen kernel launches per sequence
 and layer, and with a shared prefix its masked calls run SDPA's unfused math backend (flash
-takes no mask; pytorch/pytorch#181528): a GRPO update ran at ~4,000 tokens/s on an H200 where a
-bare update reached 32,757 (docs/gpu.md, run 10). AGENT_RL_VARLEN_KERNEL=0 keeps the loop (A/B)."""
+takes no mask; pytorch/pytorch#181528). With the loop a demo GRPO update took 4.4 s on an H200,
+with the kernel 0.34 s (docs/gpu.md, runs 10 and 11). AGENT_RL_VARLEN_KERNEL=0 keeps the loop (A/B)."""
 
 LOGIT_CHUNK = 1024
 """Tokens per chunk of the lm_head + log-softmax (bounds the (chunk, V) temporaries)."""
