@@ -1,6 +1,6 @@
 """Does RL beat more SFT? GRPO against the same training minutes of continued SFT (not in CI).
 
-    python benchmarks/rl_vs_sft.py --kb-seed 101 --seeds 1 2 3 [--start-steps 44] [--minutes 10]
+    python benchmarks/rl_vs_sft.py --kb-seed 101 --seeds 1 2 3 [--start-steps N] [--minutes 10]
                                    [--eval-limit 200] [--workdir DIR] [--json PATH] [key=value ...]
 
 On a knowledge base generated with `--kb-seed` (`agent-rl-prep synthetic --seed`; the dev KB
@@ -8,7 +8,7 @@ on which the demo's recipe is tuned is seed 0, DEV_KB_SEED: report on any other)
 seed:
 
 1. start: cold-start SFT for `--start-steps` steps on the KB's grounded demonstrations (data
-   order follows the seed);
+   order follows the seed; default START_STEPS: 60 where bf16 is native, 44 where not);
 2. from that model, two arms given the same training minutes (`trainer.max_time_s`: the
    time of training steps, without start-up, saves or the running evaluation):
    (a) SFT continued on the same demonstrations (another order, same seed family);
@@ -32,7 +32,7 @@ passes the SFT arm's EM on the same questions (at the end of its minutes) by `--
 
 It prints each seed's row, the mean, the median and the worst seed, and writes JSON and a PNG
 into the workdir (default runs/rl_vs_sft/kb<K>). A re-run with the same workdir reuses every
-finished stage. Extra `key=value` arguments override the GRPO config (veRL names).
+finished stage, and refuses a workdir made with other settings (its settings.json). Extra `key=value` arguments override the GRPO config (veRL names).
 
 Choosing `--start-steps` (a design decision: make it on the dev KB, seed 0):
 
@@ -66,6 +66,38 @@ from agent_rl.demo.stages import Workdir  # noqa: E402
 
 DEV_KB_SEED = 0
 """The knowledge base every design decision of the demo's recipe was tuned on: never report on it."""
+
+START_STEPS = {True: 60, False: 44}
+"""The start SFT's steps by whether bf16 is native (`--start-steps` overrides), both chosen on the
+dev KB: 60 from the native-bf16 start curve (the smallest checkpoint after which the mean EM
+rises by no more than 2 points, docs/real_data.md), 44 on fp32 hosts (no curve has run there)."""
+
+SETTINGS = {"shared": ("kb_seed", "demos", "demo_args", "eval_limit", "val_n"),
+            "arms": ("start_steps", "minutes", "val_every", "overrides"), "curve": ("start_curve",)}
+"""What a workdir's finished stages depend on, by mode: a re-run may reuse them only under the same."""
+
+
+def default_start_steps() -> int:
+    from data_prep.hardware import default_device, native_bf16
+
+    return START_STEPS[native_bf16(default_device())[0]]
+
+
+def check_settings(work: Path, args) -> None:
+    """A re-run reuses every finished stage, so it must ask for what made them: a workdir made
+    with other settings (another start, other minutes, another KB) is refused, naming them,
+    before anything runs; its files are left as they are. The first run records its settings."""
+    keys = SETTINGS["shared"] + SETTINGS["curve" if args.start_curve else "arms"]
+    now = {k: getattr(args, k) for k in keys}
+    f = work / "settings.json"
+    before = json.loads(f.read_text()) if f.exists() else {}
+    differ = {k: (before[k], v) for k, v in now.items() if k in before and before[k] != v}
+    if differ:
+        said = ", ".join(f"{k} {a!r} there, {b!r} asked" for k, (a, b) in differ.items())
+        raise SystemExit(f"rl_vs_sft: {work} holds stages made with other settings ({said}); "
+                         "give another --workdir (or the same settings to go on)")
+    work.mkdir(parents=True, exist_ok=True)
+    f.write_text(json.dumps({**before, **now}, indent=1) + "\n")
 
 
 def run(cmd: list | Callable[[], list], what: str, done: Path) -> None:
@@ -324,7 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kb-seed", type=int, default=101, help="knowledge base seed (not DEV_KB_SEED=0; default 101)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="SFT, data order and sampling seeds")
-    ap.add_argument("--start-steps", type=int, default=44, help="steps of the start SFT (default 44)")
+    ap.add_argument("--start-steps", type=int, default=None,
+                    help="steps of the start SFT (default: 60 where bf16 is native, 44 where not; START_STEPS)")
     ap.add_argument("--minutes", type=float, default=10.0, help="training minutes of each arm (default 10)")
     ap.add_argument("--demos", type=int, default=1500, help="training questions to build demonstrations from")
     ap.add_argument("--eval-limit", type=int, default=200, help="held-out questions of the report (seeded sample)")
@@ -339,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
                          "(choose --start-steps with it, on the dev KB)")
     ap.add_argument("overrides", nargs="*", help="GRPO config overrides, key=value")
     args = ap.parse_args(argv)
+    if args.start_steps is None:
+        args.start_steps = default_start_steps()
     if args.start_curve and (args.start_curve[0] < 1 or args.start_curve[1] < args.start_curve[0]):
         ap.error("--start-curve EVERY STEPS: 1 <= EVERY <= STEPS")
     if args.kb_seed == DEV_KB_SEED and not args.start_curve:
@@ -350,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     stages.stop_on_sigterm()
 
     work = Path(args.workdir or ROOT / "runs" / "rl_vs_sft" / f"kb{args.kb_seed}").resolve()
+    check_settings(work, args)
     w = Workdir(work)
     t0 = time.time()
     run(stages.prepare_model(w), "prepare the embedded policy", done=w.model / ".complete")

@@ -163,3 +163,31 @@ def test_the_start_curve_trains_once_keeps_every_checkpoint_and_scores_each(tmp_
     assert "KB seed 0" in text and "[hardware] cpu='X'" in text
     assert "| 5 | 3 | 25.0 | 0.0 | 50.0 | 2.00 | 100.0 |" in text and "| 5 | 6 | 75.0 | 50.0 | 100.0 | 1.00 |" in text
     assert rl_vs_sft.curve_plot({5: pts}, tmp_path / "c.png").stat().st_size > 0
+
+
+def test_the_start_follows_the_host_kind_unless_given(monkeypatch):
+    monkeypatch.setenv("AGENT_RL_NATIVE_BF16", "1")
+    assert rl_vs_sft.default_start_steps() == 60
+    monkeypatch.setenv("AGENT_RL_NATIVE_BF16", "0")
+    assert rl_vs_sft.default_start_steps() == 44
+
+
+def test_a_workdir_made_with_other_settings_is_refused_and_left_alone(tmp_path):
+    def args(**kw):
+        base = dict(kb_seed=101, demos=1500, demo_args="", eval_limit=200, val_n=40, start_steps=60,
+                    minutes=10.0, val_every=2, overrides=[], start_curve=None)
+        return argparse.Namespace(**{**base, **kw})
+
+    work = tmp_path / "kb101"
+    rl_vs_sft.check_settings(work, args())
+    rl_vs_sft.check_settings(work, args())  # the same settings: a re-run goes on
+    recorded = (work / "settings.json").read_text()
+    with pytest.raises(SystemExit, match=r"start_steps 60 there, 44 asked"):
+        rl_vs_sft.check_settings(work, args(start_steps=44))
+    with pytest.raises(SystemExit, match=r"kb_seed 101 there, 102 asked.*overrides \[\] there"):
+        rl_vs_sft.check_settings(work, args(kb_seed=102, overrides=["x=1"]))
+    assert (work / "settings.json").read_text() == recorded
+    # the start curve shares the KB and demonstrations, not the arms' settings
+    rl_vs_sft.check_settings(work, args(start_curve=[20, 100], start_steps=44, minutes=3.0))
+    with pytest.raises(SystemExit, match="start_curve"):
+        rl_vs_sft.check_settings(work, args(start_curve=[10, 50]))
