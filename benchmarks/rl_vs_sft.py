@@ -32,7 +32,8 @@ passes the SFT arm's EM on the same questions (at the end of its minutes) by `--
 
 It prints each seed's row, the mean, the median and the worst seed, and writes JSON and a PNG
 into the workdir (default runs/rl_vs_sft/kb<K>). A re-run with the same workdir reuses every
-finished stage, and refuses a workdir made with other settings (its settings.json). Extra `key=value` arguments override the GRPO config (veRL names).
+finished stage, and refuses a workdir made with other settings (its settings.json). Extra
+`key=value` arguments override the GRPO config (veRL names).
 
 Choosing `--start-steps` (a design decision: make it on the dev KB, seed 0):
 

@@ -156,6 +156,12 @@ kit_env() {
     export VLLM_USE_FLASHINFER_SAMPLER=0
 }
 
+kit_ready() {  # PY: unpack the whole kit and use it (KIT=0: the current environment, a CPU rehearsal)
+    [ "${KIT:-1}" = 0 ] && return 0
+    "$1" scripts/gpu_kit.py unpack --require-all || return 1
+    kit_env
+}
+
 # Stage c's command: `make demo`'s pipeline with GPU-sized stages (50 GRPO steps; the plan's
 # CPU-calibrated sizes would give a 2-core host's few)
 QUICKSTART_ARGS=${QUICKSTART_ARGS:---demos 160 --sft-minutes 2 --rl-minutes 8 --rl-steps 50 --eval-limit 200 --budget-minutes 20}
@@ -163,10 +169,7 @@ QUICKSTART_ARGS=${QUICKSTART_ARGS:---demos 160 --sft-minutes 2 --rl-minutes 8 --
 loop_start() {
     local out=${OUT:-gpu_out} py=${GPU_PY:-python3} vpid=
     mkdir -p "$out" artifacts
-    if [ "${KIT:-1}" != 0 ]; then
-        "$py" scripts/gpu_kit.py unpack --require-all || return 1
-        kit_env
-    fi
+    kit_ready "$py" || return 1
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
     "$py" -c "import vllm, ray, faiss, torch; print(f'vllm {vllm.__version__}, ray {ray.__version__}, faiss {faiss.__version__}, torch {torch.__version__}')"
     # VARLEN_TEST=1: the varlen kernel's GPU test beside the policy's conversion; if it fails, the
@@ -267,10 +270,7 @@ probe() {
     local out=${OUT:-gpu_out} py=${GPU_PY:-python3} quick=()
     mkdir -p "$out" artifacts
     [ "${QUICK:-0}" = 1 ] && quick=(--quick)
-    if [ "${KIT:-1}" != 0 ]; then
-        "$py" scripts/gpu_kit.py unpack --require-all || return 1
-        kit_env
-    fi
+    kit_ready "$py" || return 1
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
     [ -f artifacts/model/.complete ] || "$py" -m data_prep model --out artifacts/model 2>&1 | tail -2
     set +e
