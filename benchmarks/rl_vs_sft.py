@@ -35,6 +35,14 @@ into the workdir (default runs/rl_vs_sft/kb<K>). A re-run with the same workdir 
 finished stage, and refuses a workdir made with other settings (its settings.json). Extra
 `key=value` arguments override the GRPO config (veRL names).
 
+Seeds run in several sittings (or on several hosts of one kind) count together:
+
+    python benchmarks/rl_vs_sft.py --kb-seed 101 --seeds 3 --with runs/rl_vs_sft/kb101/rl_vs_sft.json
+
+runs seed 3 and reports it beside the rows of the earlier run's JSON; an earlier file made with
+other settings, on another host kind or holding one of `--seeds` is refused before anything runs.
+Each row keeps its own hardware line.
+
 Choosing `--start-steps` (a design decision: make it on the dev KB, seed 0):
 
     python benchmarks/rl_vs_sft.py --kb-seed 0 --seeds 1 2 --start-curve 20 100
@@ -76,6 +84,42 @@ rises by no more than 2 points, docs/real_data.md), 44 on fp32 hosts (no curve h
 SETTINGS = {"shared": ("kb_seed", "demos", "demo_args", "eval_limit", "val_n"),
             "arms": ("start_steps", "minutes", "val_every", "overrides"), "curve": ("start_curve",)}
 """What a workdir's finished stages depend on, by mode: a re-run may reuse them only under the same."""
+
+
+MERGED = ("kb_seed", "start_steps", "minutes", "eval_limit", "overrides", "demo_args", "demos", "val_n", "val_every")
+"""The settings an earlier run's rows must share to count with this run's (`--with`); the last
+three are checked where the file records them (older files do not)."""
+
+
+def host_kind_of(host: str) -> str:
+    """report.host_kind's words for a hardware line (`data_prep.hardware.hardware_line`)."""
+    from agent_rl.demo.report import host_kind
+
+    gpu = host.split(" gpu=", 1)[1].split(" native_bf16=", 1)[0] if " gpu=" in host else "none"
+    return host_kind({"gpu": None if gpu == "none" else gpu, "native_bf16": " native_bf16=yes" in host})
+
+
+def earlier_rows(paths: list[str], args, kind: str) -> list[dict]:
+    """The rows of earlier runs' JSON (`--with`), each with the hardware line it ran under: only
+    from runs of the same settings (MERGED) on this host kind, and none of a seed given twice;
+    otherwise a SystemExit naming what differs, before anything runs."""
+    rows: list[dict] = []
+    seen = set(args.seeds)
+    for p in paths:
+        e = json.loads(Path(p).read_text())
+        differ = [f"{k} {e[k]!r} there, {getattr(args, k)!r} here" for k in MERGED
+                  if k in e and e[k] != getattr(args, k)]
+        if host_kind_of(e["host"]) != kind:
+            differ.append(f"host kind {host_kind_of(e['host'])!r} there, {kind!r} here")
+        if differ:
+            raise SystemExit(f"rl_vs_sft: --with {p} was made with other settings ({', '.join(differ)})")
+        for r in e["rows"]:
+            if r["seed"] in seen:
+                raise SystemExit(f"rl_vs_sft: seed {r['seed']} of --with {p} is counted twice "
+                                 "(in --seeds or in another --with file)")
+            seen.add(r["seed"])
+            rows.append({**r, "host": r.get("host", e["host"])})
+    return rows
 
 
 def default_start_steps() -> int:
@@ -326,6 +370,11 @@ def table(rows: list[dict], summ: dict, host: str, args) -> str:
               f"GRPO - SFT at GRPO's minutes: mean {100 * m['mean']:+.1f}, median {100 * m['median']:+.1f}, worst "
               f"seed {100 * m['worst']:+.1f}, best {100 * m['best']:+.1f}; from the start, SFT at GRPO's minutes "
               f"{100 * m['sft_minus_start_mean']:+.1f} on average."]
+    others = {}
+    for r in rows:
+        if r.get("host", host) != host:
+            others.setdefault(r["host"], []).append(str(r["seed"]))
+    lines += [f"Seed{'s' if len(v) > 1 else ''} {', '.join(v)} ran on: {h}" for h, v in others.items()]
     lines += [f"WARNING: seed {r['seed']}'s SFT at GRPO's minutes is not the SFT arm's run (largest loss difference "
               f"over its {r['sft_matched_steps']} steps: {r['sft_matched_loss_gap']:.3g})"
               for r in rows if r["sft_matched_loss_gap"] > 0]
@@ -371,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--start-curve", type=int, nargs=2, metavar=("EVERY", "STEPS"), default=None,
                     help="instead of the arms: each seed's start SFT to STEPS, evaluated every EVERY steps "
                          "(choose --start-steps with it, on the dev KB)")
+    ap.add_argument("--with", dest="with_json", nargs="+", default=[], metavar="JSON",
+                    help="count the rows of earlier runs' rl_vs_sft.json too (other seeds, same settings "
+                         "and host kind)")
     ap.add_argument("overrides", nargs="*", help="GRPO config overrides, key=value")
     args = ap.parse_args(argv)
     if args.start_steps is None:
@@ -383,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.kb_server import serve_index
     from data_prep.hardware import hardware_line
 
+    host = hardware_line()
+    earlier = earlier_rows(args.with_json, args, host_kind_of(host))
     stages.stop_on_sigterm()
 
     work = Path(args.workdir or ROOT / "runs" / "rl_vs_sft" / f"kb{args.kb_seed}").resolve()
@@ -416,17 +470,16 @@ def main(argv: list[str] | None = None) -> int:
                 k, _ = matched_steps(d / "sft_more", d / "grpo")  # the same SFT run, k steps: by count, not clock
                 matched = sft(w, d / "sft_matched", more_seed, k, 24 * 3600, start) if k else start
                 evaluate(w, matched, rep, url, d / "eval_sft_matched", args.eval_limit)
-                rows.append(seed_row(s, d, kinds, args.gain))
+                rows.append({**seed_row(s, d, kinds, args.gain), "host": host})
     except KeyboardInterrupt:
         print("\n[rl_vs_sft] interrupted (a re-run with the same --workdir goes on)", file=sys.stderr)
         return 130
+    rows = sorted(earlier + rows, key=lambda r: r["seed"])
     summ = summary(rows)
-    host = hardware_line()
     text = table(rows, summ, host, args)
     print("\n" + text)
-    result = {"kb_seed": args.kb_seed, "dev_kb_seed": DEV_KB_SEED, "start_steps": args.start_steps,
-              "minutes": args.minutes, "eval_limit": args.eval_limit, "rows": rows, "summary": summ, "host": host,
-              "overrides": args.overrides, "demo_args": args.demo_args, "wall_minutes": (time.time() - t0) / 60,
+    result = {"kb_seed": args.kb_seed, "dev_kb_seed": DEV_KB_SEED, "rows": rows, "summary": summ, "host": host,
+              **{k: getattr(args, k) for k in MERGED}, "with": args.with_json, "wall_minutes": (time.time() - t0) / 60,
               "png": str(plot(rows, work / "rl_vs_sft.png"))}
     (work / "rl_vs_sft.md").write_text(text)
     (work / "rl_vs_sft.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -191,3 +191,37 @@ def test_a_workdir_made_with_other_settings_is_refused_and_left_alone(tmp_path):
     rl_vs_sft.check_settings(work, args(start_curve=[20, 100], start_steps=44, minutes=3.0))
     with pytest.raises(SystemExit, match="start_curve"):
         rl_vs_sft.check_settings(work, args(start_curve=[10, 50]))
+
+
+def test_earlier_runs_rows_count_only_under_the_same_settings_and_host_kind(tmp_path, capsys):
+    xeon = "[hardware] cpu='Xeon' isa=amx torch=AVX512 threads=2 gpu=none native_bf16=yes (amx_bf16+avx512_bf16)"
+    epyc = "[hardware] cpu='EPYC' isa=avx2 torch=AVX2 threads=2 gpu=none native_bf16=no (no amx_bf16)"
+    d = _seed_dir(tmp_path, [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], val_more=0.0,
+                  val_points=[(0, 0.0, 0.0), (2, 120.0, 1.0)])
+    row = rl_vs_sft.seed_row(1, d, KINDS, gain=0.05)
+    args = argparse.Namespace(kb_seed=101, start_steps=60, minutes=10.0, eval_limit=200, overrides=[], demo_args="",
+                              demos=1500, val_n=40, val_every=2, seeds=[3], gain=0.05)
+    old = {"kb_seed": 101, "start_steps": 60, "minutes": 10.0, "eval_limit": 200, "overrides": [], "demo_args": "",
+           "host": xeon, "rows": [row, {**row, "seed": 2}]}  # an older file: no demos / val_n / val_every
+    f = tmp_path / "old.json"
+    f.write_text(json.dumps(old))
+    got = rl_vs_sft.earlier_rows([str(f)], args, "native bf16")
+    assert [(r["seed"], r["host"]) for r in got] == [(1, xeon), (2, xeon)]
+    assert rl_vs_sft.host_kind_of(xeon) == "native bf16" and rl_vs_sft.host_kind_of(epyc) == "no native bf16 (fp32)"
+    with pytest.raises(SystemExit, match="host kind 'native bf16' there, 'no native bf16 \\(fp32\\)' here"):
+        rl_vs_sft.earlier_rows([str(f)], args, "no native bf16 (fp32)")
+    for k, v, said in (("start_steps", 44, "start_steps 44 there, 60 here"), ("val_n", 50, "val_n 50 there, 40 here"),
+                       ("overrides", ["x=1"], r"overrides \['x=1'\] there, \[\] here")):
+        f.write_text(json.dumps({**old, k: v}))
+        with pytest.raises(SystemExit, match=said):
+            rl_vs_sft.earlier_rows([str(f)], args, "native bf16")
+    f.write_text(json.dumps(old))
+    with pytest.raises(SystemExit, match="seed 2 of --with .* counted twice"):
+        rl_vs_sft.earlier_rows([str(f)], argparse.Namespace(**{**vars(args), "seeds": [2, 3]}), "native bf16")
+    with pytest.raises(SystemExit, match="seed 1 of --with .* counted twice"):
+        rl_vs_sft.earlier_rows([str(f), str(f)], args, "native bf16")
+    # the table: the run's own host on top, the rows that ran elsewhere named under it
+    rows = [*got, {**row, "seed": 3, "host": epyc}]
+    text = rl_vs_sft.table(rows, rl_vs_sft.summary(rows), epyc, args)
+    assert f"Seeds 1, 2 ran on: {xeon}" in text and "over 3 seeds" in text
+    assert "Seed 3 ran on" not in text
