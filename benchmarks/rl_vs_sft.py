@@ -364,7 +364,8 @@ def table(rows: list[dict], summ: dict, host: str, args) -> str:
                      f"{r['sft_matched_minutes']:.1f}) | {diff(r['grpo_minus_sft_matched'])} | {bk} | "
                      f"{s['start']:.2f} / {s['sft_more']:.2f} / {s['grpo']:.2f} | {ttg} |")
     lines += ["", f"GRPO - SFT more: mean {100 * summ['mean']:+.1f}, median {100 * summ['median']:+.1f}, worst seed "
-                  f"{100 * summ['worst']:+.1f}, best {100 * summ['best']:+.1f} over {summ['seeds']} seeds; "
+                  f"{100 * summ['worst']:+.1f}, best {100 * summ['best']:+.1f} over {summ['seeds']} "
+                  f"seed{'s' if summ['seeds'] != 1 else ''}; "
                   f"from the start, SFT more {100 * summ['sft_more_minus_start_mean']:+.1f} and GRPO "
                   f"{100 * summ['grpo_minus_start_mean']:+.1f} on average.",
               f"GRPO - SFT at GRPO's minutes: mean {100 * m['mean']:+.1f}, median {100 * m['median']:+.1f}, worst "

@@ -118,7 +118,7 @@ def test_the_table_names_the_kb_the_host_and_every_seed(tmp_path):
     assert "KB seed 101" in text and "[hardware] cpu='X'" in text
     assert "| 3 | 25.0 | 50.0 (6, 10.0) | 75.0 (2, 2.0) | +25.0 [" in text
     assert "| 25.0 (1, 1.7) | +50.0 [" in text  # SFT at GRPO's 2 minutes: 1 step of 100 s
-    assert "worst seed +25.0" in text and "GRPO - SFT at GRPO's minutes: mean +50.0" in text
+    assert "worst seed +25.0" in text and "over 1 seed;" in text and "GRPO - SFT at GRPO's minutes: mean +50.0" in text
     assert "WARNING" not in text
     off = rl_vs_sft.table([{**row, "sft_matched_loss_gap": 0.004}], rl_vs_sft.summary([row]), "", args)
     assert "WARNING: seed 3's SFT at GRPO's minutes is not the SFT arm's run" in off and "0.004" in off
