@@ -430,6 +430,8 @@ def main(argv: list[str] | None = None) -> int:
         args.start_steps = default_start_steps()
     if args.start_curve and (args.start_curve[0] < 1 or args.start_curve[1] < args.start_curve[0]):
         ap.error("--start-curve EVERY STEPS: 1 <= EVERY <= STEPS")
+    if args.start_curve and args.with_json:
+        ap.error("--with counts earlier arms' rows; the start curve has none")
     if args.kb_seed == DEV_KB_SEED and not args.start_curve:
         print(f"rl_vs_sft: KB seed {DEV_KB_SEED} is the dev KB the recipe was tuned on; report on another "
               "(its numbers would not be a result)", file=sys.stderr)
