@@ -86,9 +86,9 @@ SETTINGS = {"shared": ("kb_seed", "demos", "demo_args", "eval_limit", "val_n"),
 """What a workdir's finished stages depend on, by mode: a re-run may reuse them only under the same."""
 
 
-MERGED = ("kb_seed", "start_steps", "minutes", "eval_limit", "overrides", "demo_args", "demos", "val_n", "val_every")
-"""The settings an earlier run's rows must share to count with this run's (`--with`); the last
-three are checked where the file records them (older files do not)."""
+MERGED = SETTINGS["shared"] + SETTINGS["arms"]
+"""The settings an earlier run's rows must share to count with this run's (`--with`): those its
+arms depend on, each checked where the file records it (older files lack demos, val_n, val_every)."""
 
 
 def host_kind_of(host: str) -> str:
