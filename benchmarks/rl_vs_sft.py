@@ -286,6 +286,23 @@ def same_steps_gap(a: Path, b: Path, k: int) -> float:
     return max((abs(la[i] - lb[i]) if i in la and i in lb else float("inf") for i in range(1, k + 1)), default=0.0)
 
 
+ARMS = ("eval_start", "eval_sft_more", "eval_sft_matched", "eval_grpo")
+
+
+def headroom(d: Path) -> dict:
+    """What any arm could reach on this seed's report questions: the share that at least one of
+    the four models (start, both SFT arms, GRPO) answered right, and the share where no model's
+    searches brought a gold answer into its context (Search-R1's retrieval hit). A lead of GRPO
+    over the SFT arm beyond `any_right - em_sft_more` needs questions no model has answered."""
+    from agent_rl.evaluation import report
+
+    recs = [{(r["data_source"], r["id"]): r for r in report.read_records(d / a, "agent")} for a in ARMS]
+    common = set.intersection(*(set(r) for r in recs))
+    n = max(len(common), 1)
+    return {"any_right": sum(any(float(r[k]["em"]) > 0 for r in recs) for k in common) / n,
+            "never_retrieved": sum(not any(r[k].get("retrieval_hit") for r in recs) for k in common) / n}
+
+
 def seed_row(s: int, d: Path, kinds: dict[str, str], gain: float) -> dict:
     """One seed's numbers from what its stages left in `d`."""
     from agent_rl.evaluation import report
@@ -319,6 +336,7 @@ def seed_row(s: int, d: Path, kinds: dict[str, str], gain: float) -> dict:
         "sft_matched_loss_gap": same_steps_gap(d / "sft_more", d / "sft_matched", k),
         "val_em_sft_more": val_sft_more, "val_points": ttg["val_points"],
         "time_to_gain_min": None if hit is None else hit[1],
+        "headroom": headroom(d),
     }
 
 
@@ -371,6 +389,12 @@ def table(rows: list[dict], summ: dict, host: str, args) -> str:
               f"GRPO - SFT at GRPO's minutes: mean {100 * m['mean']:+.1f}, median {100 * m['median']:+.1f}, worst "
               f"seed {100 * m['worst']:+.1f}, best {100 * m['best']:+.1f}; from the start, SFT at GRPO's minutes "
               f"{100 * m['sft_minus_start_mean']:+.1f} on average."]
+    rooms = [f"seed {r['seed']} {pct(r['headroom']['any_right'])} (gold never retrieved "
+             f"{pct(r['headroom']['never_retrieved'])})" for r in rows if "headroom" in r]
+    if rooms:
+        lines.append("Answered right by at least one of the four models (start, SFT more, SFT at GRPO's minutes, "
+                     "GRPO): " + "; ".join(rooms) + ". A GRPO lead over the SFT arm beyond that share minus the SFT "
+                     "arm's EM needs questions no model answered.")
     others = {}
     for r in rows:
         if r.get("host", host) != host:

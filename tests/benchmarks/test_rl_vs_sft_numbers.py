@@ -21,10 +21,11 @@ from benchmarks import rl_vs_sft  # noqa: E402
 KINDS = {"q1": "single", "q2": "single", "q3": "bridge", "q4": "bridge"}
 
 
-def _write(d: Path, ems: list[float], searches: int = 1) -> None:
+def _write(d: Path, ems: list[float], searches: int = 1, hits: list[bool] | None = None) -> None:
+    hits = hits or [False] * len(ems)
     recs = [{"id": f"q{i + 1}", "mode": "agent", "data_source": "kb", "em": em, "subem": em, "f1": em,
              "valid_format": True, "searches": searches, "turns": searches + 1, "prediction": "x",
-             "retrieval_hit": False} for i, em in enumerate(ems)]
+             "retrieval_hit": hit} for i, (em, hit) in enumerate(zip(ems, hits))]
     d.mkdir(parents=True)
     (d / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     report.write_summary(report.summarize(recs), d)
@@ -72,6 +73,19 @@ def test_a_seed_row_pairs_the_arms_on_the_same_questions(tmp_path):
     assert (r["sft_matched_steps"], r["sft_matched_minutes"]) == (2, 200.0 / 60)
     assert r["em_sft_matched"] == 0.25 and r["grpo_minus_sft_matched"]["diff"] == pytest.approx(0.5)
     assert r["sft_matched_loss_gap"] == 0.0
+    # q1-q3 right in some model, q4 in none; no model's context ever held a gold answer here
+    assert r["headroom"] == {"any_right": 0.75, "never_retrieved": 1.0}
+
+
+def test_headroom_counts_questions_any_model_answered_or_retrieved(tmp_path):
+    # q1 only the start answers, q2 only SFT at GRPO's minutes, q3 and q4 nobody; only q3's gold
+    # answer never reached any model's context (q4's reached GRPO's): 2 of 4 right, 1 never retrieved
+    d = tmp_path / "seed"
+    _write(d / "eval_start", [1, 0, 0, 0], hits=[True, False, False, False])
+    _write(d / "eval_sft_more", [0, 0, 0, 0], hits=[True, True, False, False])
+    _write(d / "eval_sft_matched", [0, 1, 0, 0], hits=[False, True, False, False])
+    _write(d / "eval_grpo", [0, 0, 0, 0], hits=[False, False, False, True])
+    assert rl_vs_sft.headroom(d) == {"any_right": 0.5, "never_retrieved": 0.25}
 
 
 def test_sft_at_grpos_minutes_is_the_sft_arms_prefix_by_its_own_step_times(tmp_path):
@@ -120,6 +134,10 @@ def test_the_table_names_the_kb_the_host_and_every_seed(tmp_path):
     assert "| 25.0 (1, 1.7) | +50.0 [" in text  # SFT at GRPO's 2 minutes: 1 step of 100 s
     assert "worst seed +25.0" in text and "over 1 seed;" in text and "GRPO - SFT at GRPO's minutes: mean +50.0" in text
     assert "WARNING" not in text
+    assert "at least one of the four models (start, SFT more, SFT at GRPO's minutes, GRPO): seed 3 75.0 " \
+           "(gold never retrieved 100.0)" in text
+    older = {k: v for k, v in row.items() if k != "headroom"}  # a row from an earlier run's JSON (--with)
+    assert "at least one of the four" not in rl_vs_sft.table([older], rl_vs_sft.summary([older]), "", args)
     off = rl_vs_sft.table([{**row, "sft_matched_loss_gap": 0.004}], rl_vs_sft.summary([row]), "", args)
     assert "WARNING: seed 3's SFT at GRPO's minutes is not the SFT arm's run" in off and "0.004" in off
     assert rl_vs_sft.plot([row], tmp_path / "p.png").stat().st_size > 0
