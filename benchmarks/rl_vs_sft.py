@@ -286,7 +286,8 @@ def same_steps_gap(a: Path, b: Path, k: int) -> float:
     return max((abs(la[i] - lb[i]) if i in la and i in lb else float("inf") for i in range(1, k + 1)), default=0.0)
 
 
-ARMS = ("eval_start", "eval_sft_more", "eval_sft_matched", "eval_grpo")
+EVALS = ("eval_start", "eval_sft_more", "eval_sft_matched", "eval_grpo")
+"""A seed's four evaluation folders: the start, SFT more, SFT at GRPO's minutes, GRPO."""
 
 
 def headroom(d: Path) -> dict:
@@ -296,7 +297,7 @@ def headroom(d: Path) -> dict:
     over the SFT arm beyond `any_right - em_sft_more` needs questions no model has answered."""
     from agent_rl.evaluation import report
 
-    recs = [{(r["data_source"], r["id"]): r for r in report.read_records(d / a, "agent")} for a in ARMS]
+    recs = [{(r["data_source"], r["id"]): r for r in report.read_records(d / e, "agent")} for e in EVALS]
     common = set.intersection(*(set(r) for r in recs))
     n = max(len(common), 1)
     return {"any_right": sum(any(float(r[k]["em"]) > 0 for r in recs) for k in common) / n,
@@ -308,9 +309,9 @@ def seed_row(s: int, d: Path, kinds: dict[str, str], gain: float) -> dict:
     from agent_rl.evaluation import report
     from benchmarks.learning import time_to_gain
 
-    start, more, rl = d / "eval_start", d / "eval_sft_more", d / "eval_grpo"
+    start, more, matched, rl = (d / e for e in EVALS)
     vs_sft = report.paired_comparison(more, rl, group_of=kinds)
-    vs_matched = report.paired_comparison(d / "eval_sft_matched", rl, group_of=kinds)
+    vs_matched = report.paired_comparison(matched, rl, group_of=kinds)
     vs_start = report.paired_comparison(start, rl, group_of=kinds)
     sft_gain = report.paired_comparison(start, more, group_of=kinds)
     A = report.ALL
