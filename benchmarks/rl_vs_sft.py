@@ -293,15 +293,18 @@ EVALS = ("eval_start", "eval_sft_more", "eval_sft_matched", "eval_grpo")
 def headroom(d: Path) -> dict:
     """What any arm could reach on this seed's report questions: the share that at least one of
     the four models (start, both SFT arms, GRPO) answered right, and the share where no model's
-    searches brought a gold answer into its context (Search-R1's retrieval hit). A lead of GRPO
-    over the SFT arm beyond `any_right - em_sft_more` needs questions no model has answered."""
+    searches brought a gold answer into its context (Search-R1's retrieval hit), with those
+    questions' ids: the JSON keeps them, so their trajectories can be found (or rerun on the
+    KB regenerated from its seed) after the workdir is gone. A lead of GRPO over the SFT arm
+    beyond `any_right - em_sft_more` needs questions no model has answered."""
     from agent_rl.evaluation import report
 
     recs = [{(r["data_source"], r["id"]): r for r in report.read_records(d / e, "agent")} for e in EVALS]
     common = set.intersection(*(set(r) for r in recs))
     n = max(len(common), 1)
+    missed = sorted(k for k in common if not any(r[k].get("retrieval_hit") for r in recs))
     return {"any_right": sum(any(float(r[k]["em"]) > 0 for r in recs) for k in common) / n,
-            "never_retrieved": sum(not any(r[k].get("retrieval_hit") for r in recs) for k in common) / n}
+            "never_retrieved": len(missed) / n, "never_retrieved_ids": [str(i) for _, i in missed]}
 
 
 def seed_row(s: int, d: Path, kinds: dict[str, str], gain: float) -> dict:

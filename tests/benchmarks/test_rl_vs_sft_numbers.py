@@ -74,7 +74,8 @@ def test_a_seed_row_pairs_the_arms_on_the_same_questions(tmp_path):
     assert r["em_sft_matched"] == 0.25 and r["grpo_minus_sft_matched"]["diff"] == pytest.approx(0.5)
     assert r["sft_matched_loss_gap"] == 0.0
     # q1-q3 right in some model, q4 in none; no model's context ever held a gold answer here
-    assert r["headroom"] == {"any_right": 0.75, "never_retrieved": 1.0}
+    assert r["headroom"] == {"any_right": 0.75, "never_retrieved": 1.0,
+                             "never_retrieved_ids": ["q1", "q2", "q3", "q4"]}
 
 
 def test_headroom_counts_questions_any_model_answered_or_retrieved(tmp_path):
@@ -85,7 +86,7 @@ def test_headroom_counts_questions_any_model_answered_or_retrieved(tmp_path):
     _write(d / "eval_sft_more", [0, 0, 0, 0], hits=[True, True, False, False])
     _write(d / "eval_sft_matched", [0, 1, 0, 0], hits=[False, True, False, False])
     _write(d / "eval_grpo", [0, 0, 0, 0], hits=[False, False, False, True])
-    assert rl_vs_sft.headroom(d) == {"any_right": 0.5, "never_retrieved": 0.25}
+    assert rl_vs_sft.headroom(d) == {"any_right": 0.5, "never_retrieved": 0.25, "never_retrieved_ids": ["q3"]}
 
 
 def test_sft_at_grpos_minutes_is_the_sft_arms_prefix_by_its_own_step_times(tmp_path):
