@@ -299,7 +299,7 @@ def headroom(d: Path) -> dict:
     beyond `any_right - em_sft_more` needs questions no model has answered."""
     from agent_rl.evaluation import report
 
-    recs = [{(r["data_source"], r["id"]): r for r in report.read_records(d / e, "agent")} for e in EVALS]
+    recs = [report.records_by_question(d / e) for e in EVALS]
     common = set.intersection(*(set(r) for r in recs))
     n = max(len(common), 1)
     missed = sorted(k for k in common if not any(r[k].get("retrieval_hit") for r in recs))

@@ -231,6 +231,11 @@ def read_records(eval_dir: str | Path, mode: str) -> list[dict]:
     return [r for r in read_jsonl_rows(path) if r.get("mode") == mode]
 
 
+def records_by_question(eval_dir: str | Path, mode: str = "agent") -> dict[tuple, dict]:
+    """`read_records` keyed by question, (data_source, id): how evaluations are paired."""
+    return {(r["data_source"], r["id"]): r for r in read_records(eval_dir, mode)}
+
+
 def _grouped(keys: Sequence[tuple], group_of: Mapping[str, str] | None) -> dict[str, list[tuple]]:
     """{ALL: keys, group: its keys} for (data_source, id) keys; ids `group_of` lacks are in ALL only."""
     keyed = {ALL: list(keys)}
@@ -243,7 +248,7 @@ def _grouped(keys: Sequence[tuple], group_of: Mapping[str, str] | None) -> dict[
 
 def grouped_stats(eval_dir: str | Path, mode: str = "agent", group_of: Mapping[str, str] | None = None) -> dict:
     """One evaluation's `stats` overall (ALL) and per group (`group_of`: question id -> group)."""
-    recs = {(r["data_source"], r["id"]): r for r in read_records(eval_dir, mode)}
+    recs = records_by_question(eval_dir, mode)
     return {g: stats([recs[k] for k in keys]) for g, keys in _grouped(sorted(recs), group_of).items()}
 
 
@@ -255,8 +260,7 @@ def paired_comparison(a_dir: str | Path, b_dir: str | Path, mode: str = "agent",
 
     Returns {"n", "groups": [...], "a": {group: stats}, "b": {...}, "diff": {group: paired}};
     the overall group is ALL."""
-    a = {(r["data_source"], r["id"]): r for r in read_records(a_dir, mode)}
-    b = {(r["data_source"], r["id"]): r for r in read_records(b_dir, mode)}
+    a, b = records_by_question(a_dir, mode), records_by_question(b_dir, mode)
     common = sorted(set(a) & set(b))
     keyed = _grouped(common, group_of)
     out: dict = {"n": len(common), "groups": list(keyed), "a": {}, "b": {}, "diff": {}}
