@@ -356,7 +356,8 @@ class RunConfig:
     """Checkpoint every K steps (-1: none in between); one is always saved when the run stops
     (last step or time budget), so a re-run continues it or finds it finished."""
     test_freq: int = -1
-    """Validate every K steps (-1: RL never during training; SFT at the end, if val files are given)."""
+    """Validate every K steps and at the step the run stops, by step count or time budget (-1: RL
+    never during training; SFT at the end, if val files are given)."""
     default_local_dir: str = "runs/${trainer.experiment_name}"
     """Run directory: metrics, checkpoints (and SFT's final model in `<dir>/model`)."""
     logger: list[str] = field(default_factory=lambda: ["console", "tensorboard", "jsonl"])

@@ -33,6 +33,7 @@ class Sizes:
     rl_overhead_s: float
     eval_limit: int
     base_eval_limit: int
+    select_n: int
     rl_share: float
     min_sft_steps: int
     min_rl_steps: int
@@ -64,6 +65,11 @@ class Speeds:
 
     def eval_s(self, n: int, which: str) -> float:
         return self.engine_load_s + SIZES.eval_overhead_s + n * SIZES.eval_tokens_per_question[which] / self.gen_tok_s
+
+    @property
+    def select_s(self) -> float:
+        """The GRPO run's two validations on the selection questions (step 0 and its last step), agent mode."""
+        return 2 * SIZES.select_n * SIZES.eval_tokens_per_question["rl"] / self.gen_tok_s
 
     @property
     def sft_step_s(self) -> float:
@@ -104,7 +110,7 @@ def needed_s(sp: Speeds, eval_limit: int = SIZES.eval_limit, base_eval_limit: in
     """The least time the stages after calibration need on this host: the evaluations,
     min_sft_steps of SFT and min_rl_steps of GRPO with their overheads."""
     evals = sp.eval_s(base_eval_limit, "base") + sp.eval_s(eval_limit, "sft") + sp.eval_s(eval_limit, "rl")
-    return (SIZES.demos_s + SIZES.sft_overhead_s + SIZES.rl_overhead_s + sp.engine_load_s + evals
+    return (SIZES.demos_s + SIZES.sft_overhead_s + SIZES.rl_overhead_s + sp.engine_load_s + sp.select_s + evals
             + SIZES.min_sft_steps * sp.sft_step_s + SIZES.min_rl_steps * sp.rl_step_s)
 
 
@@ -142,7 +148,7 @@ def _fit(remaining_s: float, sp: Speeds, eval_limit: int, base_eval_limit: int, 
          max_demos: int, demos_built: bool = False, keep_rl: bool = False) -> Budget:
     est = {"demonstrations": 0.0 if demos_built else float(SIZES.demos_s), "sft": float(SIZES.sft_overhead_s),
            "evaluate base": sp.eval_s(base_eval_limit, "base"), "evaluate SFT": sp.eval_s(eval_limit, "sft")}
-    rl_fixed = {"grpo": SIZES.rl_overhead_s + sp.engine_load_s, "evaluate SFT+RL": sp.eval_s(eval_limit, "rl")}
+    rl_fixed = {"grpo": SIZES.rl_overhead_s + sp.engine_load_s + sp.select_s, "evaluate SFT+RL": sp.eval_s(eval_limit, "rl")}
     train_s = remaining_s - sum(est.values()) - sum(rl_fixed.values())
     rl_s = rl_share * train_s
     if rl_s < (1 if keep_rl else SIZES.min_rl_steps / 2) * sp.rl_step_s:
@@ -165,6 +171,6 @@ def _fit(remaining_s: float, sp: Speeds, eval_limit: int, base_eval_limit: int, 
 
 
 def rl_seconds_left(remaining_s: float, sp: Speeds, eval_limit: int) -> float:
-    """Re-fitted after SFT and its evaluations: GRPO gets what is left but its own start-up and
-    the evaluation of its model."""
-    return max(0.0, remaining_s - SIZES.rl_overhead_s - sp.engine_load_s - sp.eval_s(eval_limit, "rl"))
+    """Re-fitted after SFT and its evaluations: GRPO gets what is left but its own start-up, its
+    validations on the selection questions and the evaluation of its model."""
+    return max(0.0, remaining_s - SIZES.rl_overhead_s - sp.engine_load_s - sp.select_s - sp.eval_s(eval_limit, "rl"))

@@ -3,8 +3,9 @@
 prepare model + knowledge base -> build index -> start retriever -> show retrieval
 -> calibrate and fit the budget -> grounded demonstrations -> cold-start SFT -> evaluate base and
 SFT (agent / rag / direct) -> GRPO from the SFT model for the time left -> evaluate SFT+RL
-(agent) -> report: SFT vs SFT+RL on the same held-out questions (paired interval, by question
-kind), the GRPO curves as PNG, every model and mode as context.
+(agent) -> choose the model handed over (GRPO's only where it beats SFT on held-out selection
+questions: agent_rl.demo.selection) -> report: SFT vs SFT+RL on the same held-out questions
+(paired interval, by question kind), the GRPO curves as PNG, every model and mode as context.
 
 Every stage is a real command a user could type (printed before it runs), reads and writes
 the files of `--workdir` only, and is skipped when its artifact already exists; the services
@@ -20,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent_rl.demo import stages
+from agent_rl.demo import selection, stages
 from agent_rl.demo.budget import (SIZES, Budget, Speeds, default_budget_minutes, fit_budget,
                                   rl_seconds_left)
 from agent_rl.demo.report import write_report
@@ -148,17 +149,24 @@ class Demo:
         rl_s = 60 * args.rl_minutes if args.rl_minutes is not None else (
             rl_seconds_left(left(), sp, eval_limit) if budget.rl_minutes > 0 else 0.0)
         budget.rl_minutes, budget.rl_steps = rl_s / 60, int(rl_s / sp.rl_step_s)
+        chosen = None
         if rl_s >= 60:
-            print(f"\n[demo] {left() / 60:.1f} minutes left: GRPO gets {rl_s / 60:.1f}", flush=True)
+            n = selection.write_selection_questions(w.kb / "test.parquet", w.selection, eval_limit, SIZES.select_n)
+            print(f"\n[demo] {left() / 60:.1f} minutes left: GRPO gets {rl_s / 60:.1f}, validated on {n} selection "
+                  "questions at its start and its last step", flush=True)
             self.run(stages.grpo(w, w.sft_dir / "model", url, rl_s, args.rl_steps,
-                                 overrides=self.proto + args.grpo_set),
+                                 overrides=self.proto + selection.grpo_overrides(w.selection, n) + args.grpo_set),
                      f"GRPO from the SFT model ({rl_s / 60:.1f} min)")
+            chosen = selection.choose(w.rl_dir, n)
+            chosen["model"] = str(w.rl_dir if chosen["chosen"] == "SFT+RL" else w.sft_dir)
+            print(f"[demo] selection questions: SFT {100 * chosen['sft_em']:.1f}%, GRPO's last model "
+                  f"{100 * chosen['rl_em']:.1f}%: the demo hands over the {chosen['chosen']} model", flush=True)
             evals["SFT+RL"] = self.evaluate("SFT+RL", w.rl_dir, url, eval_limit, ("agent",))
         else:
             print(f"\n[demo] GRPO skipped: {rl_s / 60:.1f} minutes left for it on this host "
                   "(--rl-minutes N or a larger --budget-minutes to run it)", flush=True)
         return write_report(w.runs, evals, w.rl_dir if "SFT+RL" in evals else None, budget, w.kb / "test.parquet",
-                            self.stage_s)
+                            self.stage_s, chosen)
 
 
 def show_retrieval(base_url: str, qa_path: Path, n: int = 3) -> None:

@@ -66,12 +66,15 @@ def question_kinds(test_parquet: Path) -> dict[str, str]:
 
 
 def write_report(runs: Path, evals: dict[str, Path], rl_dir: Path | None, budget: Budget | None = None,
-                 test_parquet: Path | None = None, stage_s: dict[str, float] | None = None) -> Path:
-    """Markdown led by SFT vs SFT+RL (agent EM on the same held-out questions, the paired 95%
-    interval of the difference, by question kind, searches per question, the GRPO curves as
-    PNG), then every model x mode as context, the hardware line, the budget and stage times."""
+                 test_parquet: Path | None = None, stage_s: dict[str, float] | None = None,
+                 chosen: dict | None = None) -> Path:
+    """Markdown led by the model handed over (`chosen`: agent_rl.demo.selection.choose) and SFT vs
+    SFT+RL (agent EM on the same held-out questions, the paired 95% interval of the difference,
+    by question kind, searches per question, the GRPO curves as PNG), then every model x mode as
+    context, the hardware line, the budget and stage times."""
     from agent_rl.evaluation.plot import plot_run
-    from agent_rl.evaluation.report import (comparison, comparison_markdown, paired_comparison,
+    from agent_rl.demo.selection import selection_markdown
+    from agent_rl.evaluation.report import (ALL, comparison, comparison_markdown, paired_comparison,
                                             paired_comparison_markdown)
     from data_prep.hardware import hardware_line
 
@@ -82,6 +85,10 @@ def write_report(runs: Path, evals: dict[str, Path], rl_dir: Path | None, budget
         kinds = question_kinds(test_parquet) if test_parquet is not None else None
         cmp = paired_comparison(evals["SFT"], evals["SFT+RL"], group_of=kinds)
         summary["sft_vs_rl"] = cmp
+        if chosen is not None:
+            diff = cmp["diff"][ALL]["diff"]
+            text += selection_markdown(chosen, diff)
+            summary["selection"] = {**chosen, "handed_over_minus_sft": diff if chosen["chosen"] == "SFT+RL" else 0.0}
         text += (f"## What GRPO adds to cold-start SFT\n\nAgent mode (the model searches), greedy, on the same "
                  f"{cmp['n']} held-out questions:\n\n" + paired_comparison_markdown(cmp) + "\n")
         hardware = (budget.calibration if budget is not None else {}).get("hardware", {})

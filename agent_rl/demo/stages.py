@@ -121,6 +121,11 @@ class Workdir:
         return self.root / "demos" / f"kb_train{self.variant}.parquet"
 
     @property
+    def selection(self) -> Path:
+        """The selection questions (agent_rl.demo.selection): held-out, outside the compared ones."""
+        return self.runs / "selection_questions.parquet"
+
+    @property
     def sft_dir(self) -> Path:
         return self.runs / "sft"
 

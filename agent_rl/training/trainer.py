@@ -169,8 +169,9 @@ class RayTrainer:
             self.run.end_step()
             # validation is not training: outside "step" (perf/tokens_per_s) and outside the
             # time budget (trainer.max_time_s; training/elapsed_s), so a run's training minutes
-            # do not depend on how often it is evaluated
-            if cfg.trainer.test_freq > 0 and (self.step % cfg.trainer.test_freq == 0 or self.step == self.total_steps):
+            # do not depend on how often it is evaluated. The step a run stops at is validated
+            # too, whether its step count or the clock stops it (veRL validates its last step)
+            if cfg.trainer.test_freq > 0 and (self.step % cfg.trainer.test_freq == 0 or self.run.stopping()):
                 with t("validate"):
                     metrics.update(self.validate())
             metrics.update(adv_metrics)

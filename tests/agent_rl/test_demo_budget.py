@@ -49,10 +49,10 @@ def test_sft_stops_at_its_steps_and_grpo_gets_the_rest():
 
 
 def test_a_slow_host_compares_on_fewer_questions_before_it_drops_grpo():
-    fast, slow = fit_budget(1200.0, FAST), fit_budget(1200.0, SLOW)
+    fast, slow = fit_budget(1300.0, FAST), fit_budget(1300.0, SLOW)
     assert fast.eval_limit == EVAL_LIMIT and fast.rl_minutes > 0
     assert 100 <= slow.eval_limit < EVAL_LIMIT and slow.rl_minutes > 0
-    assert fit_budget(1200.0, SLOW, min_eval_limit=None).rl_minutes == 0  # the limit kept: no GRPO fits
+    assert fit_budget(1300.0, SLOW, min_eval_limit=None).rl_minutes == 0  # the limit kept: no GRPO fits
     # with little time even 100 questions leave too little: SFT and its evaluation only
     plan = fit_budget(900.0, SLOW)
     assert plan.rl_minutes == 0 and plan.rl_steps == 0 and "grpo" not in plan.estimate_s
@@ -94,7 +94,9 @@ def test_the_default_budget_grows_with_what_the_host_needs():
 
 def test_grpo_is_re_planned_with_the_time_left():
     left = rl_seconds_left(600.0, FAST, EVAL_LIMIT)
-    assert left == pytest.approx(600.0 - 45 - FAST.engine_load_s - FAST.eval_s(EVAL_LIMIT, "rl"))
+    # the two validations on the selection questions: 2 x 40 questions x 100 tokens at 800 tok/s
+    assert FAST.select_s == pytest.approx(2 * 40 * 100 / 800.0)
+    assert left == pytest.approx(600.0 - 45 - FAST.engine_load_s - FAST.select_s - FAST.eval_s(EVAL_LIMIT, "rl"))
     assert rl_seconds_left(10.0, FAST, EVAL_LIMIT) == 0.0
 
 
@@ -138,6 +140,16 @@ def test_report_leads_with_what_grpo_adds(tmp_path):
     assert (tmp_path / "grpo_curves.png").stat().st_size > 0
     summary = json.loads((tmp_path / "plan.json").read_text())
     assert summary["sft_vs_rl"]["diff"]["bridge"]["diff"] == 1.0 and summary["plan"]["budget_minutes"] == 18
+    assert "hands over" not in md and "selection" not in summary  # no selection: none reported
+    # GRPO lost on the selection questions: the SFT model is handed over (+0.0), GRPO's +50.0 still shown
+    chosen = {"n": 40, "sft_em": 0.5, "rl_em": 0.4, "rl_step": 5, "chosen": "SFT", "model": "sft"}
+    md = write_report(tmp_path, evals, rl, plan, tmp_path / "test.parquet", chosen=chosen).read_text()
+    assert md.index("hands over: the SFT model") < md.index("What GRPO adds") and "**+50.0**" in md
+    summary = json.loads((tmp_path / "plan.json").read_text())
+    assert summary["selection"] == {**chosen, "handed_over_minus_sft": 0.0}
+    chosen.update(rl_em=0.6, chosen="SFT+RL")
+    write_report(tmp_path, evals, rl, plan, tmp_path / "test.parquet", chosen=chosen)
+    assert json.loads((tmp_path / "plan.json").read_text())["selection"]["handed_over_minus_sft"] == 0.5
 
 
 # ----------------------------------------------------------------------------- stopping a stage

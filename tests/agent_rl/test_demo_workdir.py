@@ -90,16 +90,24 @@ def test_every_stage_reads_and_writes_the_workdir_only(tmp_path, monkeypatch, ex
     seen: dict[str, list] = {}
 
     def fake_run(cmd, what, tag="demo", on_start=None):
+        from data_prep.synthetic import generate_kb
+
         cmd = [str(c) for c in cmd]
         cmds.append(cmd)
         if "calibrate" in cmd:  # the figures the budget reads
             out = stages.ROOT / cmd[cmd.index("--out") + 1]
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps({"update_tok_s": 900.0, "gen_tok_s": 800.0, "engine_load_s": 10.0}))
+        if "synthetic" in cmd:  # the test questions the selection questions are drawn from
+            generate_kb(stages.ROOT / cmd[cmd.index("--out") + 1], seed=0, n_entities=60)
+        if "agent_rl.training.cli" in cmd:  # the validations the model is chosen on
+            run_dir = Path(next(a for a in cmd if a.startswith("trainer.default_local_dir=")).split("=", 1)[1])
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "metrics.jsonl").write_text('{"step": 0, "val/em": 0.5}\n{"step": 1, "val/em": 0.6}\n')
         return 0.0
 
-    def fake_report(runs, evals, rl_dir, budget=None, test_parquet=None, stage_s=None):
-        seen["report"] = [runs, *evals.values(), rl_dir, test_parquet]
+    def fake_report(runs, evals, rl_dir, budget=None, test_parquet=None, stage_s=None, chosen=None):
+        seen["report"] = [runs, *evals.values(), rl_dir, test_parquet, chosen["model"]]
         return Path(runs) / "report.md"
 
     def fake_server(index, corpus, port=None, log_path=None):
@@ -128,6 +136,9 @@ def test_every_stage_reads_and_writes_the_workdir_only(tmp_path, monkeypatch, ex
 
     # --grpo-set reaches the GRPO stage's config and no other stage's command
     grpo = loaded_config(cmds[modules.index("agent_rl.training.cli")])
+    # GRPO validates on the workdir's selection questions at its start and its last step
+    assert [Path(f).name for f in grpo.data.val_files] == ["selection_questions.parquet"]
+    assert grpo.trainer.val_before_train and grpo.trainer.test_freq > 1000
     assert grpo.actor_rollout_ref.rollout.enforce_eager is (GRPO_SET[1] not in extra)
     assert (grpo.algorithm.kl_ctrl.kl_coef == 0.01) == (GRPO_SET[3] in extra)
     assert not [m for c, m in zip(cmds, modules) if m != "agent_rl.training.cli" and "kl_coef=0.01" in " ".join(c)]

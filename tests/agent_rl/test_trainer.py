@@ -208,11 +208,14 @@ def test_time_budget_stops_with_a_checkpoint_and_a_rerun_continues_the_clock(tin
     run_dir = tmp_path / "budget"
     # 1 s: step 1 runs (nothing measured yet), then the next step would end past the budget
     run_in_process("grpo", tiny_kb, retriever, run_dir, tiny_policy,
-                   ["trainer.total_training_steps=3", "trainer.max_time_s=1", "trainer.save_freq=-1"])
+                   ["trainer.total_training_steps=3", "trainer.max_time_s=1", "trainer.save_freq=-1",
+                    "trainer.test_freq=5", "data.val_data_num=4"])
     ckpt = run_dir / "checkpoints"
     assert (ckpt / "latest").read_text() == "global_step_1"  # saved although save_freq=-1 and 3 steps were asked
     first = read_jsonl(run_dir)
     assert [r["step"] for r in first] == [1]
+    # the step the clock stopped at is validated, though test_freq=5 does not fall on it
+    assert 0.0 <= first[0]["val/em"] <= 1.0 and first[0]["timing/validate"] > 0
     state = json.loads((ckpt / "global_step_1" / "trainer_state.json").read_text())
     assert state["trained_s"] == pytest.approx(first[0]["training/elapsed_s"]) and state["trained_s"] > 1
     # a larger budget: the clock goes on from the checkpoint's, not from 0; a validation after
