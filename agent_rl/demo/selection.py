@@ -48,15 +48,18 @@ def grpo_overrides(questions: Path, n: int) -> list[str]:
 def choose(run_dir: Path, n: int) -> dict:
     """From the GRPO run's metrics: val/em at step 0 (the SFT model) and at the last step.
     Returns {"n", "sft_em", "rl_em", "rl_step", "chosen"}: "SFT+RL" when the last step scored
-    strictly higher, else "SFT" (a tie keeps the model with less training behind it)."""
+    strictly higher, else "SFT" (a tie keeps the model with less training behind it). A run
+    without both validations (say `trainer.test_freq=-1` was passed) keeps the SFT model, and
+    "unvalidated" says why."""
     from agent_rl.training.metrics import read_jsonl
 
     points = [(int(r["step"]), float(r["val/em"])) for r in read_jsonl(run_dir) if "val/em" in r]
     first = [em for step, em in points if step == 0]
     later = [(step, em) for step, em in points if step > 0]
     if not first or not later:
-        raise ValueError(f"{run_dir}: the GRPO run has no validation at step 0 and after a step "
-                         f"(val/em at steps {[s for s, _ in points]}): it cannot be chosen over the SFT model")
+        return {"n": n, "sft_em": first[-1] if first else None, "rl_em": None, "rl_step": None, "chosen": "SFT",
+                "unvalidated": f"the GRPO run in {run_dir} has no validation at step 0 and after a step "
+                               f"(val/em at steps {[s for s, _ in points]})"}
     rl_step, rl_em = max(later)
     return {"n": n, "sft_em": first[-1], "rl_em": rl_em, "rl_step": rl_step,
             "chosen": "SFT+RL" if rl_em > first[-1] else "SFT"}
@@ -67,6 +70,11 @@ def selection_markdown(sel: dict, paired_diff: float) -> str:
     SFT on the compared questions (agent EM)."""
     kept = sel["chosen"] == "SFT+RL"
     where = f" Its files: `{sel['model']}`." if sel.get("model") else ""
+    if sel.get("unvalidated"):
+        return (f"## The model this demo hands over: the SFT model\n\nGRPO's model could not be chosen over "
+                f"it: {sel['unvalidated']}, so the demo keeps the SFT model (agent EM **+0.0** against SFT: "
+                f"the same model).{where} GRPO's own last model, not kept, is still compared below: "
+                f"{100 * paired_diff:+.1f}.\n\n")
     why = (f"GRPO's model after step {sel['rl_step']} scored {100 * sel['rl_em']:.1f}% agent EM on {sel['n']} "
            f"selection questions (held-out questions outside the compared ones), the SFT model "
            f"{100 * sel['sft_em']:.1f}%")

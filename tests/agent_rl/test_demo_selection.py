@@ -41,10 +41,15 @@ def test_grpo_is_kept_only_where_its_last_validation_beats_the_sft_model(tmp_pat
     assert choose(run, 40) == {"n": 40, "sft_em": 0.5, "rl_em": last, "rl_step": 3, "chosen": chosen}
 
 
-@pytest.mark.parametrize("rows", [[{"step": 1, "val/em": 0.6}], [{"step": 0, "val/em": 0.6}, {"step": 1}]])
-def test_a_run_without_both_validations_cannot_be_chosen(tmp_path, rows):
-    with pytest.raises(ValueError, match="no validation at step 0 and after a step"):
-        choose(_metrics(tmp_path / "grpo", rows), 40)
+@pytest.mark.parametrize("rows, sft_em", [([{"step": 1, "val/em": 0.6}], None),
+                                          ([{"step": 0, "val/em": 0.6}, {"step": 1}], 0.6)])
+def test_a_run_without_both_validations_keeps_the_sft_model_and_says_why(tmp_path, rows, sft_em):
+    # say `--grpo-set trainer.test_freq=-1`: the demo still ends with a model and a report
+    sel = choose(_metrics(tmp_path / "grpo", rows), 40)
+    assert sel["chosen"] == "SFT" and sel["sft_em"] == sft_em and sel["rl_em"] is None
+    assert "no validation at step 0 and after a step" in sel["unvalidated"]
+    md = selection_markdown({**sel, "model": "w/sft"}, 0.05)
+    assert "hands over: the SFT model" in md and sel["unvalidated"] in md and "**+0.0**" in md and "+5.0" in md
 
 
 def test_the_overrides_validate_on_the_selection_questions_at_the_ends_only(tmp_path):

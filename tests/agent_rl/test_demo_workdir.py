@@ -80,12 +80,11 @@ def under(path: str | Path, work: Path) -> bool:
 GRPO_SET = ["--grpo-set", "actor_rollout_ref.rollout.enforce_eager=false", "--grpo-set", "algorithm.kl_ctrl.kl_coef=0.01"]
 
 
-@pytest.mark.parametrize("extra", [[], ["--protocol", "hermes"], ["--plain-wording"], GRPO_SET],
-                         ids=["search_r1", "hermes", "plain_wording", "grpo_set"])
-def test_every_stage_reads_and_writes_the_workdir_only(tmp_path, monkeypatch, extra):
+def fake_stages(monkeypatch) -> tuple[list[list[str]], dict[str, list]]:
+    """The demo's stages replaced by stand-ins that write only what the next stage reads; returns
+    the commands run and what the report, the retriever and the preview were given."""
     from retriever_server import launch
 
-    work = tmp_path / "second"
     cmds: list[list[str]] = []
     seen: dict[str, list] = {}
 
@@ -100,14 +99,18 @@ def test_every_stage_reads_and_writes_the_workdir_only(tmp_path, monkeypatch, ex
             out.write_text(json.dumps({"update_tok_s": 900.0, "gen_tok_s": 800.0, "engine_load_s": 10.0}))
         if "synthetic" in cmd:  # the test questions the selection questions are drawn from
             generate_kb(stages.ROOT / cmd[cmd.index("--out") + 1], seed=0, n_entities=60)
-        if "agent_rl.training.cli" in cmd:  # the validations the model is chosen on
-            run_dir = Path(next(a for a in cmd if a.startswith("trainer.default_local_dir=")).split("=", 1)[1])
+        if "agent_rl.training.cli" in cmd:  # the validations the model is chosen on, where the config asks
+            cfg = loaded_config(cmd)
+            run_dir = Path(cfg.trainer.default_local_dir)
             run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / "metrics.jsonl").write_text('{"step": 0, "val/em": 0.5}\n{"step": 1, "val/em": 0.6}\n')
+            rows = ([{"step": 0, "val/em": 0.5}] if cfg.trainer.val_before_train else []) + (
+                [{"step": 1, "val/em": 0.6}] if cfg.trainer.test_freq > 0 else [{"step": 1, "reward/mean": 0.2}])
+            (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         return 0.0
 
     def fake_report(runs, evals, rl_dir, budget=None, test_parquet=None, stage_s=None, chosen=None):
         seen["report"] = [runs, *evals.values(), rl_dir, test_parquet, chosen["model"]]
+        seen["chosen"] = [chosen]
         return Path(runs) / "report.md"
 
     def fake_server(index, corpus, port=None, log_path=None):
@@ -121,6 +124,14 @@ def test_every_stage_reads_and_writes_the_workdir_only(tmp_path, monkeypatch, ex
     monkeypatch.setattr(launch, "start_server", fake_server)
     monkeypatch.setattr(launch, "wait_healthy", lambda *a, **k: {})
     monkeypatch.setattr(launch, "stop_server", lambda proc: 0)
+    return cmds, seen
+
+
+@pytest.mark.parametrize("extra", [[], ["--protocol", "hermes"], ["--plain-wording"], GRPO_SET],
+                         ids=["search_r1", "hermes", "plain_wording", "grpo_set"])
+def test_every_stage_reads_and_writes_the_workdir_only(tmp_path, monkeypatch, extra):
+    work = tmp_path / "second"
+    cmds, seen = fake_stages(monkeypatch)
 
     assert cli.main(["--workdir", str(work), "--budget-minutes", "60", "--rl-minutes", "2",
                             "--eval-limit", "10", *extra]) == 0
@@ -150,8 +161,22 @@ def test_every_stage_reads_and_writes_the_workdir_only(tmp_path, monkeypatch, ex
         if cfg is not None:
             outside += [f"{module}: config {k}={v}" for k, v in config_paths(cfg) if not under(v, work)]
     for what, paths in seen.items():
-        outside += [f"{what}: {p}" for p in paths if p is not None and not under(p, work)]
+        if what != "chosen":
+            outside += [f"{what}: {p}" for p in paths if p is not None and not under(p, work)]
     assert not outside, "\n".join(outside)
+
+
+def test_a_grpo_run_told_not_to_validate_hands_over_the_sft_model_with_a_report(tmp_path, monkeypatch, capsys):
+    # `--grpo-set trainer.test_freq=-1`: no validation after a step, so GRPO's model cannot be chosen
+    work = tmp_path / "w"
+    cmds, seen = fake_stages(monkeypatch)
+    assert cli.main(["--workdir", str(work), "--budget-minutes", "60", "--rl-minutes", "2", "--eval-limit", "10",
+                     "--grpo-set", "trainer.test_freq=-1"]) == 0
+    (chosen,) = seen["chosen"]
+    assert chosen["chosen"] == "SFT" and chosen["sft_em"] == 0.5 and chosen["rl_em"] is None
+    assert Path(chosen["model"]) == stages.Workdir(work).sft_dir  # the SFT model's files, in the workdir
+    assert "no validation at step 0 and after a step" in capsys.readouterr().out
+    assert sum("agent_rl.evaluation.cli" in " ".join(c) for c in cmds) == 3  # GRPO's own model is still compared
 
 
 @pytest.mark.parametrize("bad, says", [("actor_rollout_ref.rollout.enforce_eagre=false",
