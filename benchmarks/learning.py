@@ -111,12 +111,9 @@ def time_to_gain(run_dir: Path, gain: float) -> dict:
     step at which val/em first reached it + `gain` (None when it never did). RL minutes are the
     trainer's `training/elapsed_s`, which leaves its validations out (a --compare-ref arm of code
     older than that counts them in)."""
-    from agent_rl.training.metrics import read_jsonl
+    from agent_rl.training.metrics import validation_points
 
-    rows, points = sorted(read_jsonl(run_dir), key=lambda r: r["step"]), []
-    for r in rows:
-        if isinstance(r.get("val/em"), (int, float)):
-            points.append((r["step"], r.get("training/elapsed_s", 0.0) / 60, r["val/em"]))
+    points = validation_points(run_dir)
     if not points or points[0][0] != 0:
         raise ValueError(f"{run_dir}: no step-0 val/em (trainer.val_before_train)")
     base = points[0][2]

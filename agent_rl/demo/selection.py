@@ -51,9 +51,9 @@ def choose(run_dir: Path, n: int) -> dict:
     strictly higher, else "SFT" (a tie keeps the model with less training behind it). A run
     without both validations (say `trainer.test_freq=-1` was passed) keeps the SFT model, and
     "unvalidated" says why."""
-    from agent_rl.training.metrics import read_jsonl
+    from agent_rl.training.metrics import validation_points
 
-    points = [(int(r["step"]), float(r["val/em"])) for r in read_jsonl(run_dir) if "val/em" in r]
+    points = [(step, em) for step, _, em in validation_points(run_dir)]
     first = [em for step, em in points if step == 0]
     later = [(step, em) for step, em in points if step > 0]
     if not first or not later:

@@ -89,6 +89,13 @@ def read_jsonl(run_dir: str | Path) -> list[dict]:
     return read_jsonl_rows(path)
 
 
+def validation_points(run_dir: str | Path) -> list[tuple[int, float, float]]:
+    """The run's validations as (step, training minutes, val/em), by step: step 0 is the model
+    before training; training minutes are `training/elapsed_s`, which leaves validations out."""
+    rows = [r for r in read_jsonl(run_dir) if isinstance(r.get("val/em"), (int, float))]
+    return sorted((int(r["step"]), r.get("training/elapsed_s", 0.0) / 60, float(r["val/em"])) for r in rows)
+
+
 class MetricsLogger:
     """Writes one dict of metrics per step to the configured sinks.
 
