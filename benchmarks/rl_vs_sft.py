@@ -8,7 +8,7 @@ on which the demo's recipe is tuned is seed 0, DEV_KB_SEED: report on any other)
 seed:
 
 1. start: cold-start SFT for `--start-steps` steps on the KB's grounded demonstrations (data
-   order follows the seed; default START_STEPS: 60 where bf16 is native, 44 where not);
+   order follows the seed; default START_STEPS: 60 on both host kinds);
 2. from that model, two arms given the same training minutes (`trainer.max_time_s`: the
    time of training steps, without start-up, saves or the running evaluation):
    (a) SFT continued on the same demonstrations (another order, same seed family);
@@ -76,10 +76,10 @@ from agent_rl.demo.stages import Workdir  # noqa: E402
 DEV_KB_SEED = 0
 """The knowledge base every design decision of the demo's recipe was tuned on: never report on it."""
 
-START_STEPS = {True: 60, False: 44}
-"""The start SFT's steps by whether bf16 is native (`--start-steps` overrides), both chosen on the
-dev KB: 60 from the native-bf16 start curve (the smallest checkpoint after which the mean EM
-rises by no more than 2 points, docs/real_data.md), 44 on fp32 hosts (no curve has run there)."""
+START_STEPS = {True: 60, False: 60}
+"""The start SFT's steps by whether bf16 is native (`--start-steps` overrides), each chosen on the
+dev KB from its host kind's start curve, two seeds: the smallest checkpoint after which the mean
+EM rises by no more than 2 points (docs/real_data.md). fp32 used 44 before its curve ran."""
 
 SETTINGS = {"shared": ("kb_seed", "demos", "demo_args", "eval_limit", "val_n"),
             "arms": ("start_steps", "minutes", "val_every", "overrides"), "curve": ("start_curve",)}
@@ -436,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kb-seed", type=int, default=101, help="knowledge base seed (not DEV_KB_SEED=0; default 101)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="SFT, data order and sampling seeds")
     ap.add_argument("--start-steps", type=int, default=None,
-                    help="steps of the start SFT (default: 60 where bf16 is native, 44 where not; START_STEPS)")
+                    help="steps of the start SFT (default 60 on both host kinds, chosen per kind on the dev KB; START_STEPS)")
     ap.add_argument("--minutes", type=float, default=10.0, help="training minutes of each arm (default 10)")
     ap.add_argument("--demos", type=int, default=1500, help="training questions to build demonstrations from")
     ap.add_argument("--eval-limit", type=int, default=200, help="held-out questions of the report (seeded sample)")
