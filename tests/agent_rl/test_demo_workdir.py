@@ -80,13 +80,15 @@ def under(path: str | Path, work: Path) -> bool:
 GRPO_SET = ["--grpo-set", "actor_rollout_ref.rollout.enforce_eager=false", "--grpo-set", "algorithm.kl_ctrl.kl_coef=0.01"]
 
 
-def fake_stages(monkeypatch) -> tuple[list[list[str]], dict[str, list]]:
+def fake_stages(monkeypatch) -> tuple[list[list[str]], dict[str, list], list[dict]]:
     """The demo's stages replaced by stand-ins that write only what the next stage reads; returns
-    the commands run and what the report, the retriever and the preview were given."""
+    the commands run, the paths the report, the retriever and the preview were given, and the
+    report's chosen model."""
     from retriever_server import launch
 
     cmds: list[list[str]] = []
     seen: dict[str, list] = {}
+    choices: list[dict] = []
 
     def fake_run(cmd, what, tag="demo", on_start=None):
         from data_prep.synthetic import generate_kb
@@ -110,7 +112,7 @@ def fake_stages(monkeypatch) -> tuple[list[list[str]], dict[str, list]]:
 
     def fake_report(runs, evals, rl_dir, budget=None, test_parquet=None, stage_s=None, chosen=None):
         seen["report"] = [runs, *evals.values(), rl_dir, test_parquet, chosen["model"]]
-        seen["chosen"] = [chosen]
+        choices.append(chosen)
         return Path(runs) / "report.md"
 
     def fake_server(index, corpus, port=None, log_path=None):
@@ -124,14 +126,14 @@ def fake_stages(monkeypatch) -> tuple[list[list[str]], dict[str, list]]:
     monkeypatch.setattr(launch, "start_server", fake_server)
     monkeypatch.setattr(launch, "wait_healthy", lambda *a, **k: {})
     monkeypatch.setattr(launch, "stop_server", lambda proc: 0)
-    return cmds, seen
+    return cmds, seen, choices
 
 
 @pytest.mark.parametrize("extra", [[], ["--protocol", "hermes"], ["--plain-wording"], GRPO_SET],
                          ids=["search_r1", "hermes", "plain_wording", "grpo_set"])
 def test_every_stage_reads_and_writes_the_workdir_only(tmp_path, monkeypatch, extra):
     work = tmp_path / "second"
-    cmds, seen = fake_stages(monkeypatch)
+    cmds, seen, _ = fake_stages(monkeypatch)
 
     assert cli.main(["--workdir", str(work), "--budget-minutes", "60", "--rl-minutes", "2",
                             "--eval-limit", "10", *extra]) == 0
@@ -161,18 +163,17 @@ def test_every_stage_reads_and_writes_the_workdir_only(tmp_path, monkeypatch, ex
         if cfg is not None:
             outside += [f"{module}: config {k}={v}" for k, v in config_paths(cfg) if not under(v, work)]
     for what, paths in seen.items():
-        if what != "chosen":
-            outside += [f"{what}: {p}" for p in paths if p is not None and not under(p, work)]
+        outside += [f"{what}: {p}" for p in paths if p is not None and not under(p, work)]
     assert not outside, "\n".join(outside)
 
 
 def test_a_grpo_run_told_not_to_validate_hands_over_the_sft_model_with_a_report(tmp_path, monkeypatch, capsys):
     # `--grpo-set trainer.test_freq=-1`: no validation after a step, so GRPO's model cannot be chosen
     work = tmp_path / "w"
-    cmds, seen = fake_stages(monkeypatch)
+    cmds, _, choices = fake_stages(monkeypatch)
     assert cli.main(["--workdir", str(work), "--budget-minutes", "60", "--rl-minutes", "2", "--eval-limit", "10",
                      "--grpo-set", "trainer.test_freq=-1"]) == 0
-    (chosen,) = seen["chosen"]
+    (chosen,) = choices
     assert chosen["chosen"] == "SFT" and chosen["sft_em"] == 0.5 and chosen["rl_em"] is None
     assert Path(chosen["model"]) == stages.Workdir(work).sft_dir  # the SFT model's files, in the workdir
     assert "no validation at step 0 and after a step" in capsys.readouterr().out
