@@ -195,7 +195,7 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path | None = None,
 
     t_start, first_step = time.perf_counter(), run.step
     try:
-        with tqdm(total=total, initial=run.step, desc="sft", unit="step", dynamic_ncols=True) as bar:
+        with tqdm(total=run.expected_steps(), initial=run.step, desc="sft", unit="step", dynamic_ncols=True) as bar:
             while run.running():
                 epoch, i = divmod(run.step, steps_per_epoch)
                 step = run.begin_step()
@@ -220,6 +220,7 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path | None = None,
                     if console:
                         bar.write(f"step {step} | " + " | ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items())))
                 bar.set_postfix(loss=f"{metrics['sft/loss']:.3f}", tok_s=f"{metrics['sft/tokens_per_s']:.0f}")
+                bar.total = run.expected_steps()
                 bar.update(1)
                 if on_step is not None:
                     on_step(step, metrics)

@@ -101,9 +101,13 @@ def main(argv: list[str] | None = None) -> int:
 
     trainer = None
     try:
-        with ray_trainer(cfg) as trainer, tqdm(total=trainer.total_steps, initial=trainer.step, desc="train",
-                                                unit="step", dynamic_ncols=True) as bar:
-            trainer.fit(on_step=lambda step, metrics: bar.update(step - bar.n))
+        with ray_trainer(cfg) as trainer, tqdm(total=trainer.run.expected_steps(), initial=trainer.step,
+                                                desc="train", unit="step", dynamic_ncols=True) as bar:
+            def on_step(step, metrics):
+                bar.total = trainer.run.expected_steps()  # the clock's estimate, once steps are timed
+                bar.update(step - bar.n)
+
+            trainer.fit(on_step=on_step)
         print(f"[train] done: {trainer.run_dir}", flush=True)
         return 0
     except KeyboardInterrupt:  # the workers and Ray are down by now

@@ -139,6 +139,19 @@ class Run:
         """Whether another step is started."""
         return self.step < self.total_steps and not self.out_of_time()
 
+    def expected_steps(self) -> int | None:
+        """How many steps the run will have taken when it stops, for its progress bar:
+        trainer.total_training_steps, or fewer where the time budget (trainer.max_time_s) ends
+        it first at the mean step time so far; None while that is not known (a budget and no
+        step timed yet), so a bar shows no total rather than a limit the clock will never reach."""
+        budget = self.tr.max_time_s
+        if budget is None:
+            return self.total_steps
+        if self.step == 0 or self.trained_s <= 0:
+            return None
+        left = max(0.0, budget - self.trained_s)
+        return min(self.total_steps, self.step + int(left // (self.trained_s / self.step)))
+
     def begin_step(self) -> int:
         self._t0 = time.monotonic()
         self.step += 1

@@ -249,6 +249,27 @@ def test_time_budget_judges_the_next_step_by_the_mean_or_the_longest_step_time()
     assert not _budget(60.0, 3, 80.0, longest=15.0)  # a longest step below the mean: the mean
 
 
+def test_the_progress_bar_counts_the_steps_the_clock_will_allow_not_a_step_limit_it_never_reaches(tmp_path):
+    """Run.expected_steps, the total of SFT's and GRPO's progress bars: a time-budgeted run
+    (the demo and the benchmarks pass trainer.total_training_steps=1000000) shows the steps its
+    budget holds at the mean step time so far, never more than the step limit, and no total
+    before a step is timed."""
+    from agent_rl.config import TrainerConfig
+    from agent_rl.training.run import Run
+
+    def run(total, budget, step=0, trained_s=0.0):
+        r = Run(TrainerConfig(max_time_s=budget), tmp_path, total, "sft")
+        r.step, r.trained_s = step, trained_s
+        return r.expected_steps()
+
+    assert run(1_000_000, 600.0) is None  # nothing timed yet: no total rather than 1000000
+    assert run(1_000_000, 600.0, step=4, trained_s=52.0) == 46  # 13 s a step: 4 + 548 // 13 = 4 + 42
+    assert run(20, 600.0, step=4, trained_s=52.0) == 20  # the step limit comes first
+    assert run(1_000_000, 600.0, step=46, trained_s=598.0) == 46  # the budget is spent
+    assert run(1_000_000, 600.0, step=40, trained_s=640.0) == 40  # past it (a longer last step)
+    assert run(20, None) == run(20, None, step=4, trained_s=52.0) == 20  # no budget: the step limit
+
+
 def test_a_finished_run_is_known_from_its_checkpoint_before_anything_starts(tmp_path):
     """finished_run reads the latest checkpoint's trainer_state.json: spent time budget or step
     count -> a reason (the CLI returns before Ray); budget left, no checkpoint, resume
