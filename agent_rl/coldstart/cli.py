@@ -93,6 +93,10 @@ def demos_parser() -> argparse.ArgumentParser:
     ap.add_argument("--plain-wording", action="store_true",
                     help="plain Search-R1 think / search / answer turns: leave out the knowledge base's phrasing (what "
                          "the question asks for, \"This needs N searches\", \"That was search i of n\")")
+    ap.add_argument("--kinds", nargs="+", default=None, metavar="KIND",
+                    help="build only from questions of these kinds (the QA file's `kind`, HotpotQA's `type`), e.g. "
+                         "`--kinds single comparison`; the other sampled questions are left out and counted "
+                         "(default: every kind)")
     ap.add_argument("--dropped", default=None, metavar="FILE", help="also write each dropped id and reason (jsonl)")
     ap.add_argument("overrides", nargs="*", help="config overrides, e.g. data.max_response_length=400")
     return ap
@@ -134,7 +138,7 @@ def demos_main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     from agent_rl.coldstart.demo_file import settings_of, write_demos
-    from agent_rl.coldstart.demos import BuildResult, build_demos, report_lines, select_rows
+    from agent_rl.coldstart.demos import BuildResult, build_demos, of_kinds, report_lines, select_rows
     from agent_rl.rollout.retrieval_client import (ApiKeyFileError, RetrieverAuthError, RetrieverClient,
                                                    RetrieverUnavailable)
     from data_prep.io import DataPrepError, Report
@@ -148,6 +152,13 @@ def demos_main(argv: list[str] | None = None) -> int:
     except (OSError, DataPrepError) as e:  # missing files, unreadable QA files: one line, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
+    rows, left_out = of_kinds(rows, args.kinds)
+    if args.kinds is not None:
+        print(f"[demos] --kinds {' '.join(args.kinds)}: {len(rows)} questions, {left_out} of other kinds left out",
+              flush=True)
+        if not rows:
+            print(f"error: no question of kinds {args.kinds} in {args.qa}", file=sys.stderr)
+            return 2
     if qa_report.problems:
         print(f"[demos] skipped {qa_report.skipped} malformed QA rows of {qa_report.read}:", file=sys.stderr)
         qa_report.print_problems()
@@ -176,7 +187,7 @@ def demos_main(argv: list[str] | None = None) -> int:
         print(line, flush=True)
     settings = settings_of(cfg, model, qa=str(args.qa), retriever_url=url, seed=args.seed,
                            max_searches=max_searches, chains=args.chains, kb_phrasing=not args.plain_wording,
-                           candidates=res.candidates, kept=len(res.rows),
+                           kinds=args.kinds, candidates=res.candidates, kept=len(res.rows),
                            dropped=dict(res.dropped))
     if args.dropped:
         Path(args.dropped).parent.mkdir(parents=True, exist_ok=True)

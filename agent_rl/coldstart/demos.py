@@ -1,7 +1,7 @@
 """Cold-start demonstrations: grounded trajectories in exactly the rollout's format.
 
 `agent-rl-prep demos --qa FILE --retriever-url URL --out demos.parquet [--max-searches K]
-[--limit N [--rest]] [--seed S] [--plain-wording] [--config configs/train/X.yaml key=value ...]`
+[--limit N [--rest]] [--kinds KIND ...] [--seed S] [--plain-wording] [--config configs/train/X.yaml key=value ...]`
 (parsed in `agent_rl.coldstart.cli`).
 
 A demonstration is a rollout of a scripted policy: the real `RolloutManager` runs with an
@@ -50,6 +50,7 @@ from agent_rl.coldstart.plan import (
     contains,
     grounded_answer,
     plan_queries,
+    row_kind,
     support_titles,
     write_segments,
 )
@@ -314,3 +315,12 @@ def select_rows(rows: list[dict], limit: int | None, seed: int, rest: bool = Fal
         return [] if rest else rows
     keep = set(random.Random(seed).sample(range(len(rows)), limit))
     return [r for i, r in enumerate(rows) if (i in keep) != rest]
+
+
+def of_kinds(rows: list[dict], kinds: Sequence[str] | None) -> tuple[list[dict], int]:
+    """The rows whose kind is one of `kinds` (all rows for None), and how many were left out.
+    A row that names no kind is left out whenever kinds are given."""
+    if kinds is None:
+        return rows, 0
+    keep = [r for r in rows if row_kind(r) in set(kinds)]
+    return keep, len(rows) - len(keep)

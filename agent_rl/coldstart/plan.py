@@ -100,6 +100,11 @@ def _musique_hops(decomposition: list) -> tuple[list[str], list[str | None]]:
     return queries, answers
 
 
+def row_kind(row: dict) -> str:
+    """A QA row's question kind (`kind`, else HotpotQA's `type`); "" where the data names none."""
+    return str(row.get("kind") or row.get("type") or "")
+
+
 def plan_queries(row: dict, max_searches: int) -> Plan:
     """The searches of `row`'s demonstration (see the module docstring); raises Drop."""
     queries = [str(q).strip() for q in _as_list(row.get("hop_queries"))]
@@ -114,7 +119,7 @@ def plan_queries(row: dict, max_searches: int) -> Plan:
         raise Drop("no_query", "empty query")
     if len(queries) > max_searches:
         raise Drop("too_many_searches", f"{len(queries)} > {max_searches}")
-    kind = str(row.get("kind") or row.get("type") or "")
+    kind = row_kind(row)
     relation = str(row.get("relation") or "").strip()
     asks = relation.split(">")[-1].replace("_", " ") if relation and kind != "comparison" else None
     return Plan(queries, answers, comparison=kind == "comparison", asks=asks)

@@ -548,6 +548,39 @@ def test_cli_plain_wording_writes_plain_demonstrations_and_says_so(tiny_kb, retr
         assert [KB_ONLY.sub("", s) for s in k] == list(p)
 
 
+def test_of_kinds_keeps_the_named_kinds_and_counts_the_rest():
+    rows = [{"id": 1, "kind": "single"}, {"id": 2, "kind": "bridge"}, {"id": 3, "type": "comparison"},
+            {"id": 4}, {"id": 5, "kind": "comparison"}]
+    keep, left = D.of_kinds(rows, ["single", "comparison"])
+    assert [r["id"] for r in keep] == [1, 3, 5] and left == 2  # HotpotQA's `type` counts; no kind is left out
+    assert D.of_kinds(rows, None) == (rows, 0)
+    assert D.of_kinds(rows, ["yes/no"]) == ([], 5)
+
+
+def test_cli_kinds_builds_from_those_kinds_only_and_records_them(tiny_kb, retriever_url, model_dir, tmp_path, capsys):
+    import pandas as pd
+
+    from data_prep.cli import main as prep_main
+
+    args = ["--qa", str(tiny_kb / "train.parquet"), "--retriever-url", retriever_url, "--limit", "30", "--seed", "3",
+            "--model", str(model_dir), "max_turns=2", "retriever.topk=1", "data.max_response_length=640"]
+    every, some = tmp_path / "every.parquet", tmp_path / "some.parquet"
+    assert prep_main(["demos", *args, "--out", str(every)]) == 0
+    assert prep_main(["demos", *args, "--out", str(some), "--kinds", "single", "comparison"]) == 0
+    sampled = D.select_rows(pd.read_parquet(tiny_kb / "train.parquet").to_dict("records"), 30, 3)
+    n_bridge = sum(r["kind"] == "bridge" for r in sampled)
+    assert 0 < n_bridge < 30
+    assert f"--kinds single comparison: {30 - n_bridge} questions, {n_bridge} of other kinds left out" in capsys.readouterr().out
+    e, s = pd.read_parquet(every), pd.read_parquet(some)
+    assert set(s["kind"]) <= {"single", "comparison"} and "bridge" in set(e["kind"])
+    assert list(s["id"]) == [i for i, k in zip(e["id"], e["kind"]) if k != "bridge"]  # the same rows, grounded alike
+    assert DF.read_settings(some)["kinds"] == ["single", "comparison"] and DF.read_settings(every)["kinds"] is None
+    assert DF.read_settings(some)["candidates"] == 30 - n_bridge
+    missing = tmp_path / "none.parquet"
+    assert prep_main(["demos", *args, "--out", str(missing), "--kinds", "yes/no"]) == 2 and not missing.exists()
+    assert "no question of kinds ['yes/no']" in capsys.readouterr().err
+
+
 def test_cli_reports_bad_input_in_one_line(tiny_kb, model_dir, tmp_path, capsys):
     from retriever_server.launch import free_port
 
