@@ -93,10 +93,10 @@ def demos_parser() -> argparse.ArgumentParser:
     ap.add_argument("--plain-wording", action="store_true",
                     help="plain Search-R1 think / search / answer turns: leave out the knowledge base's phrasing (what "
                          "the question asks for, \"This needs N searches\", \"That was search i of n\")")
-    ap.add_argument("--kinds", nargs="+", default=None, metavar="KIND",
-                    help="build only from questions of these kinds (the QA file's `kind`, HotpotQA's `type`), e.g. "
-                         "`--kinds single comparison`; the other sampled questions are left out and counted "
-                         "(default: every kind)")
+    ap.add_argument("--kinds", type=lambda v: [k.strip() for k in v.split(",") if k.strip()], default=None,
+                    metavar="K1,K2", help="build only from questions of these kinds (the QA file's `kind`, HotpotQA's "
+                    "`type`), e.g. `--kinds single,comparison`; the other sampled questions are left out and counted "
+                    "(default: every kind)")
     ap.add_argument("--dropped", default=None, metavar="FILE", help="also write each dropped id and reason (jsonl)")
     ap.add_argument("overrides", nargs="*", help="config overrides, e.g. data.max_response_length=400")
     return ap
@@ -154,7 +154,7 @@ def demos_main(argv: list[str] | None = None) -> int:
         return 2
     rows, left_out = of_kinds(rows, args.kinds)
     if args.kinds is not None:
-        print(f"[demos] --kinds {' '.join(args.kinds)}: {len(rows)} questions, {left_out} of other kinds left out",
+        print(f"[demos] --kinds {','.join(args.kinds)}: {len(rows)} questions, {left_out} of other kinds left out",
               flush=True)
         if not rows:
             print(f"error: no question of kinds {args.kinds} in {args.qa}", file=sys.stderr)

@@ -1,7 +1,7 @@
 """Cold-start demonstrations: grounded trajectories in exactly the rollout's format.
 
 `agent-rl-prep demos --qa FILE --retriever-url URL --out demos.parquet [--max-searches K]
-[--limit N [--rest]] [--kinds KIND ...] [--seed S] [--plain-wording] [--config configs/train/X.yaml key=value ...]`
+[--limit N [--rest]] [--kinds K1,K2] [--seed S] [--plain-wording] [--config configs/train/X.yaml key=value ...]`
 (parsed in `agent_rl.coldstart.cli`).
 
 A demonstration is a rollout of a scripted policy: the real `RolloutManager` runs with an

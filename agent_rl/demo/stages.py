@@ -160,9 +160,10 @@ def calibration(w: Workdir) -> list:
 
 
 def demonstrations(w: Workdir, url: str, limit: int, extra: list = ()) -> list:
-    """`extra`: the demos command's options (`--plain-wording`) and config overrides (protocol)."""
-    opts = [e for e in extra if str(e).startswith("--")]
-    over = [e for e in extra if not str(e).startswith("--")]
+    """`extra`: the demos command's options with their values (`--plain-wording`, `--kinds single,comparison`)
+    and config overrides (`key=value`: the protocol's), in any order."""
+    over = [e for e in extra if "=" in str(e) and not str(e).startswith("-")]
+    opts = [e for e in extra if e not in over]
     return [PY, "-m", "data_prep", "demos", "--qa", w.kb / "train.parquet", "--retriever-url", url, "--out", w.demos,
             "--config", TRAIN_CFG, "--limit", limit, *opts, *w.train_overrides(), *over]
 

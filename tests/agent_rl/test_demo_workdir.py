@@ -190,3 +190,17 @@ def test_a_bad_grpo_override_fails_before_any_stage_runs(bad, says, tmp_path, mo
         cli.main(["--workdir", str(tmp_path / "w"), "--grpo-set", bad])
     assert e.value.code == 2 and not ran and not (tmp_path / "w").exists()
     assert f"--grpo-set: {'override ' if '=' not in bad else ''}{says}" in capsys.readouterr().err
+
+
+def test_the_demonstrations_command_keeps_each_option_with_its_value(tmp_path):
+    """Options before the config overrides, each with its value; overrides (`key=value`) last,
+    after the workdir's own, whatever order `extra` gives them in."""
+    w = stages.Workdir(tmp_path / "w")
+    extra = ["actor_rollout_ref.rollout.protocol=native", "--kinds", "single,comparison", "--plain-wording",
+             "--max-searches", "1"]
+    cmd = [str(c) for c in stages.demonstrations(w, "http://127.0.0.1:1", 30, extra)]
+    i = cmd.index("--kinds")
+    assert cmd[i + 1] == "single,comparison" and cmd[cmd.index("--max-searches") + 1] == "1"
+    own = [str(o) for o in w.train_overrides()]
+    assert cmd[-len(own) - 1:] == [*own, "actor_rollout_ref.rollout.protocol=native"]
+    assert max(cmd.index(o) for o in ("--kinds", "--plain-wording", "--max-searches")) < cmd.index(own[0])

@@ -566,18 +566,18 @@ def test_cli_kinds_builds_from_those_kinds_only_and_records_them(tiny_kb, retrie
             "--model", str(model_dir), "max_turns=2", "retriever.topk=1", "data.max_response_length=640"]
     every, some = tmp_path / "every.parquet", tmp_path / "some.parquet"
     assert prep_main(["demos", *args, "--out", str(every)]) == 0
-    assert prep_main(["demos", *args, "--out", str(some), "--kinds", "single", "comparison"]) == 0
+    assert prep_main(["demos", "--kinds", "single,comparison", *args, "--out", str(some)]) == 0  # overrides after it kept
     sampled = D.select_rows(pd.read_parquet(tiny_kb / "train.parquet").to_dict("records"), 30, 3)
     n_bridge = sum(r["kind"] == "bridge" for r in sampled)
     assert 0 < n_bridge < 30
-    assert f"--kinds single comparison: {30 - n_bridge} questions, {n_bridge} of other kinds left out" in capsys.readouterr().out
+    assert f"--kinds single,comparison: {30 - n_bridge} questions, {n_bridge} of other kinds left out" in capsys.readouterr().out
     e, s = pd.read_parquet(every), pd.read_parquet(some)
     assert set(s["kind"]) <= {"single", "comparison"} and "bridge" in set(e["kind"])
     assert list(s["id"]) == [i for i, k in zip(e["id"], e["kind"]) if k != "bridge"]  # the same rows, grounded alike
     assert DF.read_settings(some)["kinds"] == ["single", "comparison"] and DF.read_settings(every)["kinds"] is None
     assert DF.read_settings(some)["candidates"] == 30 - n_bridge
     missing = tmp_path / "none.parquet"
-    assert prep_main(["demos", *args, "--out", str(missing), "--kinds", "yes/no"]) == 2 and not missing.exists()
+    assert prep_main(["demos", *args, "--out", str(missing), "--kinds", "yes/no,"]) == 2 and not missing.exists()
     assert "no question of kinds ['yes/no']" in capsys.readouterr().err
 
 
