@@ -183,7 +183,7 @@ def demo_row(row: dict, traj: Trajectory, segments: list[str], queries: list[str
         "question": str(row["question"]),
         "golden_answers": [str(g) for g in row["golden_answers"]],
         "data_source": str(row.get("data_source") or ""),
-        "kind": str(row.get("kind") or row.get("type") or ""),
+        "kind": row_kind(row),
         "answer": answer,
         "queries": list(queries),
         "segments": list(segments),
@@ -322,5 +322,6 @@ def of_kinds(rows: list[dict], kinds: Sequence[str] | None) -> tuple[list[dict],
     A row that names no kind is left out whenever kinds are given."""
     if kinds is None:
         return rows, 0
-    keep = [r for r in rows if row_kind(r) in set(kinds)]
+    wanted = set(kinds)
+    keep = [r for r in rows if row_kind(r) in wanted]
     return keep, len(rows) - len(keep)
