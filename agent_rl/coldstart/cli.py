@@ -60,6 +60,18 @@ def sft_main(argv: list[str] | None = None) -> int:
 
 
 # ----------------------------------------------------------------------------- agent-rl-prep demos
+def _kinds_arg(value: str) -> list[str]:
+    """`--kinds single,bridge:40` -> ["single", "bridge:40"], each entry checked."""
+    from agent_rl.coldstart.demos import kind_caps
+
+    kinds = [k.strip() for k in value.split(",") if k.strip()]
+    try:
+        kind_caps(kinds)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return kinds
+
+
 def demos_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="agent-rl-prep demos",
@@ -93,10 +105,11 @@ def demos_parser() -> argparse.ArgumentParser:
     ap.add_argument("--plain-wording", action="store_true",
                     help="plain Search-R1 think / search / answer turns: leave out the knowledge base's phrasing (what "
                          "the question asks for, \"This needs N searches\", \"That was search i of n\")")
-    ap.add_argument("--kinds", type=lambda v: [k.strip() for k in v.split(",") if k.strip()], default=None,
-                    metavar="K1,K2", help="build only from questions of these kinds (the QA file's `kind`, HotpotQA's "
-                    "`type`), e.g. `--kinds single,comparison`; the other sampled questions are left out and counted "
-                    "(default: every kind)")
+    ap.add_argument("--kinds", type=_kinds_arg, default=None, metavar="K1,K2:N",
+                    help="build only from questions of these kinds (the QA file's `kind`, HotpotQA's `type`), e.g. "
+                    "`--kinds single,comparison`; `K:N` keeps a seeded random N of kind K (a kind shown rarely), "
+                    "e.g. `--kinds single,comparison,bridge:40`; the other sampled questions are left out and "
+                    "counted (default: every kind)")
     ap.add_argument("--dropped", default=None, metavar="FILE", help="also write each dropped id and reason (jsonl)")
     ap.add_argument("overrides", nargs="*", help="config overrides, e.g. data.max_response_length=400")
     return ap
@@ -152,7 +165,7 @@ def demos_main(argv: list[str] | None = None) -> int:
     except (OSError, DataPrepError) as e:  # missing files, unreadable QA files: one line, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
-    rows, left_out = of_kinds(rows, args.kinds)
+    rows, left_out = of_kinds(rows, args.kinds, args.seed)
     if args.kinds is not None:
         print(f"[demos] --kinds {','.join(args.kinds)}: {len(rows)} questions, {left_out} of other kinds left out",
               flush=True)

@@ -1,7 +1,7 @@
 """Cold-start demonstrations: grounded trajectories in exactly the rollout's format.
 
 `agent-rl-prep demos --qa FILE --retriever-url URL --out demos.parquet [--max-searches K]
-[--limit N [--rest]] [--kinds K1,K2] [--seed S] [--plain-wording] [--config configs/train/X.yaml key=value ...]`
+[--limit N [--rest]] [--kinds K1,K2:N] [--seed S] [--plain-wording] [--config configs/train/X.yaml key=value ...]`
 (parsed in `agent_rl.coldstart.cli`).
 
 A demonstration is a rollout of a scripted policy: the real `RolloutManager` runs with an
@@ -317,11 +317,31 @@ def select_rows(rows: list[dict], limit: int | None, seed: int, rest: bool = Fal
     return [r for i, r in enumerate(rows) if (i in keep) != rest]
 
 
-def of_kinds(rows: list[dict], kinds: Sequence[str] | None) -> tuple[list[dict], int]:
+def kind_caps(kinds: Sequence[str]) -> dict[str, int | None]:
+    """`["single", "bridge:40"]` -> `{"single": None, "bridge": 40}`: each kind to keep, with the
+    most rows of it to keep (None: all). ValueError names a bad entry."""
+    caps: dict[str, int | None] = {}
+    for spec in kinds:
+        kind, sep, n = spec.partition(":")
+        if not kind or (sep and not n.isdigit()) or kind in caps:
+            raise ValueError(f"bad kind {spec!r}: give KIND or KIND:N (N >= 0), each kind once")
+        caps[kind] = int(n) if sep else None
+    return caps
+
+
+def of_kinds(rows: list[dict], kinds: Sequence[str] | None, seed: int = 0) -> tuple[list[dict], int]:
     """The rows whose kind is one of `kinds` (all rows for None), and how many were left out.
-    A row that names no kind is left out whenever kinds are given."""
+    `KIND:N` keeps a seeded random N of that kind's rows (all of them when it has fewer), so a
+    kind the demonstrations should show rarely can be given in a known number. Rows stay in
+    file order. A row that names no kind is left out whenever kinds are given."""
     if kinds is None:
         return rows, 0
-    wanted = set(kinds)
-    keep = [r for r in rows if row_kind(r) in wanted]
+    caps = kind_caps(kinds)
+    keep_idx = {i for i, r in enumerate(rows) if row_kind(r) in caps}
+    rng = random.Random(seed)
+    for kind, cap in caps.items():
+        of_kind = [i for i, r in enumerate(rows) if row_kind(r) == kind]
+        if cap is not None and cap < len(of_kind):
+            keep_idx -= set(of_kind) - set(rng.sample(of_kind, cap))
+    keep = [r for i, r in enumerate(rows) if i in keep_idx]
     return keep, len(rows) - len(keep)

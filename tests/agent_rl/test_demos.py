@@ -557,6 +557,23 @@ def test_of_kinds_keeps_the_named_kinds_and_counts_the_rest():
     assert D.of_kinds(rows, ["yes/no"]) == ([], 5)
 
 
+def test_of_kinds_caps_a_kind_at_a_seeded_sample_in_file_order():
+    rows = [{"id": i, "kind": "bridge" if i % 2 else "single"} for i in range(20)]  # 10 bridge (odd ids), 10 single
+    keep, left = D.of_kinds(rows, ["single", "bridge:3"], seed=5)
+    bridge = [r["id"] for r in keep if r["kind"] == "bridge"]
+    assert len(bridge) == 3 and left == 7 and sum(r["kind"] == "single" for r in keep) == 10
+    assert [r["id"] for r in keep] == sorted(r["id"] for r in keep)  # file order kept
+    assert D.of_kinds(rows, ["single", "bridge:3"], seed=5) == (keep, left)  # the seed decides which
+    others = {tuple(r["id"] for r in D.of_kinds(rows, ["bridge:3"], seed=s)[0]) for s in range(6)}
+    assert len(others) > 1
+    assert D.of_kinds(rows, ["bridge:0", "single"])[1] == 10
+    assert D.of_kinds(rows, ["bridge:99"]) == ([r for r in rows if r["kind"] == "bridge"], 10)  # fewer than N: all
+    assert D.kind_caps(["single", "bridge:40"]) == {"single": None, "bridge": 40}
+    for bad in (["bridge:"], ["bridge:-1"], ["bridge:x"], [":3"], ["single", "single:2"]):
+        with pytest.raises(ValueError, match="bad kind"):
+            D.kind_caps(bad)
+
+
 def test_cli_kinds_builds_from_those_kinds_only_and_records_them(tiny_kb, retriever_url, model_dir, tmp_path, capsys):
     import pandas as pd
 
@@ -579,6 +596,13 @@ def test_cli_kinds_builds_from_those_kinds_only_and_records_them(tiny_kb, retrie
     missing = tmp_path / "none.parquet"
     assert prep_main(["demos", *args, "--out", str(missing), "--kinds", "yes/no,"]) == 2 and not missing.exists()
     assert "no question of kinds ['yes/no']" in capsys.readouterr().err
+    capped = tmp_path / "capped.parquet"
+    assert prep_main(["demos", "--kinds", "single,comparison,bridge:1", *args, "--out", str(capped)]) == 0
+    assert f"{30 - n_bridge + 1} questions, {n_bridge - 1} of other kinds left out" in capsys.readouterr().out
+    assert DF.read_settings(capped)["kinds"] == ["single", "comparison", "bridge:1"]
+    with pytest.raises(SystemExit):  # a bad entry stops at the command line, before the model loads
+        prep_main(["demos", "--kinds", "bridge:many", *args, "--out", str(capped)])
+    assert "bad kind 'bridge:many'" in capsys.readouterr().err
 
 
 def test_cli_reports_bad_input_in_one_line(tiny_kb, model_dir, tmp_path, capsys):
