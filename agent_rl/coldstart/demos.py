@@ -323,7 +323,7 @@ def kind_caps(kinds: Sequence[str]) -> dict[str, int | None]:
     caps: dict[str, int | None] = {}
     for spec in kinds:
         kind, sep, n = spec.partition(":")
-        if not kind or (sep and not n.isdigit()) or kind in caps:
+        if not kind or (sep and not (n.isascii() and n.isdigit())) or kind in caps:
             raise ValueError(f"bad kind {spec!r}: give KIND or KIND:N (N >= 0), each kind once")
         caps[kind] = int(n) if sep else None
     return caps

@@ -569,7 +569,7 @@ def test_of_kinds_caps_a_kind_at_a_seeded_sample_in_file_order():
     assert D.of_kinds(rows, ["bridge:0", "single"])[1] == 10
     assert D.of_kinds(rows, ["bridge:99"]) == ([r for r in rows if r["kind"] == "bridge"], 10)  # fewer than N: all
     assert D.kind_caps(["single", "bridge:40"]) == {"single": None, "bridge": 40}
-    for bad in (["bridge:"], ["bridge:-1"], ["bridge:x"], [":3"], ["single", "single:2"]):
+    for bad in (["bridge:"], ["bridge:-1"], ["bridge:x"], ["bridge:²"], [":3"], ["single", "single:2"]):
         with pytest.raises(ValueError, match="bad kind"):
             D.kind_caps(bad)
 
