@@ -306,7 +306,7 @@ def report_lines(res: BuildResult, seconds: float) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- the QA rows tried
-def select_rows(rows: list[dict], limit: int | None, seed: int, rest: bool = False) -> list[dict]:
+def select_rows(rows: list, limit: int | None, seed: int, rest: bool = False) -> list:
     """A seeded random sample of `limit` rows, in file order (all rows without a limit).
 
     `rest`: the rows outside that sample instead, i.e. the questions a build with the same
@@ -337,11 +337,9 @@ def of_kinds(rows: list[dict], kinds: Sequence[str] | None, seed: int = 0) -> tu
     if kinds is None:
         return rows, 0
     caps = kind_caps(kinds)
-    keep_idx = {i for i, r in enumerate(rows) if row_kind(r) in caps}
-    rng = random.Random(seed)
-    for kind, cap in caps.items():
-        of_kind = [i for i, r in enumerate(rows) if row_kind(r) == kind]
-        if cap is not None and cap < len(of_kind):
-            keep_idx -= set(of_kind) - set(rng.sample(of_kind, cap))
-    keep = [r for i, r in enumerate(rows) if i in keep_idx]
+    by_kind: dict[str, list[int]] = {k: [] for k in caps}
+    for i, r in enumerate(rows):
+        by_kind.get(row_kind(r), []).append(i)
+    picked = set().union(*(select_rows(idx, caps[k], seed) for k, idx in by_kind.items()))
+    keep = [rows[i] for i in sorted(picked)]
     return keep, len(rows) - len(keep)
