@@ -70,6 +70,7 @@ RANGES: dict[str, tuple] = {
     "trainer.num_actor_workers": (1, None, True), "trainer.n_gpus_per_node": (0, None, True),
     "trainer.torch_threads": (0, None, True), "trainer.log_freq": (1, None, True),
     "trainer.max_staleness": (1, None, True),
+    "reward.search_cost": (0, None, True),
 }
 
 

@@ -331,6 +331,13 @@ class RewardConfig:
     """Search-R1 v0.3: reward of a malformed response whose answer is wrong."""
     retrieval_score: float = 0.0
     """Search-R1 v0.3: added to structure_format_score when a gold answer is in the retrieved text."""
+    search_cost: float = 0.0
+    """Taken from a right answer's reward for each search it made (each `<information>` block):
+    of the right answers, the one with fewer searches scores higher, so GRPO stops spreading a
+    second search to questions one search answers; a wrong answer pays nothing, so a search
+    while unsure costs nothing. Not in Search-R1 (0: its reward). Keep it below
+    (1 - structure_format_score - retrieval_score) / max_turns, so that a right answer still
+    beats every wrong one."""
 
 
 @dataclass

@@ -192,6 +192,7 @@ _SETTINGS = {
     "structure_format_score": 0.0,
     "final_format_score": 0.0,
     "retrieval_score": 0.0,
+    "search_cost": 0.0,
 }
 
 
@@ -220,6 +221,9 @@ def evaluate_response(response_text: str, golden_answers: str | Iterable[str], c
     For em / subem (s in {0, 1}) this is exactly Search-R1's table (1; 0.2 or 0.3; 0.8; 0.1;
     0 with its weights 0.2 / 0.1 / 0.1); the max() only matters for partial f1 scores.
     `format_score` is ignored in this mode, as in Search-R1.
+
+    `search_cost` (not Search-R1's; 0 leaves its reward as above): a right answer (s > 0)
+    loses search_cost for each `<information>` block (search) in the response.
     """
     st = _settings(cfg, overrides)
     metric_fn = get_metric(st["kind"])
@@ -238,6 +242,8 @@ def evaluate_response(response_text: str, golden_answers: str | Iterable[str], c
         reward = 0.0
     else:
         reward = max(s - sfs, ffs) if s > 0 else ffs
+    if st["search_cost"] and s > 0:
+        reward -= st["search_cost"] * len(information_blocks(response_text))
     return RewardResult(score=float(reward), metric=s, answer=answer, valid_format=valid, retrieval_hit=hit)
 
 

@@ -154,6 +154,26 @@ def test_search_r1_v03_format_reward_table():
     assert score(TWO_TURNS.replace("<think>found", "found <think>"), ["lyon", "capital"], w) == pytest.approx(0.1)
 
 
+def test_search_cost_charges_right_answers_per_search():
+    w = dict(structure_format_score=0.2, final_format_score=0.1, retrieval_score=0.1)
+    three = TWO_TURNS.replace("<think>found it", "<think>once more</think>\n<search>again</search>\n\n<information>Doc 1(Title: X) y"
+                              "</information>\n\n<think>found it")
+    assert is_valid_format(three)
+    # right: 1 minus 0.05 a search (0, 1, 2 searches)
+    assert score(ONE_TURN, ["paris"], search_cost=0.05, **w) == pytest.approx(1.0)
+    assert score(TWO_TURNS, ["paris"], search_cost=0.05, **w) == pytest.approx(0.95)
+    assert score(three, ["paris"], search_cost=0.05, **w) == pytest.approx(0.90)
+    # malformed right answer: 0.8 minus the searches; f1's partial credit pays the same per search
+    assert score("<information>a</information><answer>Paris</answer>", ["paris"], search_cost=0.05, **w) == pytest.approx(0.75)
+    assert score(TWO_TURNS.replace("<answer>Paris", "<answer>Paris France"), ["paris"], kind="f1",
+                 search_cost=0.05) == pytest.approx(2 / 3 - 0.05)
+    # wrong answers pay nothing: 0.3 with the gold in the retrieved text, 0.2 without, 0.1 malformed
+    assert score(TWO_TURNS.replace("<answer>Paris", "<answer>Lyon"), ["capital"], search_cost=0.05, **w) == pytest.approx(0.3)
+    assert score(three.replace("<answer>Paris", "<answer>Lyon"), ["rome"], search_cost=0.05, **w) == pytest.approx(0.2)
+    assert score("<information>a</information><answer>Lyon</answer>", ["paris"], search_cost=0.05, **w) == pytest.approx(0.1)
+    assert score(TWO_TURNS, ["paris"], RewardConfig(search_cost=0.05)) == pytest.approx(0.95)  # read from the config
+
+
 def test_evaluate_response_breakdown_and_bad_settings():
     res = evaluate_response(TWO_TURNS, ["paris"], RewardConfig())
     assert (res.score, res.metric, res.answer, res.valid_format, res.retrieval_hit) == (1.0, 1.0, "Paris", True, True)
