@@ -28,6 +28,17 @@ PLATFORMS = [f"manylinux_2_{i}_x86_64" for i in range(39, 4, -1)] + ["manylinux2
 SHOWN = ("vllm", "torch", "faiss-gpu-cu12", "faiss-cpu")
 UNREACHABLE = ("NewConnectionError", "Max retries exceeded", "Failed to establish a new connection",
                "Temporary failure in name resolution", "Network is unreachable")
+# a download that broke off and was resumed into a file whose hash no longer matches the index's:
+# the transport failed, not the resolution (tried again; if it keeps happening, nothing was checked)
+INTERRUPTED = ("Connection interrupted while downloading", "DO NOT MATCH THE HASHES")
+RETRIES = 2
+
+
+def failure(stderr: str) -> str:
+    """Why pip failed: 'unreachable' (no index), 'interrupted' (a download broke off) or 'failed'."""
+    if any(m in stderr for m in UNREACHABLE):
+        return "unreachable"
+    return "interrupted" if all(m in stderr for m in INTERRUPTED) else "failed"
 
 
 def requirements(extra: str) -> list[str]:
@@ -57,7 +68,7 @@ def resolve(reqs: list[str], python: str) -> tuple[str, dict[str, str], str]:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
         tail = "\n".join(line for line in proc.stderr.splitlines() if "is ignored" not in line)[-1500:]
         if proc.returncode != 0:
-            return ("unreachable" if any(m in proc.stderr for m in UNREACHABLE) else "failed"), {}, tail
+            return failure(proc.stderr), {}, tail
         chosen = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
         return "ok", {k: v for k, v in chosen.items() if k in SHOWN}, tail
 
@@ -76,18 +87,28 @@ def main(argv: list[str] | None = None) -> int:
     combos = list(itertools.product(args.pythons, args.extras))
     reqs = {extra: requirements(extra) for extra in args.extras}  # an unknown extra stops here, before pip
     with ThreadPoolExecutor(max_workers=len(combos)) as pool:
-        results = pool.map(resolve, [reqs[extra] for _, extra in combos], [py for py, _ in combos])
-        for (py, extra), (result, chosen, tail) in zip(combos, results):
-            row = {"python": py, "extra": extra, "admitted": admits(py), "result": result, "chosen": chosen}
-            rows.append(row)
-            print(f"| {py} | {extra} | {'yes' if row['admitted'] else 'NO'} | {result} | "
-                  f"{', '.join(f'{k} {v}' for k, v in sorted(chosen.items()))} |", flush=True)
-            if result == "unreachable":
-                print(f"the package index is unreachable: nothing checked\n{tail}", file=sys.stderr)
-                return 3
-            if result != "ok" or not row["admitted"]:
-                status = 1
-                print(tail, file=sys.stderr)
+        results = list(pool.map(resolve, [reqs[extra] for _, extra in combos], [py for py, _ in combos]))
+    for i, (py, extra) in enumerate(combos):  # broken downloads: again, one at a time
+        for _ in range(RETRIES):
+            if results[i][0] != "interrupted":
+                break
+            print(f"[check_install] {py} {extra}: a download broke off; resolving again", file=sys.stderr)
+            results[i] = resolve(reqs[extra], py)
+    unchecked = None
+    for (py, extra), (result, chosen, tail) in zip(combos, results):
+        row = {"python": py, "extra": extra, "admitted": admits(py), "result": result, "chosen": chosen}
+        rows.append(row)
+        print(f"| {py} | {extra} | {'yes' if row['admitted'] else 'NO'} | {result} | "
+              f"{', '.join(f'{k} {v}' for k, v in sorted(chosen.items()))} |", flush=True)
+        if result in ("unreachable", "interrupted"):
+            unchecked = unchecked or (result, tail)
+        elif result != "ok" or not row["admitted"]:
+            status = 1
+            print(tail, file=sys.stderr)
+    if unchecked and not status:  # a resolution that failed outright is reported as such
+        why = "unreachable" if unchecked[0] == "unreachable" else f"breaking off downloads ({RETRIES + 1} tries)"
+        print(f"the package index is {why}: not everything was checked\n{unchecked[1]}", file=sys.stderr)
+        return 3
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return status

@@ -43,6 +43,42 @@ def test_requires_python_refusal_is_reported(monkeypatch):
     assert check_install.main(["--pythons", "3.10", "--extras", "gpu"]) == 1
 
 
+def test_broken_downloads_are_tried_again_then_reported_unchecked(monkeypatch):
+    """A download that breaks off (pip: resumed, then a hash mismatch) is the network, not the
+    resolution: tried again one at a time; if it keeps breaking, exit 3 (nothing decided), but a
+    resolution that failed outright still fails the check."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import check_install
+    finally:
+        sys.path.pop(0)
+    broken = ("WARNING: Connection interrupted while downloading.\nERROR: THESE PACKAGES DO NOT MATCH THE "
+              "HASHES FROM THE REQUIREMENTS FILE.")
+    assert check_install.failure(broken) == "interrupted"
+    assert check_install.failure("ERROR: THESE PACKAGES DO NOT MATCH THE HASHES FROM THE REQUIREMENTS FILE.") == "failed"
+    assert check_install.failure("ResolutionImpossible: conflicting dependencies") == "failed"
+    assert check_install.failure("Max retries exceeded with url") == "unreachable"
+
+    ok = ("ok", {"vllm": "0.24.0"}, "")
+    calls = []
+
+    def flaky(outcomes):
+        def resolve(reqs, py):
+            calls.append(py)
+            return outcomes.pop(0) if outcomes else ok
+        return resolve
+
+    monkeypatch.setattr(check_install, "resolve", flaky([("interrupted", {}, broken)]))
+    assert check_install.main(["--pythons", "3.12", "--extras", "gpu"]) == 0 and len(calls) == 2
+    calls.clear()
+    monkeypatch.setattr(check_install, "resolve", flaky([("interrupted", {}, broken)] * 5))
+    assert check_install.main(["--pythons", "3.12", "--extras", "gpu"]) == 3
+    assert len(calls) == 1 + check_install.RETRIES
+    monkeypatch.setattr(check_install, "resolve", lambda reqs, py: ("failed", {}, "no") if py == "3.11"
+                        else ("interrupted", {}, broken))
+    assert check_install.main(["--pythons", "3.11", "3.12", "--extras", "gpu"]) == 1
+
+
 def test_console_scripts_are_cli_functions(capsys):
     """Each console script pyproject.toml installs runs a function of a package's cli.py
     (docs/architecture.md) and answers --help."""
