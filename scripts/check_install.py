@@ -6,7 +6,8 @@ python scripts/check_install.py [--extras gpu gpu-torch] [--pythons 3.11 3.12 3.
 
 Prints one row per (Python, extra): resolved or not, and the vLLM / torch / faiss versions it
 chose. Exit code 0 when every one resolved and requires-python admits every Python asked, 1
-when one did not, 3 when the package index could not be reached (nothing was checked).
+when one did not, 3 when the package index could not be reached or kept breaking off a download
+(a row left unchecked; where another row failed outright, 1).
 """
 
 from __future__ import annotations
