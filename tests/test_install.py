@@ -14,6 +14,16 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _check_install():
+    """scripts/check_install.py as a module (scripts/ is not a package)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import check_install
+    finally:
+        sys.path.pop(0)
+    return check_install
+
+
 @pytest.mark.slow
 def test_gpu_extras_resolve_on_python_311_to_313(tmp_path):
     out = tmp_path / "rows.json"
@@ -33,11 +43,7 @@ def test_gpu_extras_resolve_on_python_311_to_313(tmp_path):
 
 def test_requires_python_refusal_is_reported(monkeypatch):
     """The check itself can fail: a Python outside requires-python is reported as not admitted."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import check_install
-    finally:
-        sys.path.pop(0)
+    check_install = _check_install()
     assert check_install.admits("3.12") and check_install.admits("3.13") and not check_install.admits("3.14")
     monkeypatch.setattr(check_install, "resolve", lambda reqs, py: ("ok", {"vllm": "0.24.0"}, ""))
     assert check_install.main(["--pythons", "3.10", "--extras", "gpu"]) == 1
@@ -47,11 +53,7 @@ def test_broken_downloads_are_tried_again_then_reported_unchecked(monkeypatch):
     """A download that breaks off (pip: resumed, then a hash mismatch) is the network, not the
     resolution: tried again one at a time; if it keeps breaking, exit 3 (nothing decided), but a
     resolution that failed outright still fails the check."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import check_install
-    finally:
-        sys.path.pop(0)
+    check_install = _check_install()
     broken = ("WARNING: Connection interrupted while downloading.\nERROR: THESE PACKAGES DO NOT MATCH THE "
               "HASHES FROM THE REQUIREMENTS FILE.")
     assert check_install.failure(broken) == "interrupted"
