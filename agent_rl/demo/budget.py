@@ -170,7 +170,16 @@ def _fit(remaining_s: float, sp: Speeds, eval_limit: int, base_eval_limit: int, 
                   rl_steps=int(rl_s / sp.rl_step_s))
 
 
-def rl_seconds_left(remaining_s: float, sp: Speeds, eval_limit: int) -> float:
+def eval_overrun(measured_s: float, estimated_s: float) -> float:
+    """How many times its estimate this run's evaluations took, 1.0 where they took no longer.
+    Generation on a host can run slower than its calibration said (fp32 on an emulated ISA: the
+    evaluations 30-50% over), and what is estimated after them runs the same engine."""
+    return max(1.0, measured_s / estimated_s) if estimated_s > 0 else 1.0
+
+
+def rl_seconds_left(remaining_s: float, sp: Speeds, eval_limit: int, eval_scale: float = 1.0) -> float:
     """Re-fitted after SFT and its evaluations: GRPO gets what is left but its own start-up, its
-    validations on the selection questions and the evaluation of its model."""
-    return max(0.0, remaining_s - SIZES.rl_overhead_s - sp.engine_load_s - sp.select_s - sp.eval_s(eval_limit, "rl"))
+    validations on the selection questions and the evaluation of its model, the last two charged
+    `eval_scale` times their estimate (eval_overrun of the evaluations that ran)."""
+    generation_s = sp.select_s + sp.eval_s(eval_limit, "rl")
+    return max(0.0, remaining_s - SIZES.rl_overhead_s - sp.engine_load_s - eval_scale * generation_s)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_rl.demo import selection, stages
-from agent_rl.demo.budget import (SIZES, Budget, Speeds, default_budget_minutes, fit_budget,
+from agent_rl.demo.budget import (SIZES, Budget, Speeds, default_budget_minutes, eval_overrun, fit_budget,
                                   rl_seconds_left)
 from agent_rl.demo.report import write_report
 from agent_rl.demo.stages import ROOT, Workdir
@@ -144,10 +144,16 @@ class Demo:
             self.run(stages.sft(w.demos, w.model, w.sft_dir, SIZES.sft_steps,
                                 budget.sft_minutes * 60 * SIZES.sft_clock_slack),
                      f"cold-start SFT ({budget.sft_minutes:.1f} min)")
+        t_evals = time.time()
         evals = {"base": self.evaluate("base", w.model, url, budget.base_eval_limit, stages.MODES),
                  "SFT": self.evaluate("SFT", w.sft_dir, url, eval_limit, stages.MODES)}
+        est = budget.estimate_s
+        scale = eval_overrun(time.time() - t_evals, est["evaluate base"] + est["evaluate SFT"])
+        if scale > 1.0:
+            print(f"[demo] the evaluations took {scale:.2f}x their estimate: GRPO's validations and the last "
+                  "evaluation are charged as much", flush=True)
         rl_s = 60 * args.rl_minutes if args.rl_minutes is not None else (
-            rl_seconds_left(left(), sp, eval_limit) if budget.rl_minutes > 0 else 0.0)
+            rl_seconds_left(left(), sp, eval_limit, scale) if budget.rl_minutes > 0 else 0.0)
         budget.rl_minutes, budget.rl_steps = rl_s / 60, int(rl_s / sp.rl_step_s)
         chosen = None
         if rl_s >= 60:

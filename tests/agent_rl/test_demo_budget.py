@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from agent_rl.demo.budget import SIZES, Speeds, default_budget_minutes, fit_budget, needed_s, rl_seconds_left
+from agent_rl.demo.budget import (SIZES, Speeds, default_budget_minutes, eval_overrun, fit_budget, needed_s,
+                                  rl_seconds_left)
 
 BUDGET_MINUTES, EVAL_LIMIT, MIN_RL_STEPS = SIZES.budget_minutes, SIZES.eval_limit, SIZES.min_rl_steps
 RL_SHARE, SFT_STEPS = SIZES.rl_share, SIZES.sft_steps
@@ -98,6 +99,20 @@ def test_grpo_is_re_planned_with_the_time_left():
     assert FAST.select_s == pytest.approx(2 * 40 * 100 / 800.0)
     assert left == pytest.approx(600.0 - 45 - FAST.engine_load_s - FAST.select_s - FAST.eval_s(EVAL_LIMIT, "rl"))
     assert rl_seconds_left(10.0, FAST, EVAL_LIMIT) == 0.0
+
+
+def test_grpo_is_charged_for_evaluations_that_ran_over():
+    """Where the base and SFT evaluations took longer than estimated (the fp32 emulation: 30-50%
+    over), GRPO's validations and the SFT+RL evaluation are charged as much more, out of GRPO's
+    minutes; evaluations that ran faster change nothing."""
+    assert eval_overrun(130.0, 100.0) == pytest.approx(1.3)
+    assert eval_overrun(80.0, 100.0) == 1.0 and eval_overrun(5.0, 0.0) == 1.0
+    # SLOW: select_s = 2 x 40 x 100 / 100 = 80 s; eval_s(200, "rl") = 8 + 20 + 200 x 100 / 100 = 228 s
+    assert SLOW.select_s + SLOW.eval_s(EVAL_LIMIT, "rl") == pytest.approx(308.0)
+    plain, over = rl_seconds_left(900.0, SLOW, EVAL_LIMIT), rl_seconds_left(900.0, SLOW, EVAL_LIMIT, 1.5)
+    assert plain == pytest.approx(900.0 - 45 - 8 - 308.0)
+    assert plain - over == pytest.approx(0.5 * 308.0)
+    assert rl_seconds_left(400.0, SLOW, EVAL_LIMIT, 1.5) == 0.0
 
 
 def test_report_leads_with_what_grpo_adds(tmp_path):
