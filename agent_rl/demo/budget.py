@@ -180,6 +180,6 @@ def eval_overrun(measured_s: float, estimated_s: float) -> float:
 def rl_seconds_left(remaining_s: float, sp: Speeds, eval_limit: int, eval_scale: float = 1.0) -> float:
     """Re-fitted after SFT and its evaluations: GRPO gets what is left but its own start-up, its
     validations on the selection questions and the evaluation of its model, the last two charged
-    `eval_scale` times their estimate (eval_overrun of the evaluations that ran)."""
+    `eval_scale` times their estimate (eval_overrun of the SFT model's evaluation)."""
     generation_s = sp.select_s + sp.eval_s(eval_limit, "rl")
     return max(0.0, remaining_s - SIZES.rl_overhead_s - sp.engine_load_s - eval_scale * generation_s)

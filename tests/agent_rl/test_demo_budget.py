@@ -102,9 +102,9 @@ def test_grpo_is_re_planned_with_the_time_left():
 
 
 def test_grpo_is_charged_for_evaluations_that_ran_over():
-    """Where the base and SFT evaluations took longer than estimated (the fp32 emulation: 30-50%
-    over), GRPO's validations and the SFT+RL evaluation are charged as much more, out of GRPO's
-    minutes; evaluations that ran faster change nothing."""
+    """Where the SFT evaluation took longer than estimated (the fp32 emulation: 20-50% over),
+    GRPO's validations and the SFT+RL evaluation are charged as much more, out of GRPO's minutes;
+    an evaluation that ran faster changes nothing."""
     assert eval_overrun(130.0, 100.0) == pytest.approx(1.3)
     assert eval_overrun(80.0, 100.0) == 1.0 and eval_overrun(5.0, 0.0) == 1.0
     # SLOW: select_s = 2 x 40 x 100 / 100 = 80 s; eval_s(200, "rl") = 8 + 20 + 200 x 100 / 100 = 228 s
