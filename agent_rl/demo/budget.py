@@ -171,9 +171,9 @@ def _fit(remaining_s: float, sp: Speeds, eval_limit: int, base_eval_limit: int, 
 
 
 def eval_overrun(measured_s: float, estimated_s: float) -> float:
-    """How many times its estimate this run's evaluations took, 1.0 where they took no longer.
-    Generation on a host can run slower than its calibration said (fp32 on an emulated ISA: the
-    evaluations 30-50% over), and what is estimated after them runs the same engine."""
+    """How many times its estimate an evaluation took, 1.0 where it took no longer.
+    Generation on a host can run slower than its calibration said (fp32 on an emulated ISA: an
+    evaluation 20-50% over), and what is estimated after it runs the same engine."""
     return max(1.0, measured_s / estimated_s) if estimated_s > 0 else 1.0
 
 
