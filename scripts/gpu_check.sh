@@ -19,6 +19,12 @@
 #                                      # ROLLOUT_BESIDE=1 the rollout benchmark beside the demo, WAIT_S=N
 #                                      # waits for the demo until N s into the call
 #   scripts/gpu_check.sh loop-finish   # there: wait for stage c, then stage d's figures, one table
+#   scripts/gpu_check.sh rl-vs-sft-pack  # here, after the benchmark wrote $RVS_DIR's demonstrations
+#                                      # (stop it then): its KB, demonstrations, settings -> .kit/rvs.tar.xz
+#   scripts/gpu_check.sh rl-vs-sft     # there, instead of the loop: benchmarks/rl_vs_sft.py $RVS_ARGS
+#                                      # in the background on the carried $RVS_DIR (KB and demonstrations
+#                                      # made on a CPU host), waiting until WAIT_S s into the call
+#   scripts/gpu_check.sh rl-vs-sft-finish  # there: waits for it (stops it WAIT_S s into the call)
 #   scripts/gpu_check.sh probe         # there, instead of the loop: the varlen kernel's test, where
 #                                      # the actor update's time goes (shared vs whole packing, varlen
 #                                      # kernel vs per-sequence SDPA) and interleaved / plain
@@ -228,18 +234,63 @@ collect_demo() {  # OUT: the demo's log, report and GRPO metrics so far (also wh
     cp artifacts/demo_runs/grpo/metrics.jsonl "$out/grpo_metrics.jsonl" 2>/dev/null || true
 }
 
-wait_demo() {  # OUT SECONDS: wait for stage c until SECONDS after this call began, copying what it
-               # wrote so far every 15 s (a call cut short by the loan still returns it)
-    local out=$1 pid deadline=$2 last=$SECONDS
-    pid=$(cat artifacts/gpu_quickstart.pid)
+wait_demo() {  # OUT SECONDS: wait for stage c until SECONDS after this call began
+    wait_bg artifacts/gpu_quickstart.pid "$2" collect_demo "$1"
+}
+
+wait_bg() {  # PIDFILE SECONDS COLLECT OUT: wait for a background job until SECONDS after this call
+             # began, running `COLLECT OUT` every 15 s (a call cut short by the loan still returns
+             # what it wrote so far); STOP=1 stops the job if it still runs then
+    local pid deadline=$2 collect=$3 out=$4 last=$SECONDS
+    pid=$(cat "$1")
     while kill -0 "$pid" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ]; do
         sleep 3
-        if [ $((SECONDS - last)) -ge 15 ]; then collect_demo "$out"; last=$SECONDS; fi
+        if [ $((SECONDS - last)) -ge 15 ]; then "$collect" "$out"; last=$SECONDS; fi
     done
     if kill -0 "$pid" 2>/dev/null && [ "${STOP:-0}" = 1 ]; then
-        echo "[loop] stage c still running ${2} s into this call: stopped"; kill -TERM "$pid"; sleep 10
+        echo "[gpu_check] $1's job still running ${deadline} s into this call: stopped"; kill -TERM "$pid"; sleep 10
     fi
-    collect_demo "$out"
+    "$collect" "$out"
+}
+
+# RL against the same minutes of SFT on the GPU (benchmarks/rl_vs_sft.py): the workdir's knowledge
+# base and demonstrations need no GPU, so they are made beforehand on a CPU host (the benchmark with
+# the same arguments, stopped once its demonstrations are written) and carried with its
+# settings.json; the benchmark reuses them and builds the rest there.
+RVS_DIR=${RVS_DIR:-runs/gpu_rvs}
+
+rvs_start() {
+    local out=${OUT:-gpu_out} py=${GPU_PY:-python3}
+    mkdir -p "$out"
+    kit_ready "$py" || return 1
+    # the workdir's stages made on the CPU host, packed by `scripts/gpu_check.sh rl-vs-sft-pack`
+    if [ -f .kit/rvs.tar.xz ]; then mkdir -p "$(dirname "$RVS_DIR")" && tar -xJf .kit/rvs.tar.xz -C "$(dirname "$RVS_DIR")"; fi
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+    # shellcheck disable=SC2086
+    setsid "$py" benchmarks/rl_vs_sft.py --workdir "$RVS_DIR" ${RVS_ARGS:-} > "$RVS_DIR.log" 2>&1 < /dev/null &
+    echo $! > "$RVS_DIR.pid"
+    wait_bg "$RVS_DIR.pid" "${WAIT_S:-560}" collect_rvs "$out"
+    grep -E "^\[rl_vs_sft\]|^\| |^GRPO|Error" "$RVS_DIR.log" | tail -n 30
+}
+
+collect_rvs() {  # OUT: the benchmark's log (our lines) and its results so far, weights left out
+    local out=$1
+    grep -v -E "^(INFO|DEBUG|WARNING)|it/s\]|s/it\]|step/s\]" "$RVS_DIR.log" > "$out/rl_vs_sft.log" 2>/dev/null || true
+    tar -C "$RVS_DIR" -czf "$out/rl_vs_sft.tar.gz" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.bin' \
+        --exclude=model --exclude=checkpoints --exclude=kb --exclude=demos --exclude=kb_index_flat . 2>/dev/null || true
+}
+
+rvs_pack() {  # here: the workdir's KB, demonstrations and settings -> .kit/rvs.tar.xz (~1 MB)
+    tar -C "$(dirname "$RVS_DIR")" -cJf .kit/rvs.tar.xz "$(basename "$RVS_DIR")"/{kb,demos,settings.json}
+    du -h .kit/rvs.tar.xz
+}
+
+rvs_finish() {
+    local out=${OUT:-gpu_out}
+    mkdir -p "$out"
+    kit_env
+    STOP=1 wait_bg "$RVS_DIR.pid" "${WAIT_S:-200}" collect_rvs "$out"
+    grep -E "^\[rl_vs_sft\]|^\| |^GRPO|^Answered|Error" "$RVS_DIR.log" | tail -n 30
 }
 
 loop_finish() {
@@ -292,7 +343,10 @@ case "${1:-run}" in
     kit) "${GPU_PY:-python3}" scripts/gpu_kit.py unpack ;;
     loop-start) loop_start ;;
     loop-finish) loop_finish ;;
+    rl-vs-sft) rvs_start ;;
+    rl-vs-sft-finish) rvs_finish ;;
+    rl-vs-sft-pack) rvs_pack ;;
     probe) probe ;;
     run) run ;;
-    *) echo "usage: $0 prepare|prepare-ray|prepare-vllm|kit|loop-start|loop-finish|probe|run" >&2; exit 2 ;;
+    *) echo "usage: $0 prepare|prepare-ray|prepare-vllm|kit|loop-start|loop-finish|rl-vs-sft|rl-vs-sft-pack|rl-vs-sft-finish|probe|run" >&2; exit 2 ;;
 esac
