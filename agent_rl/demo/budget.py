@@ -34,6 +34,7 @@ class Sizes:
     eval_limit: int
     base_eval_limit: int
     select_n: int
+    select_lead: int
     rl_share: float
     min_sft_steps: int
     min_rl_steps: int

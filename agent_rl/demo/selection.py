@@ -4,8 +4,9 @@ started from on held-out selection questions, else the SFT model.
 GRPO from a few-step SFT either teaches the second search or does not, and a few GRPO steps
 can lower EM as well as raise it (docs/real_data.md). The usual answer is model selection on
 questions no reported figure uses: the GRPO run validates (greedy, agent mode) at step 0, i.e.
-the SFT model, and at its last step; the demo keeps the SFT model unless the last step scored
-strictly higher. The selection questions are the knowledge base's test questions outside the
+the SFT model, and at its last step; the demo keeps the SFT model unless the last step answered
+at least `select_lead` more of them (configs/demo.yaml: 2 of 40; a one-question lead is the
+smallest there is, and on the dev KB it carried no information). The selection questions are the knowledge base's test questions outside the
 sample the report compares on, so the choice never sees a reported question; the report still
 shows GRPO's own last model on the compared questions, whichever is kept.
 """
@@ -45,10 +46,11 @@ def grpo_overrides(questions: Path, n: int) -> list[str]:
             "trainer.val_before_train=true", f"trainer.test_freq={VALIDATE_AT_ENDS}"]
 
 
-def choose(run_dir: Path, n: int) -> dict:
-    """From the GRPO run's metrics: val/em at step 0 (the SFT model) and at the last step.
-    Returns {"n", "sft_em", "rl_em", "rl_step", "chosen"}: "SFT+RL" when the last step scored
-    strictly higher, else "SFT" (a tie keeps the model with less training behind it). A run
+def choose(run_dir: Path, n: int, lead: int) -> dict:
+    """From the GRPO run's metrics: val/em at step 0 (the SFT model) and at the last step, each
+    over the same `n` questions. Returns {"n", "lead", "sft_em", "rl_em", "rl_step", "chosen"}:
+    "SFT+RL" when the last step answered at least `lead` more of them, else "SFT" (a smaller
+    lead keeps the model with less training behind it). A run
     without both validations (say `trainer.test_freq=-1` was passed) keeps the SFT model, and
     "unvalidated" says why."""
     from agent_rl.training.metrics import validation_points
@@ -57,12 +59,14 @@ def choose(run_dir: Path, n: int) -> dict:
     first = [em for step, em in points if step == 0]
     later = [(step, em) for step, em in points if step > 0]
     if not first or not later:
-        return {"n": n, "sft_em": first[-1] if first else None, "rl_em": None, "rl_step": None, "chosen": "SFT",
+        return {"n": n, "lead": lead, "sft_em": first[-1] if first else None, "rl_em": None, "rl_step": None,
+                "chosen": "SFT",
                 "unvalidated": f"the GRPO run in {run_dir} has no validation at step 0 and after a step "
                                f"(val/em at steps {[s for s, _ in points]})"}
     rl_step, rl_em = max(later)
-    return {"n": n, "sft_em": first[-1], "rl_em": rl_em, "rl_step": rl_step,
-            "chosen": "SFT+RL" if rl_em > first[-1] else "SFT"}
+    ahead = round((rl_em - first[-1]) * n)  # questions: both EMs are shares of the same n
+    return {"n": n, "lead": lead, "sft_em": first[-1], "rl_em": rl_em, "rl_step": rl_step,
+            "chosen": "SFT+RL" if ahead >= lead else "SFT"}
 
 
 def selection_markdown(sel: dict, paired_diff: float) -> str:
@@ -81,6 +85,7 @@ def selection_markdown(sel: dict, paired_diff: float) -> str:
     if kept:
         return (f"## The model this demo hands over: SFT+RL\n\n{why}: GRPO's model is kept.{where} On the "
                 f"compared questions it differs from SFT by **{100 * paired_diff:+.1f}** agent EM (below).\n\n")
-    return (f"## The model this demo hands over: the SFT model\n\n{why}: GRPO did not beat it there, so the "
-            f"demo keeps the SFT model (agent EM **+0.0** against SFT: the same model).{where} GRPO's own "
+    lead = sel.get("lead", 1)
+    return (f"## The model this demo hands over: the SFT model\n\n{why}: GRPO did not beat it there by {lead} "
+            f"question{'s' if lead != 1 else ''} or more, so the demo keeps the SFT model (agent EM **+0.0** against SFT: the same model).{where} GRPO's own "
             f"last model, not kept, is still compared below: {100 * paired_diff:+.1f}.\n\n")

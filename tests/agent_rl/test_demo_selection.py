@@ -1,6 +1,6 @@
 """The model `make demo` hands over (agent_rl.demo.selection): the selection questions are
 held-out test questions outside the compared sample; GRPO's model is kept only where its last
-validation beats step 0's (the SFT model); the report says which and why."""
+validation leads step 0's (the SFT model) by `select_lead` questions; the report says which and why."""
 
 from __future__ import annotations
 
@@ -34,18 +34,27 @@ def _metrics(run_dir, rows):
     return run_dir
 
 
-@pytest.mark.parametrize("last, chosen", [(0.55, "SFT+RL"), (0.50, "SFT"), (0.40, "SFT")])
-def test_grpo_is_kept_only_where_its_last_validation_beats_the_sft_model(tmp_path, last, chosen):
+# 40 questions: 0.55 is 22 right against the SFT model's 20, 0.525 one more; floats as the metrics hold them
+@pytest.mark.parametrize("last, lead, chosen", [(0.55, 2, "SFT+RL"), (0.525, 2, "SFT"), (21 / 40, 1, "SFT+RL"),
+                                                (0.50, 2, "SFT"), (0.50, 0, "SFT+RL"), (0.40, 2, "SFT"),
+                                                (0.575, 3, "SFT+RL"), (0.55, 3, "SFT")])
+def test_grpo_is_kept_only_where_its_last_validation_leads_the_sft_model_by_the_lead(tmp_path, last, lead, chosen):
     run = _metrics(tmp_path / "grpo", [{"step": 0, "val/em": 0.5}, {"step": 1, "reward/mean": 0.1},
                                        {"step": 2, "val/em": 0.9, "reward/mean": 0.2}, {"step": 3, "val/em": last}])
-    assert choose(run, 40) == {"n": 40, "sft_em": 0.5, "rl_em": last, "rl_step": 3, "chosen": chosen}
+    assert choose(run, 40, lead) == {"n": 40, "lead": lead, "sft_em": 0.5, "rl_em": last, "rl_step": 3, "chosen": chosen}
+
+
+def test_the_demo_asks_for_a_lead_of_two_selection_questions():
+    from agent_rl.demo.budget import SIZES
+
+    assert (SIZES.select_n, SIZES.select_lead) == (40, 2)
 
 
 @pytest.mark.parametrize("rows, sft_em", [([{"step": 1, "val/em": 0.6}], None),
                                           ([{"step": 0, "val/em": 0.6}, {"step": 1}], 0.6)])
 def test_a_run_without_both_validations_keeps_the_sft_model_and_says_why(tmp_path, rows, sft_em):
     # say `--grpo-set trainer.test_freq=-1`: the demo still ends with a model and a report
-    sel = choose(_metrics(tmp_path / "grpo", rows), 40)
+    sel = choose(_metrics(tmp_path / "grpo", rows), 40, 2)
     assert sel["chosen"] == "SFT" and sel["sft_em"] == sft_em and sel["rl_em"] is None
     assert "no validation at step 0 and after a step" in sel["unvalidated"]
     md = selection_markdown({**sel, "model": "w/sft"}, 0.05)
@@ -67,3 +76,5 @@ def test_the_section_names_the_model_handed_over_and_grpos_own_difference():
     assert "`w/grpo`" in kept
     kept_sft = selection_markdown({"n": 40, "sft_em": 0.5, "rl_em": 0.45, "rl_step": 8, "chosen": "SFT"}, -0.1)
     assert "hands over: the SFT model" in kept_sft and "**+0.0**" in kept_sft and "-10.0" in kept_sft
+    short = selection_markdown({"n": 40, "lead": 2, "sft_em": 0.5, "rl_em": 0.525, "rl_step": 8, "chosen": "SFT"}, 0.03)
+    assert "did not beat it there by 2 questions or more" in short and "52.5%" in short and "+3.0" in short
