@@ -6,9 +6,10 @@ can lower EM as well as raise it (docs/real_data.md). The usual answer is model 
 questions no reported figure uses: the GRPO run validates (greedy, agent mode) at step 0, i.e.
 the SFT model, and at its last step; the demo keeps the SFT model unless the last step answered
 at least `select_lead` more of them (configs/demo.yaml: 2 of 40; a one-question lead is the
-smallest there is, and on the dev KB it carried no information). The selection questions are the knowledge base's test questions outside the
-sample the report compares on, so the choice never sees a reported question; the report still
-shows GRPO's own last model on the compared questions, whichever is kept.
+smallest there is, and on the dev KB it carried no information). The selection questions are
+the knowledge base's test questions outside the sample the report compares on, so the choice
+never sees a reported question; the report still shows GRPO's own last model on the compared
+questions, whichever is kept.
 """
 
 from __future__ import annotations
@@ -87,5 +88,6 @@ def selection_markdown(sel: dict, paired_diff: float) -> str:
                 f"compared questions it differs from SFT by **{100 * paired_diff:+.1f}** agent EM (below).\n\n")
     lead = sel.get("lead", 1)
     return (f"## The model this demo hands over: the SFT model\n\n{why}: GRPO did not beat it there by {lead} "
-            f"question{'s' if lead != 1 else ''} or more, so the demo keeps the SFT model (agent EM **+0.0** against SFT: the same model).{where} GRPO's own "
-            f"last model, not kept, is still compared below: {100 * paired_diff:+.1f}.\n\n")
+            f"question{'s' if lead != 1 else ''} or more, so the demo keeps the SFT model (agent EM **+0.0** "
+            f"against SFT: the same model).{where} GRPO's own last model, not kept, is still compared below: "
+            f"{100 * paired_diff:+.1f}.\n\n")

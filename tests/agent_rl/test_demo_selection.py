@@ -41,7 +41,8 @@ def _metrics(run_dir, rows):
 def test_grpo_is_kept_only_where_its_last_validation_leads_the_sft_model_by_the_lead(tmp_path, last, lead, chosen):
     run = _metrics(tmp_path / "grpo", [{"step": 0, "val/em": 0.5}, {"step": 1, "reward/mean": 0.1},
                                        {"step": 2, "val/em": 0.9, "reward/mean": 0.2}, {"step": 3, "val/em": last}])
-    assert choose(run, 40, lead) == {"n": 40, "lead": lead, "sft_em": 0.5, "rl_em": last, "rl_step": 3, "chosen": chosen}
+    assert choose(run, 40, lead) == {"n": 40, "lead": lead, "sft_em": 0.5, "rl_em": last, "rl_step": 3,
+                                     "chosen": chosen}
 
 
 def test_the_demo_asks_for_a_lead_of_two_selection_questions():
