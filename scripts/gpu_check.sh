@@ -258,13 +258,14 @@ wait_bg() {  # PIDFILE SECONDS COLLECT OUT: wait for a background job until SECO
 # the same arguments, stopped once its demonstrations are written) and carried with its
 # settings.json; the benchmark reuses them and builds the rest there.
 RVS_DIR=${RVS_DIR:-runs/gpu_rvs}
+RVS_PACK=${RVS_PACK:-.kit/rvs.tar.xz}
 
 rvs_start() {
     local out=${OUT:-gpu_out} py=${GPU_PY:-python3}
     mkdir -p "$out"
     kit_ready "$py" || return 1
     # the workdir's stages made on the CPU host, packed by `scripts/gpu_check.sh rl-vs-sft-pack`
-    if [ -f .kit/rvs.tar.xz ]; then mkdir -p "$(dirname "$RVS_DIR")" && tar -xJf .kit/rvs.tar.xz -C "$(dirname "$RVS_DIR")"; fi
+    if [ -f "$RVS_PACK" ]; then mkdir -p "$(dirname "$RVS_DIR")" && tar -xJf "$RVS_PACK" -C "$(dirname "$RVS_DIR")"; fi
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
     # shellcheck disable=SC2086
     setsid "$py" benchmarks/rl_vs_sft.py --workdir "$RVS_DIR" ${RVS_ARGS:-} > "$RVS_DIR.log" 2>&1 < /dev/null &
@@ -280,9 +281,9 @@ collect_rvs() {  # OUT: the benchmark's log (our lines) and its results so far, 
         --exclude=model --exclude=checkpoints --exclude=kb --exclude=demos --exclude=kb_index_flat . 2>/dev/null || true
 }
 
-rvs_pack() {  # here: the workdir's KB, demonstrations and settings -> .kit/rvs.tar.xz (~1 MB)
-    tar -C "$(dirname "$RVS_DIR")" -cJf .kit/rvs.tar.xz "$(basename "$RVS_DIR")"/{kb,demos,settings.json}
-    du -h .kit/rvs.tar.xz
+rvs_pack() {  # here: the workdir's KB, demonstrations and settings -> $RVS_PACK (~1 MB)
+    tar -C "$(dirname "$RVS_DIR")" -cJf "$RVS_PACK" "$(basename "$RVS_DIR")"/{kb,demos,settings.json}
+    du -h "$RVS_PACK"
 }
 
 rvs_finish() {

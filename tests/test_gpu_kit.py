@@ -127,3 +127,27 @@ def test_unpack_exit_code_and_a_manifest_of_another_build(kit, tmp_path, capsys)
     assert gpu_kit.unpack(other)["parts"][m["parts"][0]["name"]].startswith("damaged")
     with pytest.raises(SystemExit, match="no manifest"):
         gpu_kit.unpack(tmp_path)
+
+
+def test_the_benchmarks_cpu_stages_travel_without_weights_and_unpack_as_they_were(tmp_path):
+    """`scripts/gpu_check.sh rl-vs-sft-pack`: the KB, demonstrations and settings of a
+    benchmarks/rl_vs_sft.py workdir, what the GPU run reuses, and nothing else (the policy's
+    weights are rebuilt there; earlier arms would be reused as if they had run there)."""
+    import subprocess
+    import tarfile
+
+    work = tmp_path / "runs" / "gpu_rvs"
+    kept = {"kb/test.parquet": b"t" * 300, "kb/.complete": b"", "kb/corpus.jsonl": b'{"id": 1}\n',
+            "demos/kb_train.parquet": os.urandom(2000), "settings.json": b'{"kb_seed": 101}\n'}
+    left = {"model/model.safetensors": os.urandom(4000), "seed1/start/metrics.jsonl": b"{}\n",
+            "kb_index_flat/meta.json": b"{}"}
+    for rel, data in {**kept, **left}.items():
+        (work / rel).parent.mkdir(parents=True, exist_ok=True)
+        (work / rel).write_bytes(data)
+    pack = tmp_path / "rvs.tar.xz"
+    subprocess.run(["bash", "scripts/gpu_check.sh", "rl-vs-sft-pack"], cwd=Path(__file__).resolve().parents[1],
+                   env={**os.environ, "RVS_DIR": str(work), "RVS_PACK": str(pack)}, check=True, capture_output=True)
+    with tarfile.open(pack) as tar:
+        files = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+    assert files == {f"gpu_rvs/{rel}": data for rel, data in kept.items()}
+
