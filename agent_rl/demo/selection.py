@@ -86,7 +86,7 @@ def selection_markdown(sel: dict, paired_diff: float) -> str:
     if kept:
         return (f"## The model this demo hands over: SFT+RL\n\n{why}: GRPO's model is kept.{where} On the "
                 f"compared questions it differs from SFT by **{100 * paired_diff:+.1f}** agent EM (below).\n\n")
-    lead = sel.get("lead", 1)
+    lead = sel["lead"]  # choose() always says it
     return (f"## The model this demo hands over: the SFT model\n\n{why}: GRPO did not beat it there by {lead} "
             f"question{'s' if lead != 1 else ''} or more, so the demo keeps the SFT model (agent EM **+0.0** "
             f"against SFT: the same model).{where} GRPO's own last model, not kept, is still compared below: "

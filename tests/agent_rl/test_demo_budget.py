@@ -157,7 +157,7 @@ def test_report_leads_with_what_grpo_adds(tmp_path):
     assert summary["sft_vs_rl"]["diff"]["bridge"]["diff"] == 1.0 and summary["plan"]["budget_minutes"] == 18
     assert "hands over" not in md and "selection" not in summary  # no selection: none reported
     # GRPO lost on the selection questions: the SFT model is handed over (+0.0), GRPO's +50.0 still shown
-    chosen = {"n": 40, "sft_em": 0.5, "rl_em": 0.4, "rl_step": 5, "chosen": "SFT", "model": "sft"}
+    chosen = {"n": 40, "lead": 2, "sft_em": 0.5, "rl_em": 0.4, "rl_step": 5, "chosen": "SFT", "model": "sft"}
     md = write_report(tmp_path, evals, rl, plan, tmp_path / "test.parquet", chosen=chosen).read_text()
     assert md.index("hands over: the SFT model") < md.index("What GRPO adds") and "**+50.0**" in md
     summary = json.loads((tmp_path / "plan.json").read_text())

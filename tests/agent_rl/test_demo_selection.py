@@ -75,7 +75,8 @@ def test_the_section_names_the_model_handed_over_and_grpos_own_difference():
                                "model": "w/grpo"}, 0.125)
     assert "hands over: SFT+RL" in kept and "60.0%" in kept and "50.0%" in kept and "**+12.5**" in kept
     assert "`w/grpo`" in kept
-    kept_sft = selection_markdown({"n": 40, "sft_em": 0.5, "rl_em": 0.45, "rl_step": 8, "chosen": "SFT"}, -0.1)
+    kept_sft = selection_markdown({"n": 40, "lead": 2, "sft_em": 0.5, "rl_em": 0.45, "rl_step": 8, "chosen": "SFT"},
+                                  -0.1)
     assert "hands over: the SFT model" in kept_sft and "**+0.0**" in kept_sft and "-10.0" in kept_sft
     short = selection_markdown({"n": 40, "lead": 2, "sft_em": 0.5, "rl_em": 0.525, "rl_step": 8, "chosen": "SFT"}, 0.03)
     assert "did not beat it there by 2 questions or more" in short and "52.5%" in short and "+3.0" in short
