@@ -77,16 +77,19 @@ class Demo:
         self.w = Workdir(ROOT / args.workdir, variant)
         self.memory = memory
         self.stage_s: dict[str, float] = {}
+        self.eval_s: dict[str, float] = {}  # each evaluation's wall seconds, by label
         self.proto = [f"actor_rollout_ref.rollout.protocol={args.protocol}"]
         if args.protocol != "search_r1":  # a call's JSON costs ~20 tokens more than <search> q </search>
             self.proto.append(f"actor_rollout_ref.rollout.max_tokens_per_turn={SIZES.native_tokens_per_turn}")
 
-    def run(self, cmd: list, what: str) -> None:
+    def run(self, cmd: list, what: str) -> float:
+        """Run one stage (agent_rl.demo.stages.run_stage), record and return its wall seconds."""
         start = self.memory.new_stage if self.memory is not None else None
         secs = stages.run_stage(cmd, what, on_start=start)
         self.stage_s[what] = secs
         peak = f", peak memory {self.memory.new_stage() / 2**30:.2f} GiB" if self.memory is not None else ""
         print(f"[demo] {what}: done in {secs:.0f}s{peak}", flush=True)
+        return secs
 
     # ------------------------------------------------------------------ the stages
     def prepare(self) -> None:
@@ -105,9 +108,10 @@ class Demo:
 
     def evaluate(self, label: str, model: Path, url: str, limit: int, modes: tuple[str, ...]) -> Path:
         out = self.w.runs / f"eval_{label.lower().replace('+', '_')}"
-        self.run(stages.evaluation(self.w, model, url, self.w.kb / "test.parquet", out, limit, modes, self.proto,
-                                   max_num_seqs=SIZES.eval_max_num_seqs),
-                 f"evaluate {label} ({' / '.join(modes)}, {limit} questions)")
+        self.eval_s[label] = self.run(
+            stages.evaluation(self.w, model, url, self.w.kb / "test.parquet", out, limit, modes, self.proto,
+                              max_num_seqs=SIZES.eval_max_num_seqs),
+            f"evaluate {label} ({' / '.join(modes)}, {limit} questions)")
         return out
 
     def train_and_evaluate(self, url: str, t_start: float) -> Path:
@@ -145,11 +149,10 @@ class Demo:
                                 budget.sft_minutes * 60 * SIZES.sft_clock_slack),
                      f"cold-start SFT ({budget.sft_minutes:.1f} min)")
         evals = {"base": self.evaluate("base", w.model, url, budget.base_eval_limit, stages.MODES)}
-        t_sft_eval = time.time()
         evals["SFT"] = self.evaluate("SFT", w.sft_dir, url, eval_limit, stages.MODES)
         # the SFT model's evaluation, not the base's: the same questions and engine as SFT+RL's
         # (the base's 30 questions are mostly start-up, and it writes no format to stop on)
-        scale = eval_overrun(time.time() - t_sft_eval, budget.estimate_s["evaluate SFT"])
+        scale = eval_overrun(self.eval_s["SFT"], budget.estimate_s["evaluate SFT"])
         if scale > 1.0:
             print(f"[demo] the SFT evaluation took {scale:.2f}x its estimate: GRPO's validations and the last "
                   "evaluation are charged as much", flush=True)

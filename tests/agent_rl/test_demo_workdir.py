@@ -111,7 +111,7 @@ def fake_stages(monkeypatch) -> tuple[list[list[str]], dict[str, list], list[dic
         return 0.0
 
     def fake_report(runs, evals, rl_dir, budget=None, test_parquet=None, stage_s=None, chosen=None):
-        seen["report"] = [runs, *evals.values(), rl_dir, test_parquet, chosen["model"]]
+        seen["report"] = [runs, *evals.values(), rl_dir, test_parquet, chosen and chosen["model"]]
         choices.append(chosen)
         return Path(runs) / "report.md"
 
@@ -178,6 +178,27 @@ def test_a_grpo_run_told_not_to_validate_hands_over_the_sft_model_with_a_report(
     assert Path(chosen["model"]) == stages.Workdir(work).sft_dir  # the SFT model's files, in the workdir
     assert "no validation at step 0 and after a step" in capsys.readouterr().out
     assert sum("agent_rl.evaluation.cli" in " ".join(c) for c in cmds) == 3  # GRPO's own model is still compared
+
+
+@pytest.mark.parametrize("slow", ["base", "SFT"])
+def test_grpo_is_charged_for_the_sft_evaluations_overrun_not_the_bases(slow, tmp_path, monkeypatch, capsys):
+    # the stage the demo times is the one its charge reads: an SFT evaluation that ran far past its
+    # estimate leaves GRPO no time; the base model's evaluation, however slow, is not charged
+    cmds, _, _ = fake_stages(monkeypatch)
+    fake_run = stages.run_stage
+
+    def timed(cmd, what, **kw):
+        fake_run(cmd, what, **kw)
+        return 1e6 if what.startswith(f"evaluate {slow} (") else 0.0
+
+    monkeypatch.setattr(stages, "run_stage", timed)
+    assert cli.main(["--workdir", str(tmp_path / "w"), "--budget-minutes", "60", "--eval-limit", "10"]) == 0
+    out = capsys.readouterr().out
+    grpo_ran = any("agent_rl.training.cli" in " ".join(c) for c in cmds)
+    if slow == "SFT":
+        assert "the SFT evaluation took" in out and "GRPO skipped" in out and not grpo_ran
+    else:
+        assert "the SFT evaluation took" not in out and "GRPO skipped" not in out and grpo_ran
 
 
 @pytest.mark.parametrize("bad, says", [("actor_rollout_ref.rollout.enforce_eagre=false",
