@@ -643,6 +643,13 @@ KB_FILES = ("corpus.jsonl", "train.parquet", "test.parquet", "kb_meta.json")
 """What `generate_kb` writes (and the COMPLETE marker, last)."""
 
 
+def kb_finished(out_dir: str | Path) -> bool:
+    """Whether `out_dir` holds a knowledge base `generate_kb` finished: its COMPLETE marker, or
+    (written before the marker existed) every one of its files."""
+    out = Path(out_dir)
+    return (out / COMPLETE).is_file() or all((out / name).is_file() for name in KB_FILES)
+
+
 def generate_kb(out_dir: str | Path, seed: int = 0, n_entities: int = 2000,
                 n_train: int = 5000, n_test: int = 500) -> dict:
     """Generate the knowledge base into `out_dir`: ``corpus.jsonl``, ``train.parquet``,

@@ -26,6 +26,7 @@ from agent_rl.demo.budget import (SIZES, Budget, Speeds, default_budget_minutes,
                                   rl_seconds_left)
 from agent_rl.demo.report import write_report
 from agent_rl.demo.stages import ROOT, Workdir
+from data_prep.synthetic import kb_finished
 
 
 class PeakMemory:
@@ -95,7 +96,7 @@ class Demo:
     def prepare(self) -> None:
         w = self.w
         self.run(stages.prepare_model(w), "prepare the embedded policy")
-        if not (w.kb / "test.parquet").exists():
+        if not kb_finished(w.kb):
             self.run(stages.knowledge_base(w), "generate the knowledge base")
         if not (w.index / "meta.json").exists():
             self.run(stages.dense_index(w), "build the dense index")

@@ -192,9 +192,12 @@ class AheadCollector:
 def read_rollouts(path: Path, n: int) -> dict:
     """A checkpoint's rollouts.json (`AheadCollector.state`), every group checked against
     rollout.n = `n` and every per-token array against its trajectory's length
-    (agent_rl.rollout.stream.check_saved_group): a bad file is named with the field at fault
-    when it is loaded, before anything starts, not when its trajectory ends mid-step."""
-    from agent_rl.rollout.stream import check_saved_group
+    (agent_rl.rollout.stream.check_saved_group), then built as `restore` builds it, and every
+    key an integer held by one group, below next_key (the stream keeps one group per key: a
+    collision loses one): a bad file is named with the field at fault when it is loaded,
+    before anything starts, not when its trajectory ends mid-step or `restore` runs."""
+    from agent_rl.rollout.stream import SavedGroup, check_saved_group
+    from agent_rl.training.data import Prompt
 
     try:
         state = json.loads(path.read_text())
@@ -202,9 +205,32 @@ def read_rollouts(path: Path, n: int) -> dict:
         raise ValueError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(state, dict) or not isinstance(state.get("groups"), list) or "next_key" not in state:
         raise ValueError(f"{path}: expected an object with next_key and a list of groups")
+    if not _is_int(state["next_key"]):
+        raise ValueError(f"{path}: next_key is not an integer: {state['next_key']!r}")
+    keys: dict[int, int] = {}
     for i, group in enumerate(state["groups"]):
+        where = f"groups[{i}]"
         try:
-            check_saved_group(group, n, f"groups[{i}]")
+            check_saved_group(group, n, where)
         except ValueError as e:
             raise ValueError(f"{path}: {e}") from None
+        if not _is_int(group["key"]):
+            raise ValueError(f"{path}: {where}.key is not an integer: {group['key']!r}")
+        if group["key"] in keys:
+            raise ValueError(f"{path}: {where}.key {group['key']} is also groups[{keys[group['key']]}]'s")
+        keys[group["key"]] = i
+        if state["next_key"] <= group["key"]:
+            raise ValueError(f"{path}: next_key {state['next_key']} is not past {where}.key {group['key']}")
+        try:
+            Prompt(**group["prompt"])
+        except TypeError as e:
+            raise ValueError(f"{path}: {where}.prompt is not a prompt ({e})") from None
+        try:
+            SavedGroup.from_dict(group, lambda p: Prompt(**p), n).sampled_tokens
+        except (TypeError, ValueError, KeyError, AttributeError) as e:
+            raise ValueError(f"{path}: {where} cannot be restored ({type(e).__name__}: {e})") from None
     return state
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)

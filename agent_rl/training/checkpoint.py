@@ -25,7 +25,10 @@ checkpoint needs (the newest one's size, or the caller's estimate of the state b
 a clear message instead of a disk filled to the last byte.
 `latest()` (the resume path) returns the newest checkpoint whose files all match its manifest,
 and skips a damaged one (a missing, empty or truncated file, an unreadable
-trainer_state.json) with a message naming it and why, falling back to the one before.
+trainer_state.json or one without the step its directory is named for) with a message naming
+it and why, falling back to the one before; `load` refuses a state it cannot restore with a
+ValueError naming the file. Saving, pruning and clearing a killed save touch only the names
+the manager writes (`global_step_7`, not `global_step_07` or `global_step_7.bak`).
 Checkpoints written before manifests existed count as complete when their
 trainer_state.json parses. Only the newest `keep` complete ones are kept; a damaged one never
 counts towards `keep`, so pruning never leaves nothing to resume from.
@@ -52,9 +55,14 @@ from data_prep.atomic import atomic_write, fsync, replace_dir
 LATEST = "latest"
 STATE = "trainer_state.json"
 MANIFEST = "manifest.json"
-_STEP_DIR = re.compile(r"global_step_(\d+)")
-_ASIDE = re.compile(r"\.global_step_(\d+)\.old")
+_STEP_DIR = re.compile(r"global_step_(0|[1-9]\d*)")
+"""The names `step_dir_name` writes, and only those: `global_step_01` or `global_step_x.tmp` is
+someone else's (a copy, a backup), never resumed, pruned or cleared."""
+_ASIDE = re.compile(r"\.global_step_(0|[1-9]\d*)\.old")
 """A re-saved step's previous save, renamed aside by `replace_dir` until the new one is in place."""
+_TMP = re.compile(r"global_step_(0|[1-9]\d*)\.tmp")
+_LATEST_TMP = re.compile(rf"\.{LATEST}\.[a-z0-9_]{{8}}\.tmp")
+"""atomic_write's temporary file for `latest` (tempfile.mkstemp's name)."""
 SPACE_MARGIN = 1.05
 """Room asked beyond the estimate: file-system overhead, and the small files beside the state."""
 
@@ -87,6 +95,11 @@ def safe_torch_load(path: str | Path):
     except pickle.UnpicklingError as e:
         raise UnsafeCheckpoint(f"refusing to load {path}: it holds Python objects beyond tensors and plain data, "
                                f"which could run code ({str(e).splitlines()[0][:200]})") from None
+    except (RuntimeError, EOFError, OSError) as e:  # a short or empty file: torch's own message names no file
+        if isinstance(e, OSError) and e.filename is not None:
+            raise  # the file itself could not be read: its own message names it
+        raise ValueError(f"{path} is damaged (truncated or not a torch file): "
+                         f"{(str(e) or type(e).__name__).splitlines()[0][:200]}") from None
 
 
 def rng_state() -> dict:
@@ -105,22 +118,38 @@ def manifest_of(path: Path) -> dict[str, int]:
     return {p.relative_to(path).as_posix(): p.stat().st_size for p in files}
 
 
+def _step_of(state) -> int | None:
+    """The step a parsed trainer_state.json holds, or None when it is not an object with an integer step."""
+    if not isinstance(state, dict) or type(state.get("step")) is not int:
+        return None
+    return state["step"]
+
+
 def damage(path: str | Path) -> str | None:
     """Why checkpoint `path` cannot be resumed from (a file missing, empty or truncated, an
-    unreadable trainer_state.json or manifest), or None when it is complete."""
+    unreadable trainer_state.json or manifest, a state without its step or with another step
+    than its directory's name: a copy under a later name would be resumed forever), or None
+    when it is complete."""
     path = Path(path)
     try:
-        json.loads((path / STATE).read_text())
+        step = _step_of(json.loads((path / STATE).read_text()))
     except FileNotFoundError:
         return f"no {STATE}"
     except (OSError, ValueError) as e:
         return f"{STATE} is unreadable ({e})"
+    if step is None:
+        return f"{STATE} is not an object with an integer step"
+    named = _STEP_DIR.fullmatch(path.name) or _ASIDE.fullmatch(path.name)
+    if named and int(named.group(1)) != step:
+        return f"{STATE} is step {step}, not {named.group(1)}"
     if not (path / MANIFEST).exists():
         return None  # saved before manifests: complete once its trainer state parses
     try:
         manifest = json.loads((path / MANIFEST).read_text())
     except (OSError, ValueError) as e:
         return f"{MANIFEST} is unreadable ({e})"
+    if not isinstance(manifest, dict) or not all(type(size) is int for size in manifest.values()):
+        return f"{MANIFEST} is not a map of file to size in bytes"
     for rel, size in manifest.items():
         f = path / rel
         if not f.is_file():
@@ -172,16 +201,20 @@ class CheckpointManager:
         its own name is free (the kill came between the renames) and removed otherwise; `.tmp`
         directories and files are removed."""
         for aside in self.root.glob(".global_step_*.old"):
+            if not _ASIDE.fullmatch(aside.name):
+                continue  # not a name the manager writes
             final = self.root / aside.name[1:-len(".old")]
-            if _ASIDE.fullmatch(aside.name) and not final.exists():
+            if not final.exists():
                 os.replace(aside, final)
                 fsync(self.root)
             else:
                 shutil.rmtree(aside, ignore_errors=True)
         for stale in self.root.glob("global_step_*.tmp"):
-            shutil.rmtree(stale, ignore_errors=True)
+            if _TMP.fullmatch(stale.name):
+                shutil.rmtree(stale, ignore_errors=True)
         for stale in self.root.glob(f".{LATEST}.*.tmp"):  # atomic_write's, killed before its rename
-            stale.unlink()
+            if _LATEST_TMP.fullmatch(stale.name) and stale.is_file():
+                stale.unlink()
 
     def _check_space(self, name: str, expected_bytes: int) -> None:
         """Raise NoSpaceForCheckpoint unless the disk holds the checkpoint about to be saved:
@@ -237,11 +270,18 @@ class CheckpointManager:
 
     @staticmethod
     def read_state(path: str | Path) -> dict:
-        """The trainer state of the checkpoint at `path` (with "step"), touching nothing else."""
+        """The trainer state of the checkpoint at `path` (with "step"), touching nothing else;
+        ValueError naming the file when it is unreadable or holds no step."""
         state_file = Path(path) / STATE
         if not state_file.exists():
             raise FileNotFoundError(f"not a checkpoint (no {STATE}): {path}")
-        return json.loads(state_file.read_text())
+        try:
+            state = json.loads(state_file.read_text())
+        except ValueError as e:  # UnicodeDecodeError is one
+            raise ValueError(f"{state_file} is unreadable ({e})") from None
+        if _step_of(state) is None:
+            raise ValueError(f"{state_file} is not an object with an integer step")
+        return state
 
     def load(self, path: str | Path) -> dict:
         """Restore the driver's RNG states from `path`; return its trainer state (with "step").
@@ -250,7 +290,12 @@ class CheckpointManager:
         if why is not None and (Path(path) / STATE).exists():
             raise ValueError(f"checkpoint {path} is damaged: {why}")
         state = self.read_state(path)  # FileNotFoundError: not a checkpoint at all
-        set_rng_state(safe_torch_load(Path(path) / "rng.pt"))
+        rng = Path(path) / "rng.pt"
+        saved = safe_torch_load(rng)
+        try:
+            set_rng_state(saved)
+        except (KeyError, TypeError, IndexError, ValueError) as e:  # loaded, but not the states rng_state() saves
+            raise ValueError(f"{rng} does not hold the driver's RNG states ({type(e).__name__}: {e})") from None
         return state
 
     def _prune(self, keep_also: Path) -> None:

@@ -96,6 +96,10 @@ def validation_points(run_dir: str | Path) -> list[tuple[int, float, float]]:
     return sorted((int(r["step"]), r.get("training/elapsed_s", 0.0) / 60, float(r["val/em"])) for r in rows)
 
 
+def _after(step, resume_step: int) -> bool:
+    return isinstance(step, numbers.Real) and not isinstance(step, bool) and step > resume_step
+
+
 class MetricsLogger:
     """Writes one dict of metrics per step to the configured sinks.
 
@@ -143,9 +147,11 @@ class MetricsLogger:
     @staticmethod
     def _rewrite_jsonl(path: Path, resume_step: int | None) -> None:
         """Keep the readable rows up to `resume_step` (all when None); appending after a
-        partial last line would otherwise glue the next row onto it."""
+        partial last line would otherwise glue the next row onto it. Only a row whose step is a
+        number past `resume_step` was logged after the checkpoint: one without a numeric step
+        (added by hand or another tool) is kept, not a reason to fail the resume."""
         rows = read_jsonl_rows(path)
-        kept = [r for r in rows if resume_step is None or r.get("step", math.inf) <= resume_step]
+        kept = [r for r in rows if resume_step is None or not _after(r.get("step"), resume_step)]
         with atomic_write(path) as f:
             f.writelines(json.dumps(r) + "\n" for r in kept)
 
