@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 # ----------------------------------------------------------------------------- prompt modes
 
@@ -200,7 +200,32 @@ FEEDBACK_INVALID = (  # Search-R1's feedback for a turn with neither a search no
     "If I want to give the final answer, I should put the answer between <answer> and </answer>. "
     "Let me try again.\n"
 )
-_TAG_ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
+
+
+def tag_blocks(text: str, tag: str) -> Iterator[tuple[int, str]]:
+    """(start, inner text) of each `<tag>..</tag>` in order, as `re.finditer(r"<tag>(.*?)</tag>",
+    text, re.DOTALL)` finds them, in linear time. Once an opening tag has no closing tag after it,
+    no later one has either; the regex tried each against the rest of the text, so a model
+    writing 200 KB of unclosed `<answer>` held every parse and reward ~20 s (quadratic)."""
+    head, tail = f"<{tag}>", f"</{tag}>"
+    i = 0
+    while (a := text.find(head, i)) >= 0:
+        b = text.find(tail, a + len(head))
+        if b < 0:
+            return
+        yield a, text[a + len(head): b]
+        i = b + len(tail)
+
+
+def _first_block(text: str, tags: Sequence[str]) -> tuple[str, str] | None:
+    """(tag, inner text) of the first `<tag>..</tag>` of any of `tags` (the one opened first),
+    as `re.search(r"<(a|b)>(.*?)</\\1>", text, re.DOTALL)` finds it; None if there is none."""
+    found = []
+    for tag in tags:
+        block = next(tag_blocks(text, tag), None)
+        if block is not None:
+            found.append((block[0], tag, block[1]))
+    return min(found)[1:] if found else None
 
 
 def encode_text(tokenizer: Any, text: str) -> list[int]:
@@ -248,12 +273,13 @@ class SearchR1Tags(ActionProtocol):
     def parse(self, text: str, tool_names: Iterable[str] = ("search",)) -> Action:
         """The first `<search>..</search>` or `<answer>..</answer>` (Search-R1
         `postprocess_predictions`)."""
-        m = _TAG_ACTION.search(text)
-        if m is None:
+        found = _first_block(text, ("search", "answer"))
+        if found is None:
             return Action("invalid")
-        if m.group(1) == "answer":
-            return Action("answer", content=m.group(2).strip())
-        return Action("tool", tool="search", arguments={"query": m.group(2).strip()})
+        tag, inner = found
+        if tag == "answer":
+            return Action("answer", content=inner.strip())
+        return Action("tool", tool="search", arguments={"query": inner.strip()})
 
     def write_call(self, tool: str, arguments: dict) -> str:
         if tool != "search":
@@ -299,7 +325,6 @@ FALLBACK_TOOLS_SYSTEM = (
     '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
 )
 TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE = "<tool_response>\n", "\n</tool_response>"
-_NATIVE_ACTION = re.compile(r"<(tool_call|answer)>(.*?)</\1>", re.DOTALL)
 _SENTINEL_A, _SENTINEL_B = "\x1fASSISTANT\x1f", "\x1fRESULT\x1f"
 TEMPLATE_CHOICES = ("auto", "model", "fallback")
 
@@ -394,15 +419,17 @@ class HermesToolCalls(ActionProtocol):
     # -- turns
     def parse(self, text: str, tool_names: Iterable[str] | None = None) -> Action:
         """The first `<tool_call>{json}</tool_call>` or `<answer>..</answer>`. A call is invalid
-        (with its reason) when the JSON does not parse, is not {"name": str, "arguments":
-        object}, or names an unknown tool; arguments given as a JSON string are accepted."""
+        (with its reason) when the JSON does not parse, is not an object with a string "name",
+        or names an unknown tool; arguments given as a JSON string are accepted, and arguments
+        that are not an object are the tool's to refuse (`tools.check_arguments`: bad_args)."""
         names = tuple(tool_names) if tool_names is not None else self.tool_names
-        m = _NATIVE_ACTION.search(text)
-        if m is None:
+        found = _first_block(text, ("tool_call", "answer"))
+        if found is None:
             return Action("invalid")
-        if m.group(1) == "answer":
-            return Action("answer", content=m.group(2).strip())
-        call, why = _load_json(m.group(2).strip())
+        tag, inner = found
+        if tag == "answer":
+            return Action("answer", content=inner.strip())
+        call, why = _load_json(inner.strip())
         if why:
             return Action("invalid", error=f"malformed JSON in the tool call ({why})")
         if not isinstance(call, dict) or not isinstance(call.get("name"), str):
@@ -441,7 +468,7 @@ class HermesToolCalls(ActionProtocol):
         out = []
         for kind, text in segments:
             if kind == "sampled":
-                out.append(_TOOL_CALL_RE.sub(_as_search, text))
+                out.append(_calls_as_search(text))
             elif kind == "observation":
                 out.append(f"{OBS_OPEN}{text.strip()}{OBS_CLOSE}")
             else:
@@ -453,13 +480,10 @@ class HermesToolCalls(ActionProtocol):
         as `<search>`, `<tool_response>` blocks as `<information>`, and the role words of the
         template between them dropped. Rollouts use `reward_text` (exact); this reads saved
         text."""
-        text = _TOOL_CALL_RE.sub(_as_search, response_text)
+        text = _calls_as_search(response_text)
         text = re.sub(r"(</search>)[^<]*<tool_response>(.*?)(?:</tool_response>[^<]*|\Z)",
                       lambda m: f"{m.group(1)}{OBS_OPEN}{m.group(2).strip()}{OBS_CLOSE}", text, flags=re.DOTALL)
         return text
-
-
-_TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
 MAX_JSON_DEPTH = 100
@@ -507,8 +531,13 @@ def _load_json(text: str) -> tuple[Any, str | None]:
         return None, str(e).split(":")[0]
 
 
-def _as_search(m: re.Match) -> str:
-    return f"{SEARCH_OPEN} {m.group(1).strip()} {SEARCH_CLOSE}"
+def _calls_as_search(text: str) -> str:
+    """Each `<tool_call> x </tool_call>` of a model turn as `<search> x </search>`."""
+    out, i = [], 0
+    for start, inner in tag_blocks(text, "tool_call"):
+        out += [text[i:start], f"{SEARCH_OPEN} {inner.strip()} {SEARCH_CLOSE}"]
+        i = start + len(TOOL_CALL_OPEN) + len(inner) + len(TOOL_CALL_CLOSE)
+    return "".join(out) + text[i:]
 
 
 # ----------------------------------------------------------------------------- registry, scoring

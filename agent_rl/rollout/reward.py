@@ -22,8 +22,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-from agent_rl.rollout.protocol import (ANSWER_CLOSE, ANSWER_OPEN, INFO_CLOSE, INFO_OPEN, REWARD_TAGS, SEARCH_R1,
-                                       ActionProtocol)
+from agent_rl.rollout.protocol import INFO_CLOSE, INFO_OPEN, REWARD_TAGS, SEARCH_R1, ActionProtocol, tag_blocks
 
 # ----------------------------------------------------------------------------- normalisation
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -98,7 +97,6 @@ def f1(prediction: str, golden_answers: str | Iterable[str]) -> float:
 
 # ----------------------------------------------------------------------------- parsing
 _INFO_BLOCK = re.compile(f"{INFO_OPEN}(.*?)(?:{INFO_CLOSE}|\\Z)", re.DOTALL)
-_ANSWER = re.compile(f"{ANSWER_OPEN}(.*?){ANSWER_CLOSE}", re.DOTALL)
 _TAG = re.compile(f"(</?(?:{'|'.join(REWARD_TAGS)})>)")
 
 
@@ -114,8 +112,8 @@ def information_blocks(response_text: str) -> list[str]:
 
 def extract_answer(response_text: str) -> str | None:
     """The last `<answer>...</answer>` outside `<information>` blocks, stripped; None if none."""
-    matches = _ANSWER.findall(strip_information(response_text))
-    return matches[-1].strip() if matches else None
+    answers = [inner for _, inner in tag_blocks(strip_information(response_text), "answer")]
+    return answers[-1].strip() if answers else None
 
 
 # Allowed tag transitions of a well-formed response (state, tag) -> next state.
