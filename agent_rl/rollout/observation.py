@@ -92,7 +92,7 @@ def _cut(tokenizer: Any, text: str, max_obs_length: int, frame: tuple[str, str])
         return Observation(ids, text, False)
     head, tail = encode_text(tokenizer, frame[0]), encode_text(tokenizer, frame[1])
     room = max_obs_length - len(head) - len(tail)
-    if room <= 0:
+    if room < 0:  # room == 0: the frame alone still fits, and the block stays closed
         return Observation(ids[:max_obs_length], "", True)
     body = encode_text(tokenizer, text)[:room]
     return Observation(head + body + tail, tokenizer.decode(body), True)

@@ -1,10 +1,13 @@
 """Client of the retrieval service (used by the rollout): async, pooled, retrying, failing over.
 
 Speaks Search-R1's API (POST /retrieve) to one or more servers: round-robin across URLs,
-exponential backoff on connection errors, timeouts and 5xx (a 4xx is the caller's bug and is
-raised at once), and `RetrieverUnavailable` once every attempt failed, which the rollout turns
-into an error observation. A 401/403 is `RetrieverAuthError`: no retry, no outage — the
-command stops, and `wait_healthy` finds it at start-up. The API key comes from the config,
+exponential backoff on connection errors, timeouts, 5xx, 408/429 and answers it cannot use
+(not JSON, the wrong shape, a redirect, a body over `max_response_bytes`; a 4xx is the caller's
+bug and is raised at once), and `RetrieverUnavailable` once every attempt failed, which the
+rollout turns into an error observation. Each attempt has `timeout` in all: httpx's read
+timeout is per chunk, and a server dripping its body would hold a search forever. A 401/403 is
+`RetrieverAuthError`: no retry, no outage — the command stops, and `wait_healthy` finds it at
+start-up. The API key comes from the config,
 a key file or env RETRIEVER_API_KEY (`resolve_api_key`). Imports only `data_prep.io` and
 `retriever_server.schemas` from this project.
 """
@@ -13,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
+import math
 import os
 from typing import Any, Sequence
 
@@ -26,7 +31,12 @@ log = logging.getLogger(__name__)
 
 
 class RetrieverUnavailable(RuntimeError):
-    """No server answered after all retries (connection errors, timeouts or 5xx)."""
+    """No server answered usably after all retries (connection errors, timeouts, 5xx, 408/429,
+    redirects, malformed or oversized answers)."""
+
+
+class ResponseTooLarge(RuntimeError):
+    """A response body longer than the client's `max_response_bytes` (one failed attempt)."""
 
 
 class RetrieverRequestError(ValueError):
@@ -46,12 +56,47 @@ class RetrieverAuthError(RetrieverRequestError):
                      f"or env {API_KEY_ENV} to the server's key",)
 
 
-def _detail(r: httpx.Response) -> str:
-    """An error response's `detail` (FastAPI's error body), else its text."""
+RETRY_STATUS = (408, 429)
+"""4xx that say "try again" (the server's body timeout, a rate limiter): retried as a 5xx is."""
+MAX_RESPONSE_BYTES = 64 << 20
+"""Default `max_response_bytes`: far above any search answer (kilobytes per query), below what
+would exhaust a rollout worker's memory."""
+MAX_DETAIL_CHARS = 1000
+"""An error's detail is cut to this: an HTML error page can be megabytes, and the detail goes
+into the exception, the tool's log line and (a refused query) the policy's observation."""
+
+
+def _text(body: bytes) -> str:
+    return body.decode("utf-8", "replace")
+
+
+def _detail(body: bytes) -> str:
+    """An error response's `detail` (FastAPI's error body), else its text; at most
+    MAX_DETAIL_CHARS."""
+    text = _text(body)
     try:
-        return str(r.json().get("detail", r.text))
-    except (ValueError, AttributeError):
-        return r.text
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        data = None
+    return str(data.get("detail", text) if isinstance(data, dict) else text)[:MAX_DETAIL_CHARS]
+
+
+def _results(body: bytes, n: int) -> list[list[ScoredDocument]]:
+    """The `n` result lists of a /retrieve answer; ValueError saying what is wrong with it. Bytes
+    that are not UTF-8 become U+FFFD and a score that is not finite None: the passages stay
+    readable."""
+    try:
+        data = json.loads(_text(body))
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+    result = RetrieveResponse.model_validate(data).result  # pydantic's ValidationError is a ValueError
+    if len(result) != n:
+        raise ValueError(f"{len(result)} result lists for {n} queries")
+    for docs in result:
+        for d in docs:
+            if d.score is not None and not math.isfinite(d.score):
+                d.score = None
+    return result
 
 
 class ApiKeyFileError(ValueError):
@@ -86,15 +131,19 @@ def server_base_url(url: str) -> str:
 class RetrieverClient:
     """`await search(queries, topk)` -> one list of ScoredDocument per query, in order.
 
-    `api_key`: sent as X-API-Key; None: env RETRIEVER_API_KEY when set (as the server reads it)."""
+    `timeout`: one attempt's limit, connecting and reading included; `max_response_bytes`: a
+    longer body is a failed attempt, read no further. `api_key`: sent as X-API-Key; None: env
+    RETRIEVER_API_KEY when set (as the server reads it)."""
 
     def __init__(self, urls: str | Sequence[str], *, timeout: float = 30.0, connect_timeout: float = 2.0,
                  max_retries: int = 3, backoff: float = 0.1, max_backoff: float = 2.0,
-                 api_key: str | None = None, max_connections: int = 256):
+                 api_key: str | None = None, max_connections: int = 256,
+                 max_response_bytes: int = MAX_RESPONSE_BYTES):
         self.urls = [server_base_url(u) for u in ([urls] if isinstance(urls, str) else urls)]
         if not self.urls:
             raise ValueError("RetrieverClient needs at least one server URL")
         self.max_retries, self.backoff, self.max_backoff = max_retries, backoff, max_backoff
+        self.timeout, self.max_response_bytes = timeout, max_response_bytes
         self._rr = itertools.count()
         api_key = api_key if api_key is not None else resolve_api_key()  # env RETRIEVER_API_KEY, as the server
         headers = {"X-API-Key": api_key} if api_key else {}
@@ -124,24 +173,46 @@ class RetrieverClient:
         start = next(self._rr) % len(self.urls)
         return self.urls[start:] + self.urls[:start]
 
-    async def _post(self, payload: dict) -> dict:
+    async def _fetch(self, method: str, url: str, timeout: float | None = None, **kwargs: Any) -> tuple[int, bytes]:
+        """(status, body) of one request, within `timeout` (default: the client's) in all and at
+        most `max_response_bytes` of body (ResponseTooLarge); raises httpx.HTTPError or
+        TimeoutError when the exchange fails."""
+
+        async def exchange() -> tuple[int, bytes]:
+            async with self._client.stream(method, url, **kwargs) as r:
+                body = bytearray()
+                async for chunk in r.aiter_bytes():
+                    body += chunk
+                    if len(body) > self.max_response_bytes:
+                        raise ResponseTooLarge(f"more than {self.max_response_bytes} bytes")
+                return r.status_code, bytes(body)
+
+        return await asyncio.wait_for(exchange(), self.timeout if timeout is None else timeout)
+
+    async def _post(self, payload: dict, n: int) -> list[list[ScoredDocument]]:
         errors: list[str] = []
         order = self._order()
         for attempt in range(self.max_retries + 1):
             for url in order:  # each attempt tries every server once before backing off
                 try:
-                    r = await self._client.post(f"{url}/retrieve", json=payload)
-                except (httpx.TransportError, httpx.TimeoutException) as e:
+                    status, body = await self._fetch("POST", f"{url}/retrieve", json=payload)
+                except (httpx.HTTPError, TimeoutError, ResponseTooLarge) as e:
                     errors.append(f"{url}: {type(e).__name__}")
                     continue
-                if r.status_code >= 500:
-                    errors.append(f"{url}: HTTP {r.status_code}")
+                if status >= 500 or status in RETRY_STATUS:
+                    errors.append(f"{url}: HTTP {status}")
                     continue
-                if r.status_code in (401, 403):
-                    raise RetrieverAuthError(r.status_code, _detail(r), url)
-                if r.status_code >= 400:
-                    raise RetrieverRequestError(r.status_code, _detail(r))
-                return r.json()
+                if status in (401, 403):
+                    raise RetrieverAuthError(status, _detail(body), url)
+                if status >= 400:
+                    raise RetrieverRequestError(status, _detail(body))
+                if status != 200:  # a redirect is not followed: the URL is wrong, or a proxy answered
+                    errors.append(f"{url}: HTTP {status}")
+                    continue
+                try:
+                    return _results(body, n)
+                except ValueError as e:
+                    errors.append(f"{url}: malformed response ({' '.join(str(e).split())[:200]})")
             if attempt < self.max_retries:
                 await asyncio.sleep(min(self.max_backoff, self.backoff * 2 ** attempt))
         raise RetrieverUnavailable(f"no retriever answered after {self.max_retries + 1} rounds over "
@@ -151,11 +222,7 @@ class RetrieverClient:
         if not queries:
             return []
         payload = RetrieveRequest(queries=list(queries), topk=topk, return_scores=True).model_dump()
-        data = await self._post(payload)
-        result = RetrieveResponse.model_validate(data).result
-        if len(result) != len(queries):
-            raise RetrieverUnavailable(f"server answered {len(result)} result lists for {len(queries)} queries")
-        return result
+        return await self._post(payload, len(queries))
 
     async def wait_healthy(self, timeout: float = 120.0, interval: float = 0.5) -> None:
         """Until at least one server says ok (raises RetrieverUnavailable after `timeout`), then
@@ -164,11 +231,12 @@ class RetrieverClient:
         await self._wait_healthy(timeout, interval)
         for url in self.urls:
             try:
-                r = await self._client.post(f"{url}/retrieve", json={"queries": ["health check"], "topk": 1})
-            except (httpx.TransportError, httpx.TimeoutException):
+                status, body = await self._fetch("POST", f"{url}/retrieve",
+                                                 json={"queries": ["health check"], "topk": 1})
+            except (httpx.HTTPError, TimeoutError, ResponseTooLarge):
                 continue
-            if r.status_code in (401, 403):
-                raise RetrieverAuthError(r.status_code, _detail(r), url)
+            if status in (401, 403):
+                raise RetrieverAuthError(status, _detail(body), url)
 
     async def _wait_healthy(self, timeout: float, interval: float) -> None:
         loop = asyncio.get_running_loop()
@@ -176,12 +244,13 @@ class RetrieverClient:
         last = ""
         while True:
             for url in self.urls:
-                try:
-                    r = await self._client.get(f"{url}/health")
-                    if r.status_code == 200:
+                try:  # a probe ends by the deadline (at least `interval`: a server gets one real chance)
+                    status, body = await self._fetch("GET", f"{url}/health",
+                                                     timeout=min(self.timeout, max(interval, deadline - loop.time())))
+                    if status == 200:
                         return
-                    last = f"{url}: {r.status_code} {r.text[:100]}"
-                except (httpx.TransportError, httpx.TimeoutException) as e:
+                    last = f"{url}: {status} {_text(body[:100])}"
+                except (httpx.HTTPError, TimeoutError, ResponseTooLarge) as e:
                     last = f"{url}: {type(e).__name__}"
             if loop.time() >= deadline:
                 raise RetrieverUnavailable(f"no healthy retriever after {timeout:.0f}s ({last})")

@@ -148,7 +148,8 @@ class Tool:
                 "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
 
     async def invoke(self, arguments: Any) -> ToolResult:
-        """Check, limit, time and count one call; never raises except ToolFatalError."""
+        """Check, limit, time and count one call; never raises except ToolFatalError (and the
+        caller's own cancellation)."""
         self.stats.calls += 1
         try:
             args = check_arguments(self.parameters, arguments)
@@ -158,7 +159,7 @@ class Tool:
         async with self._semaphore():
             t0 = time.perf_counter()
             try:
-                text = str(await asyncio.wait_for(self.fn(**args), self.timeout_s))
+                text = str(await _within(self.fn(**args), self.timeout_s))
             except self.fatal:
                 raise
             except ToolInputError as e:
@@ -170,13 +171,38 @@ class Tool:
                 log.warning("tool %s timed out after %g s (arguments %.80r)", self.name, self.timeout_s, args)
                 return ToolResult(self.failure_text or f"Tool {self.name} failed: timed out after {self.timeout_s:g} s.",
                                   ok=False, error="timeout")
-            except Exception as e:  # noqa: BLE001 - any failure of a tool is an error observation
+            # any failure of a tool is an error observation, a CancelledError of its own too (a
+            # library's cancel scope); only the caller's cancellation goes through (its batch stops)
+            except (Exception, asyncio.CancelledError) as e:  # noqa: BLE001
+                if isinstance(e, asyncio.CancelledError) and asyncio.current_task().cancelling():
+                    raise
                 self.stats.errors += 1
-                log.warning("tool %s failed (arguments %.80r): %r", self.name, args, e)
+                log.warning("tool %s failed (arguments %.80r): %.300r", self.name, args, e)
                 return ToolResult(self.failure_text or f"Tool {self.name} failed: {type(e).__name__}.", ok=False, error="error")
             finally:
                 self.stats.seconds += time.perf_counter() - t0
         return ToolResult(text)
+
+
+async def _within(coro: Awaitable[Any], timeout_s: float) -> Any:
+    """`await coro`, or TimeoutError after `timeout_s`. Unlike `asyncio.wait_for`, which waits
+    for the cancelled call to end, a tool that swallows its cancellation is left to finish in
+    the background instead of holding the rollout for as long as it likes."""
+    task = asyncio.ensure_future(coro)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout_s)
+    finally:
+        if not task.done():
+            task.cancel()
+            task.add_done_callback(_retrieve)  # its late outcome is nobody's: no "never retrieved" warning
+    if not done:
+        raise TimeoutError
+    return task.result()
+
+
+def _retrieve(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def tool_metrics(delta: dict[str, ToolStats]) -> dict[str, float]:
