@@ -77,8 +77,10 @@ def test_observation_format_and_token_truncation(tok):
     assert text.startswith("\n\n<information>Doc") and text.endswith("</information>\n\n")
     assert text.count("</information>") == 1
     assert O.encode_observation(tok, docs, max_obs_length=len(ids)) == (ids, False)  # exactly fits: untouched
-    tiny, cut = O.encode_observation(tok, docs, max_obs_length=len(head) + len(tail))  # no room: the block is cut
-    assert cut and tiny == ids[: len(head) + len(tail)]
+    empty, cut = O.encode_observation(tok, docs, max_obs_length=len(head) + len(tail))  # the frame alone: still closed
+    assert cut and empty == head + tail
+    tiny, cut = O.encode_observation(tok, docs, max_obs_length=len(head) + len(tail) - 1)  # no room: the block is cut
+    assert cut and tiny == ids[: len(head) + len(tail) - 1]
 
 
 def test_feedback_text_is_search_r1s():
