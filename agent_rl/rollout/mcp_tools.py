@@ -25,8 +25,9 @@ What a call can give (see `tools.Tool.invoke`):
   counts it as a timeout.
 
 A stdio child gets the SDK's small default environment (HOME, LOGNAME, PATH, SHELL, TERM, USER)
-plus `env`, not the parent's whole environment; its stderr is forwarded to ours, prefixed with
-"[mcp:<name>]", and its last lines are quoted when the connection fails.
+plus `env`, not the parent's whole environment; its stdout is read as UTF-8 with bad bytes
+replaced by U+FFFD; its stderr is forwarded to ours, prefixed with "[mcp:<name>]" (a line longer
+than STDERR_LINE_BYTES in pieces), and its last lines are quoted when the connection fails.
 
 `mcp` is imported inside the methods, so importing this module stays cheap.
 """
@@ -47,6 +48,7 @@ from agent_rl.rollout.tools import Tool, ToolInputError
 STOP_GRACE_S = 10.0  # aclose(): time for a clean shutdown (stdio: stdin closed, child reaped) before cancelling
 RECONNECT_BACKOFF_S = 5.0  # after a failed restart, calls fail at once for this long (a crash loop costs one try)
 STDERR_TAIL_LINES = 20
+STDERR_LINE_BYTES = 2000  # a longer stderr line goes out in pieces: a child may write megabytes without a newline
 MAX_TOOL_PAGES = 100
 
 
@@ -102,15 +104,16 @@ class _StderrTap:
 
     def _emit(self, data: bytes, final: bool = False) -> None:
         *lines, self._buf = (self._buf + data).split(b"\n")
-        if final and self._buf:
+        if final or len(self._buf) >= STDERR_LINE_BYTES:  # held no longer: the buffer stays small
             lines.append(self._buf)
             self._buf = b""
         for raw in lines:
-            line = raw.decode("utf-8", "replace").rstrip()
-            if line:
-                self.tail.append(line)
-                with contextlib.suppress(Exception):
-                    sys.stderr.write(f"[mcp:{self.label}] {line}\n")
+            for start in range(0, len(raw), STDERR_LINE_BYTES):
+                line = raw[start:start + STDERR_LINE_BYTES].decode("utf-8", "replace").rstrip()
+                if line:
+                    self.tail.append(line)
+                    with contextlib.suppress(Exception):
+                        sys.stderr.write(f"[mcp:{self.label}] {line}\n")
 
     def text(self) -> str:
         self._drain()  # whatever the child wrote before it died is in the pipe by now
@@ -295,7 +298,10 @@ class McpServer:
     async def _stdio_transport(self):
         from mcp import StdioServerParameters, stdio_client
 
-        params = StdioServerParameters(command=self.command[0], args=self.command[1:], env=self.env)
+        # "replace": with the SDK's "strict", one bad byte on stdout stops its reader while the
+        # server lives on, and every later call times out (tests/agent_rl/test_mcp_calculator_fuzz.py)
+        params = StdioServerParameters(command=self.command[0], args=self.command[1:], env=self.env,
+                                       encoding_error_handler="replace")
         try:
             self._stderr = _StderrTap(self.name)
             errlog: Any = self._stderr.write_fd
@@ -389,18 +395,23 @@ class McpServer:
                     max_concurrency: int = 64) -> list[Tool]:
         """The server's tools as `Tool`s (name, description, inputSchema as parameters), in the
         server's order, or in `include`'s order for only those names (an unknown name in
-        include raises ValueError listing the server's tools). Starts the connection if needed.
+        include raises ValueError listing the server's tools; so does a chosen name the server
+        lists twice, as a call could not tell them apart). Starts the connection if needed.
         `timeout_s` limits each tools/list request and each later call of the tools."""
         if not self.connected:
             await self.start()
         listed = await self._list_tools(timeout_s)
         by_name = {t.name: t for t in listed}
+        counts = collections.Counter(t.name for t in listed)
         if include is not None:
             unknown = [n for n in include if n not in by_name]
             if unknown:
                 raise ValueError(f"MCP server {self.name!r} has no tool(s) {unknown}; "
                                  f"its tools: {sorted(by_name)}")
             listed = [by_name[n] for n in dict.fromkeys(include)]
+        twice = sorted({t.name for t in listed if counts[t.name] > 1})
+        if twice:
+            raise ValueError(f"MCP server {self.name!r} lists tool(s) {twice} more than once")
         return [self._tool(t, timeout_s, max_concurrency) for t in listed]
 
     async def _list_tools(self, timeout_s: float) -> list[Any]:
@@ -471,6 +482,8 @@ class McpServer:
                     self._lost(gone, "connection closed")
                 raise McpCallError(f"connection to MCP server {self.name!r} lost: {e.message}") from None
             raise McpCallError(f"MCP server {self.name!r} error {e.code}: {e.message}") from None
+        except Exception as e:  # noqa: BLE001 - an answer the SDK cannot read, e.g. a tool list with a bad inputSchema
+            raise McpCallError(f"MCP server {self.name!r} answered {what} unreadably: {_describe(e)}") from None
 
     def _lost(self, gone: asyncio.Future, reason: str) -> None:
         """The connection died under a call: fail the others now, let the holder clean up."""

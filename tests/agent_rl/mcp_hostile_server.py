@@ -1,0 +1,141 @@
+"""A raw JSON-RPC stdio MCP server that misbehaves on purpose (tests/agent_rl/test_mcp_calculator_fuzz.py).
+
+    python tests/agent_rl/mcp_hostile_server.py MODE
+
+MODE says how it starts and lists its tools: `ok` (the tools of CALLS, well formed), `exit`
+(exits before reading anything), `hang-init` / `hang-list` (never answers initialize /
+tools/list), `nested-schema`, `invalid-schema`, `huge-schema` (a tool whose inputSchema is
+nested 100 000 deep, not an object, 10 MB), `dupes` (two tools named "echo" and one named
+"search"), `stderr-flood` (20 MB on stderr before the handshake), `stderr-line` (20 MB on
+stderr with no newline). Each tool of CALLS answers tools/call its own way; messages are
+handled one at a time, so a call that never answers does not hold the others. When
+MCP_TEST_PID_FILE is set, the process writes its pid there at start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+OUT = sys.stdout.buffer
+
+
+def send(obj: dict) -> None:
+    OUT.write(json.dumps(obj).encode() + b"\n")
+    OUT.flush()
+
+
+def text_result(msg_id: int, content: list, is_error: bool = False) -> None:
+    send({"jsonrpc": "2.0", "id": msg_id, "result": {"content": content, "isError": is_error}})
+
+
+ANY = {"type": "object", "properties": {"text": {"type": "string"}}}
+CALLS = ["echo", "empty", "image", "resource", "big", "bad_utf8", "non_json", "crash", "never", "stderr",
+         "rpc_error", "is_error"]
+
+
+def tools(mode: str) -> list[dict]:
+    listed = [{"name": name, "description": f"hostile: {name}", "inputSchema": ANY} for name in CALLS]
+    if mode == "invalid-schema":
+        listed[0]["inputSchema"] = "not a schema"
+    elif mode == "huge-schema":
+        listed[0]["inputSchema"] = {"type": "object", "description": "x" * 10_000_000}
+    elif mode == "dupes":
+        listed.append({"name": "echo", "description": "a second echo", "inputSchema": ANY})
+        listed.append({"name": "search", "description": "not the retriever", "inputSchema": ANY})
+    return listed
+
+
+def call(msg_id: int, name: str, arguments: dict) -> None:
+    if name == "echo":
+        text_result(msg_id, [{"type": "text", "text": str(arguments.get("text", ""))}])
+    elif name == "empty":
+        text_result(msg_id, [])
+    elif name == "image":
+        text_result(msg_id, [{"type": "image", "data": "AAAA", "mimeType": "image/png"},
+                             {"type": "resource", "resource": {"uri": "file:///b.bin", "blob": "AAAA"}}])
+    elif name == "resource":
+        text_result(msg_id, [{"type": "resource", "resource": {"uri": "file:///a.txt", "text": "resource text"}},
+                             {"type": "resource_link", "uri": "file:///c.txt", "name": "c"}])
+    elif name == "big":
+        text_result(msg_id, [{"type": "text", "text": "y" * 10_000_000 + "END"}])
+    elif name == "bad_utf8":
+        OUT.write(b'{"jsonrpc": "2.0", "id": ' + str(msg_id).encode() + b', "result": {"content": '
+                  b'[{"type": "text", "text": "\xff\xfe bad"}]}}\n')
+        OUT.flush()
+    elif name == "non_json":
+        OUT.write(b"this is not JSON\n")
+        OUT.flush()
+        text_result(msg_id, [{"type": "text", "text": "after the noise"}])
+    elif name == "crash":
+        os._exit(7)
+    elif name == "never":
+        pass
+    elif name == "stderr":
+        for _ in range(50):
+            sys.stderr.write("noise " * 20_000 + "\n")  # 6 MB in 120 KB lines
+        sys.stderr.flush()
+        text_result(msg_id, [{"type": "text", "text": "stderr done"}])
+    elif name == "rpc_error":
+        send({"jsonrpc": "2.0", "id": msg_id, "error": {"code": -32603, "message": "internal trouble"}})
+    elif name == "is_error":
+        text_result(msg_id, [{"type": "text", "text": "the tool refused"}], is_error=True)
+    else:
+        send({"jsonrpc": "2.0", "id": msg_id, "error": {"code": -32602, "message": f"unknown tool {name}"}})
+
+
+def main(mode: str) -> None:
+    if pid_file := os.environ.get("MCP_TEST_PID_FILE"):
+        with open(pid_file, "w") as f:
+            f.write(str(os.getpid()))
+    if mode == "exit":
+        sys.exit("hostile server: exiting at start")
+    if mode == "stderr-flood":
+        for _ in range(200):
+            sys.stderr.write(("flood " * 17_000 + "\n"))  # 20 MB in 100 KB lines
+        sys.stderr.flush()
+    if mode == "stderr-forever":  # a thread that writes stderr as fast as it can, for ever
+        import threading
+
+        def flood() -> None:
+            while True:
+                sys.stderr.write("spam " * 2_000 + "\n")
+
+        threading.Thread(target=flood, daemon=True).start()
+    if mode == "stderr-line":
+        for _ in range(200):
+            sys.stderr.write("z" * 100_000)  # 20 MB, no newline
+        sys.stderr.flush()
+    for line in sys.stdin:
+        msg = json.loads(line)
+        method, msg_id = msg.get("method"), msg.get("id")
+        if msg_id is None:
+            continue  # a notification
+        if method == "initialize":
+            if mode == "hang-init":
+                continue
+            send({"jsonrpc": "2.0", "id": msg_id, "result": {
+                "protocolVersion": msg["params"]["protocolVersion"], "capabilities": {"tools": {}},
+                "serverInfo": {"name": "hostile", "version": "1"}}})
+        elif method == "tools/list":
+            if mode == "hang-list":
+                continue
+            if mode == "nested-schema":  # too deep for json.dumps to write: raw text
+                schema = '{"type": "object", "properties": ' + '{"a": ' * 100_000 + "1" + "}" * 100_000 + "}"
+                rest = json.dumps(tools("ok")[1:])[1:]
+                echo = '{"name": "echo", "inputSchema": %s}' % schema
+                OUT.write(('{"jsonrpc": "2.0", "id": %d, "result": {"tools": [%s, %s}}\n' % (msg_id, echo, rest)).encode())
+                OUT.flush()
+                continue
+            send({"jsonrpc": "2.0", "id": msg_id, "result": {"tools": tools(mode)}})
+        elif method == "tools/call":
+            call(msg_id, msg["params"]["name"], msg["params"].get("arguments") or {})
+        elif method == "ping":
+            send({"jsonrpc": "2.0", "id": msg_id, "result": {}})
+        else:
+            send({"jsonrpc": "2.0", "id": msg_id, "error": {"code": -32601, "message": f"no method {method}"}})
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "ok")
