@@ -166,9 +166,11 @@ BIG_BAD = [
 
 @pytest.mark.parametrize("name,body,words", BIG_BAD, ids=[b[0] for b in BIG_BAD])
 def test_big_bad_bodies_are_refused_quickly_and_health_stays_fast(bm25_server, name, body, words):
-    """A body of max_body_bytes whose every element is wrong: refused in well under a second,
-    with /health answered meanwhile. An error per element (~2M) was built and reported on the
-    event loop: one such request held /health and every other client for 9 s."""
+    """A body of max_body_bytes whose every element is wrong: refused by the check made before
+    validation (its detail says so: validation's said "queries[0]: Input should be a valid
+    string"), with /health answered meanwhile. An error per element (~2M) was built and reported
+    on the event loop: one such request held /health and every other client for 1.4-10 s. The
+    time bound is a stall guard, loose enough for a slow host (about a second here)."""
     url, proc = bm25_server
     assert len(body) <= 4 * 1024 * 1024
     lat: list[float] = []
@@ -192,7 +194,7 @@ def test_big_bad_bodies_are_refused_quickly_and_health_stays_fast(bm25_server, n
     finally:
         stop.set()
         poller.join()
-    assert took < 1.0 and max(lat) < 1.0, (took, max(lat), r.text[:100])
+    assert took < 5.0 and max(lat) < 5.0, (took, max(lat), r.text[:100])
     assert_refused(r, 422, words)
     healthy(url, proc)
 
