@@ -194,13 +194,15 @@ async def _within(coro: Awaitable[Any], timeout_s: float) -> Any:
     finally:
         if not task.done():
             task.cancel()
-            task.add_done_callback(_retrieve)  # its late outcome is nobody's: no "never retrieved" warning
+            task.add_done_callback(left_behind)
     if not done:
         raise TimeoutError
     return task.result()
 
 
-def _retrieve(task: asyncio.Future) -> None:
+def left_behind(task: asyncio.Future) -> None:
+    """Done callback of a call given up on: its late outcome is nobody's, read here so asyncio
+    does not warn that its exception was never retrieved."""
     if not task.cancelled():
         task.exception()
 

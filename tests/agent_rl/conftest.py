@@ -7,30 +7,13 @@ The engine lives in one asyncio loop running in a background thread for the whol
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
 import pytest
+from loop_thread import LoopThread
 
 MAX_MODEL_LEN = 2048
-
-
-class LoopThread:
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="test-loop", daemon=True)
-        self.thread.start()
-
-    def __call__(self, coro: Coroutine, timeout: float = 300.0) -> Any:
-        """Run `coro` on the session loop; a hang fails the test after `timeout` seconds."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ from agent_rl.rollout.manager import RolloutManager, rollout_metrics
 from agent_rl.rollout.reward import evaluate_response, score_trajectory
 from agent_rl.rollout.tools import (Tool, ToolArgumentError, ToolInputError, ToolResult, builtin_tool, calculate,
                                     calculator_tool, check_arguments)
-from rollout_fakes import FakeRetriever, Q, ScriptedEngine, make_cfg
+from rollout_fakes import CountingTokenizer, FakeRetriever, Q, ScriptedEngine, make_cfg
 
 ROOT = Path(__file__).resolve().parents[2]
 QWEN_TEMPLATE = ROOT / "tests" / "fixtures" / "qwen2_5_chat_template.jinja"  # Qwen2.5-Instruct's, verbatim
@@ -433,20 +433,6 @@ def test_tool_output_handling_that_raises_anyway_is_a_tool_failure(tok):
 
 
 # ----------------------------------------------------------------------------- issue 48: tool output
-class CountingTokenizer:
-    """The real tokenizer, recording the longest text it was asked to encode."""
-
-    def __init__(self, tok):
-        self._tok, self.longest = tok, 0
-
-    def encode(self, text, *a, **kw):
-        self.longest = max(self.longest, len(text))
-        return self._tok.encode(text, *a, **kw)
-
-    def __getattr__(self, name):
-        return getattr(self._tok, name)
-
-
 def _test_server():
     """tests/agent_rl/mcp_test_server.py as a module (its canned outputs)."""
     import importlib.util

@@ -26,7 +26,6 @@ import logging
 import math
 import socket
 import struct
-import threading
 import time
 from dataclasses import dataclass, field
 from itertools import count
@@ -43,7 +42,8 @@ from agent_rl.rollout.retrieval_client import (RetrieverClient, RetrieverRequest
 from agent_rl.rollout.reward import score_trajectory
 from agent_rl.rollout.tools import Tool, ToolInputError
 from retriever_server.schemas import ScoredDocument
-from rollout_fakes import Q, ScriptedEngine, make_cfg
+from loop_thread import LoopThread
+from rollout_fakes import CountingTokenizer, Q, ScriptedEngine, make_cfg
 
 FUZZ = settings(max_examples=80, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -87,14 +87,9 @@ class HostileServer:
         self.requests: list[str] = []
         self._tasks: set[asyncio.Task] = set()
         self._ids = count()
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="hostile-server", daemon=True)
-        self.thread.start()
-        self.server = self._call(asyncio.start_server(self._handle, "127.0.0.1", 0))
+        self._loop = LoopThread()
+        self.server = self._loop(asyncio.start_server(self._handle, "127.0.0.1", 0), timeout=10)
         self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-
-    def _call(self, coro):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)
 
     def script(self, reply: Reply | list[Reply]) -> str:
         """A fresh query that this server answers with `reply` (or these replies, in turn)."""
@@ -164,9 +159,8 @@ class HostileServer:
                 t.cancel()
             await asyncio.sleep(0.05)
 
-        self._call(stop())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+        self._loop(stop(), timeout=10)
+        self._loop.close()
 
 
 @pytest.fixture(scope="module")
@@ -414,20 +408,6 @@ def _policy(bad_query):
             return "<answer> x </answer>"
         return f"<search> {bad_query if 'zebra-bad' in tail else 'good'} </search>"
     return play
-
-
-class CountingTokenizer:
-    """The real tokenizer, recording the longest text it was asked to encode."""
-
-    def __init__(self, tok):
-        self._tok, self.longest = tok, 0
-
-    def encode(self, text, *a, **kw):
-        self.longest = max(self.longest, len(text))
-        return self._tok.encode(text, *a, **kw)
-
-    def __getattr__(self, name):
-        return getattr(self._tok, name)
 
 
 def rollout(server, tok, bad_query, tokenizer=None, tool_timeout_s=30.0, **client_kw):

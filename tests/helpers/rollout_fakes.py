@@ -1,5 +1,5 @@
 """Fakes for rollout tests: a scripted engine (non-canonical ids, distinct logprobs), an
-in-process retriever, a small config. Shared by tests/agent_rl (pytest's `pythonpath`)."""
+in-process retriever, a small config, a tokenizer that records what it encodes. Shared by tests/agent_rl (pytest's `pythonpath`)."""
 
 from __future__ import annotations
 
@@ -90,3 +90,17 @@ class FakeRetriever:
     def docs(q, topk):
         return [ScoredDocument(document=Document(id=str(i), contents=f'"{q} {i}"\nText about {q}, part {i}.'), score=1.0 / (i + 1))
                 for i in range(topk)]
+
+
+class CountingTokenizer:
+    """The real tokenizer, recording the longest text it was asked to encode."""
+
+    def __init__(self, tok):
+        self._tok, self.longest = tok, 0
+
+    def encode(self, text, *a, **kw):
+        self.longest = max(self.longest, len(text))
+        return self._tok.encode(text, *a, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
