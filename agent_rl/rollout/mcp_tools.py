@@ -41,14 +41,17 @@ import json
 import os
 import shlex
 import sys
+import time
 from typing import Any
 
-from agent_rl.rollout.tools import Tool, ToolInputError
+from agent_rl.rollout.tools import Tool, ToolInputError, left_behind
 
 STOP_GRACE_S = 10.0  # aclose(): time for a clean shutdown (stdio: stdin closed, child reaped) before cancelling
 RECONNECT_BACKOFF_S = 5.0  # after a failed restart, calls fail at once for this long (a crash loop costs one try)
 STDERR_TAIL_LINES = 20
 STDERR_LINE_BYTES = 2000  # a longer stderr line goes out in pieces: a child may write megabytes without a newline
+STDERR_LINES_PER_S = 100  # forwarded to our stderr at most; the rest counted (the tail keeps the last ones)
+STDERR_READS = 16  # pipe reads of 64 KiB per wake-up: a child writing without pause cannot hold the loop
 MAX_TOOL_PAGES = 100
 
 
@@ -65,12 +68,14 @@ class McpTimeoutError(McpCallError, TimeoutError):
 
 
 class _StderrTap:
-    """A pipe for a stdio child's stderr: lines forwarded to our stderr, the last ones kept."""
+    """A pipe for a stdio child's stderr: lines forwarded to our stderr (STDERR_LINES_PER_S at
+    most, then a count of those not shown), the last ones kept."""
 
     def __init__(self, label: str) -> None:
         self.label = label
         self.tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
         self._buf = b""
+        self._second, self._shown, self._hidden = time.monotonic(), 0, 0
         self.read_fd, self.write_fd = os.pipe()
         os.set_blocking(self.read_fd, False)
         self._loop = asyncio.get_running_loop()
@@ -87,8 +92,11 @@ class _StderrTap:
             os.close(self.write_fd)
             self.write_fd = -1
 
-    def _drain(self) -> None:
-        while self.read_fd >= 0:
+    def _drain(self, reads: int = STDERR_READS) -> None:
+        """Read what the pipe holds, `reads` chunks at most (the loop calls again while more is there)."""
+        for _ in range(reads):
+            if self.read_fd < 0:
+                return
             try:
                 data = os.read(self.read_fd, 65536)
             except BlockingIOError:
@@ -112,17 +120,36 @@ class _StderrTap:
                 line = raw[start:start + STDERR_LINE_BYTES].decode("utf-8", "replace").rstrip()
                 if line:
                     self.tail.append(line)
-                    with contextlib.suppress(Exception):
-                        sys.stderr.write(f"[mcp:{self.label}] {line}\n")
+                    self._forward(line)
+
+    def _forward(self, line: str | None) -> None:
+        """`line` to our stderr within STDERR_LINES_PER_S; None: only the count of lines held back."""
+        now = time.monotonic()
+        if line is None or now - self._second >= 1.0:
+            if self._hidden:
+                self._write(f"... {self._hidden} more line(s) not shown (over {STDERR_LINES_PER_S} a second)")
+            self._second, self._shown, self._hidden = now, 0, 0
+        if line is None:
+            return
+        if self._shown < STDERR_LINES_PER_S:
+            self._shown += 1
+            self._write(line)
+        else:
+            self._hidden += 1
+
+    def _write(self, text: str) -> None:
+        with contextlib.suppress(Exception):
+            sys.stderr.write(f"[mcp:{self.label}] {text}\n")
 
     def text(self) -> str:
-        self._drain()  # whatever the child wrote before it died is in the pipe by now
+        self._drain(reads=1024)  # whatever the child wrote before it died is in the pipe by now (64 MiB at most)
         return "\n".join(self.tail)
 
     def close(self) -> None:
         self.close_write_end()
         if self.read_fd >= 0:
-            self._drain()
+            self._drain(reads=1024)
+            self._forward(None)  # the count of lines held back since the last one shown
             with contextlib.suppress(Exception):
                 self._loop.remove_reader(self.read_fd)
             os.close(self.read_fd)
@@ -464,7 +491,7 @@ class McpServer:
         finally:
             if not call.done():
                 call.cancel()  # the SDK sends the server a courtesy cancel
-                call.add_done_callback(lambda f: f.cancelled() or f.exception())
+                call.add_done_callback(left_behind)
         if not call.done():
             if gone.done():
                 raise McpCallError(f"connection to MCP server {self.name!r} lost: {gone.result()}")

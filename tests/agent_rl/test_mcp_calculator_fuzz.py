@@ -335,3 +335,31 @@ def test_calculator_tool_always_answers_a_batch_in_time():
         assert tool.stats.errors == 0 and tool.stats.calls == len(calls)
 
     asyncio.run(main())
+
+
+@pytest.mark.timeout(60)
+def test_a_server_flooding_stderr_neither_holds_the_loop_nor_floods_our_stderr(tmp_path, capsys):
+    """Regression: every line of a child writing stderr without pause went to our stderr (474,467
+    lines of 10 KB in this test's 3 s; ~170 MB a second, held in memory by pytest's capture). Now
+    at most STDERR_LINES_PER_S lines a second are forwarded, then a count of those held back.
+    Guard: the event loop is never held for long by the tap (a wake-up reads 16 chunks at most)."""
+    from agent_rl.rollout.mcp_tools import STDERR_LINE_BYTES, STDERR_LINES_PER_S
+
+    async def main():
+        server, pid_file = _hostile("stderr-forever", tmp_path)
+        await server.tools(timeout_s=1.0)
+        gaps, t = [], time.monotonic()
+        while time.monotonic() - t < 2.5:  # ticks of 10 ms: how long the loop was held between them
+            t0 = time.monotonic()
+            await asyncio.sleep(0.01)
+            gaps.append(time.monotonic() - t0)
+        await server.aclose()
+        await _assert_gone(pid_file)
+        return max(gaps)
+
+    held = asyncio.run(main())
+    err = capsys.readouterr().err
+    assert held < 0.5, f"the event loop was held {held:.2f} s at once"
+    shown = [line for line in err.splitlines() if line.startswith("[mcp:stderr-forever] spam")]
+    assert 0 < len(shown) <= 5 * STDERR_LINES_PER_S  # about 3 s of flood: 3 windows, and the start
+    assert "more line(s) not shown" in err and len(err) < 5 * STDERR_LINES_PER_S * (STDERR_LINE_BYTES + 30) + 10_000
