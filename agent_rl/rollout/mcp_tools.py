@@ -27,7 +27,8 @@ What a call can give (see `tools.Tool.invoke`):
 A stdio child gets the SDK's small default environment (HOME, LOGNAME, PATH, SHELL, TERM, USER)
 plus `env`, not the parent's whole environment; its stdout is read as UTF-8 with bad bytes
 replaced by U+FFFD; its stderr is forwarded to ours, prefixed with "[mcp:<name>]" (a line longer
-than STDERR_LINE_BYTES in pieces), and its last lines are quoted when the connection fails.
+than STDERR_LINE_BYTES in pieces; STDERR_LINES_PER_S at most, then a count of the lines held
+back), and its last lines are quoted when the connection fails.
 
 `mcp` is imported inside the methods, so importing this module stays cheap.
 """
