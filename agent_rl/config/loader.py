@@ -80,14 +80,17 @@ def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
 
 
 def _interpolate(tree: dict, root: dict) -> dict:
-    """Resolve `${a.b}` references (used by trainer.default_local_dir)."""
+    """Resolve `${a.b}` references (trainer.default_local_dir, trainer.validation_data_dir); a
+    reference may name a value that holds references itself."""
     import re
 
-    def lookup(path: str) -> str:
+    def lookup(path: str, seen: tuple = ()) -> str:
+        if path in seen:
+            raise ValueError(f"config: ${{{path}}} refers to itself ({' -> '.join(seen + (path,))})")
         node: Any = root
         for k in path.split("."):
             node = node[k]
-        return str(node)
+        return re.sub(r"\$\{([^}]+)\}", lambda m: lookup(m.group(1), seen + (path,)), str(node))
 
     out = {}
     for k, v in tree.items():

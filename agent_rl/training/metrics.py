@@ -96,6 +96,34 @@ def validation_points(run_dir: str | Path) -> list[tuple[int, float, float]]:
     return sorted((int(r["step"]), r.get("training/elapsed_s", 0.0) / 60, float(r["val/em"])) for r in rows)
 
 
+def write_validation(out_dir: str | Path, step: int, rows: list[dict]) -> Path:
+    """One validation's questions, a row each, to `<out_dir>/<step>.jsonl` (trainer.validation_data_dir),
+    replaced whole: a killed write leaves the step's earlier file or none."""
+    path = Path(out_dir) / f"{step}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(path) as f:
+        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    return path
+
+
+def validation_rows(out_dir: str | Path, step: int) -> dict[str, float]:
+    """{question id: metric} of the validation at `step` (write_validation's file). Raises
+    FileNotFoundError when there is none, ValueError naming the file when a row has no id or
+    no numeric metric, or an id comes twice."""
+    path = Path(out_dir) / f"{step}.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"no validation of step {step} in {out_dir}")
+    out: dict[str, float] = {}
+    for i, row in enumerate(read_jsonl_rows(path), 1):
+        qid, metric = row.get("id"), row.get("metric")
+        if not isinstance(qid, str) or isinstance(metric, bool) or not isinstance(metric, numbers.Real):
+            raise ValueError(f"{path}: row {i} needs a text id and a numeric metric, got {qid!r}, {metric!r}")
+        if qid in out:
+            raise ValueError(f"{path}: question {qid!r} comes twice")
+        out[qid] = float(metric)
+    return out
+
+
 def _after(step, resume_step: int) -> bool:
     return isinstance(step, numbers.Real) and not isinstance(step, bool) and step > resume_step
 

@@ -33,7 +33,7 @@ from agent_rl.training.checkpoint import STATE, CheckpointManager
 from agent_rl.training.data import Prompt, PromptLoader, drop_overlong, load_prompts
 from agent_rl.training.groups import GroupRules, Tally, batch_of, group_trajectories, score_trajectories, sift
 from agent_rl.training.identity import N, problems, saved_identity, train_identity
-from agent_rl.training.metrics import MetricsLogger, RisingRate, reward_metrics
+from agent_rl.training.metrics import MetricsLogger, RisingRate, reward_metrics, write_validation
 from agent_rl.training.run import Run, finished_reason, resume_checkpoint
 from agent_rl.types import Trajectory
 
@@ -245,6 +245,7 @@ class RayTrainer:
         prompts = load_prompts(cfg.data.val_files, cfg.data.val_data_num)
         per_source: dict[str, list[float]] = {}
         rewards: list[float] = []
+        rows: list[dict] = []
         failed = 0
         for i in range(0, len(prompts), cfg.data.val_batch_size):
             chunk = prompts[i : i + cfg.data.val_batch_size]
@@ -253,6 +254,11 @@ class RayTrainer:
             for tr, r in zip(trajs, score_trajectories(trajs, chunk, cfg.reward)):
                 per_source.setdefault(tr.data_source or "all", []).append(r.metric)
                 rewards.append(r.score)
+                rows.append({"id": chunk[tr.group_id].id, "data_source": tr.data_source, "metric": r.metric,
+                             "score": r.score, "answer": r.answer, "searches": tr.num_searches,
+                             "finish_reason": tr.finish_reason, "response": tr.response_text})
+        if cfg.trainer.validation_data_dir:
+            write_validation(cfg.trainer.validation_data_dir, self.step, rows)
         every = [x for v in per_source.values() for x in v]
         out = {f"val/{cfg.reward.kind}/{src}": sum(v) / len(v) for src, v in per_source.items()}
         out[f"val/{cfg.reward.kind}"] = sum(every) / max(1, len(every))

@@ -155,6 +155,18 @@ def test_ppo_two_steps_change_weights_and_log_finite_metrics(tiny_kb, retriever,
     _check_run(run_dir, "ppo", tiny_policy)
     first = read_jsonl(run_dir)[0]
     assert first["step"] == 0 and 0.0 <= first["val/em"] <= 1.0 and "val/reward" in first
+    # each question's result (trainer.validation_data_dir, under the run by default): the two
+    # validation questions, whose metrics average to val/em
+    from agent_rl.config import TrainConfig, load_config
+    from agent_rl.training.data import load_prompts
+    from agent_rl.training.metrics import validation_rows
+
+    cfg_val = load_config(TrainConfig, ROOT / "configs/train/demo_ppo_cpu.yaml",
+                          overrides(tiny_kb, retriever, run_dir, "ppo", tiny_policy))
+    per_question = validation_rows(run_dir / "validation", 0)
+    assert list(per_question) == [p.id for p in load_prompts(cfg_val.data.val_files, 2)]
+    assert sum(per_question.values()) / 2 == pytest.approx(first["val/em"])
+    assert not (run_dir / "validation" / "1.jsonl").exists()  # test_freq: validated before training only
     assert (run_dir / "checkpoints" / "global_step_2" / "critic").is_dir()
 
 
