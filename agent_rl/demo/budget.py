@@ -34,7 +34,7 @@ class Sizes:
     eval_limit: int
     base_eval_limit: int
     select_n: int
-    select_lead: int
+    select_alpha: float
     rl_share: float
     min_sft_steps: int
     min_rl_steps: int

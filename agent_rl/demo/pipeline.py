@@ -168,14 +168,15 @@ class Demo:
             self.run(stages.grpo(w, w.sft_dir / "model", url, rl_s, args.rl_steps,
                                  overrides=self.proto + selection.grpo_overrides(w.selection, n) + args.grpo_set),
                      f"GRPO from the SFT model ({rl_s / 60:.1f} min)")
-            chosen = selection.choose(w.rl_dir, n, SIZES.select_lead)
+            chosen = selection.choose(w.rl_dir, n, SIZES.select_alpha)
             chosen["model"] = str(w.rl_dir if chosen["chosen"] == "SFT+RL" else w.sft_dir)
             if chosen.get("unvalidated"):
                 print(f"[demo] {chosen['unvalidated']}: the demo hands over the SFT model", flush=True)
             else:
                 print(f"[demo] selection questions: SFT {100 * chosen['sft_em']:.1f}%, GRPO's last model "
-                      f"{100 * chosen['rl_em']:.1f}% (GRPO's is kept {SIZES.select_lead} questions ahead or more): "
-                      f"the demo hands over the {chosen['chosen']} model", flush=True)
+                      f"{100 * chosen['rl_em']:.1f}%, {chosen['wins']} won and {chosen['losses']} lost (McNemar "
+                      f"p={chosen['p']:.3f}; GRPO's is kept ahead at p <= {SIZES.select_alpha:g}): the demo hands "
+                      f"over the {chosen['chosen']} model", flush=True)
             evals["SFT+RL"] = self.evaluate("SFT+RL", w.rl_dir, url, eval_limit, ("agent",))
         else:
             print(f"\n[demo] GRPO skipped: {rl_s / 60:.1f} minutes left for it on this host "

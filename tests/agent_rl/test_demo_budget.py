@@ -157,12 +157,13 @@ def test_report_leads_with_what_grpo_adds(tmp_path):
     assert summary["sft_vs_rl"]["diff"]["bridge"]["diff"] == 1.0 and summary["plan"]["budget_minutes"] == 18
     assert "hands over" not in md and "selection" not in summary  # no selection: none reported
     # GRPO lost on the selection questions: the SFT model is handed over (+0.0), GRPO's +50.0 still shown
-    chosen = {"n": 40, "lead": 2, "sft_em": 0.5, "rl_em": 0.4, "rl_step": 5, "chosen": "SFT", "model": "sft"}
+    chosen = {"n": 40, "alpha": 0.05, "sft_em": 0.5, "rl_em": 0.4, "rl_step": 5, "wins": 1, "losses": 5, "p": 0.219,
+              "chosen": "SFT", "model": "sft"}
     md = write_report(tmp_path, evals, rl, plan, tmp_path / "test.parquet", chosen=chosen).read_text()
     assert md.index("hands over: the SFT model") < md.index("What GRPO adds") and "**+50.0**" in md
     summary = json.loads((tmp_path / "plan.json").read_text())
     assert summary["selection"] == {**chosen, "handed_over_minus_sft": 0.0}
-    chosen.update(rl_em=0.6, chosen="SFT+RL")
+    chosen.update(rl_em=0.6, wins=7, losses=3, p=0.344, chosen="SFT+RL")
     write_report(tmp_path, evals, rl, plan, tmp_path / "test.parquet", chosen=chosen)
     assert json.loads((tmp_path / "plan.json").read_text())["selection"]["handed_over_minus_sft"] == 0.5
 

@@ -1,15 +1,17 @@
 """The model `make demo` hands over (agent_rl.demo.selection): the selection questions are
 held-out test questions outside the compared sample; GRPO's model is kept only where its last
-validation leads step 0's (the SFT model) by `select_lead` questions; the report says which and why."""
+validation leads step 0's (the SFT model) by more than chance, question by question (the exact
+McNemar test at `select_alpha`); the report says which and why."""
 
 from __future__ import annotations
 
 import json
+from fractions import Fraction
 
 import pandas as pd
 import pytest
 
-from agent_rl.demo.selection import choose, grpo_overrides, selection_markdown, write_selection_questions
+from agent_rl.demo.selection import choose, grpo_overrides, mcnemar_p, selection_markdown, write_selection_questions
 from agent_rl.evaluation.evaluate import load_questions
 
 
@@ -34,21 +36,79 @@ def _metrics(run_dir, rows):
     return run_dir
 
 
-# 40 questions: 0.55 is 22 right against the SFT model's 20, 0.525 one more; floats as the metrics hold them
-@pytest.mark.parametrize("last, lead, chosen", [(0.55, 2, "SFT+RL"), (0.525, 2, "SFT"), (21 / 40, 1, "SFT+RL"),
-                                                (0.50, 2, "SFT"), (0.50, 0, "SFT+RL"), (0.40, 2, "SFT"),
-                                                (0.575, 3, "SFT+RL"), (0.55, 3, "SFT")])
-def test_grpo_is_kept_only_where_its_last_validation_leads_the_sft_model_by_the_lead(tmp_path, last, lead, chosen):
-    run = _metrics(tmp_path / "grpo", [{"step": 0, "val/em": 0.5}, {"step": 1, "reward/mean": 0.1},
-                                       {"step": 2, "val/em": 0.9, "reward/mean": 0.2}, {"step": 3, "val/em": last}])
-    assert choose(run, 40, lead) == {"n": 40, "lead": lead, "sft_em": 0.5, "rl_em": last, "rl_step": 3,
-                                     "chosen": chosen}
+def _run(run_dir, sft_right: set, rl_right: set, n: int = 40):
+    """A GRPO run validated at step 0 and step 3 on questions q0..q{n-1}, with these right."""
+    from agent_rl.training.metrics import write_validation
+
+    for step, right in ((0, sft_right), (3, rl_right)):
+        write_validation(run_dir / "validation", step, [{"id": f"q{i}", "metric": float(i in right)} for i in range(n)])
+    return _metrics(run_dir, [{"step": 0, "val/em": len(sft_right) / n}, {"step": 1, "reward/mean": 0.1},
+                              {"step": 3, "val/em": len(rl_right) / n}])
 
 
-def test_the_demo_asks_for_a_lead_of_two_selection_questions():
+def test_mcnemar_p_against_the_binomial_counted_by_hand():
+    # two-sided: twice the chance of a split at least this uneven, n disagreements each a fair coin
+    assert mcnemar_p(6, 0) == Fraction(2, 2**6) and mcnemar_p(0, 6) == Fraction(2, 2**6)
+    assert mcnemar_p(5, 0) == Fraction(2, 2**5)
+    assert mcnemar_p(8, 1) == Fraction(2 * (1 + 9), 2**9)  # 8 of 9 or 9 of 9
+    assert mcnemar_p(7, 1) == Fraction(2 * (1 + 8), 2**8)
+    assert mcnemar_p(0, 0) == mcnemar_p(3, 3) == 1.0  # capped at 1
+
+
+# (wins, losses) over 40 questions, the SFT model right on q0..q19 (50%): wins are questions
+# from q20 on that GRPO's answered, losses questions under q20 it missed
+@pytest.mark.parametrize("wins, losses, chosen", [
+    (6, 0, "SFT+RL"),  # p = 0.031
+    (5, 0, "SFT"),  # p = 0.062: a five-question lead is never enough on 40
+    (8, 1, "SFT+RL"),  # 0.039
+    (7, 1, "SFT"),  # 0.070: the same six-question lead as 6-0, more disagreement
+    (0, 6, "SFT"),  # significant, the wrong way
+    (0, 0, "SFT"),
+    (2, 3, "SFT"),
+])
+def test_grpo_is_kept_only_where_its_lead_is_more_than_chance_question_by_question(tmp_path, wins, losses, chosen):
+    sft = set(range(20))
+    rl = (sft - set(range(losses))) | set(range(20, 20 + wins))
+    sel = choose(_run(tmp_path / "grpo", sft, rl), 40, 0.05)
+    assert sel == {"n": 40, "alpha": 0.05, "sft_em": 0.5, "rl_em": len(rl) / 40, "rl_step": 3, "wins": wins,
+                   "losses": losses, "p": mcnemar_p(wins, losses), "chosen": chosen}
+
+
+def test_the_demo_asks_for_a_lead_beyond_chance_at_five_percent_on_forty_questions():
     from agent_rl.demo.budget import SIZES
 
-    assert (SIZES.select_n, SIZES.select_lead) == (40, 2)
+    assert (SIZES.select_n, SIZES.select_alpha) == (40, 0.05)
+
+
+def test_the_grpo_run_writes_its_validations_under_the_run_by_default(tmp_path):
+    from agent_rl.config import TrainConfig, load_config
+
+    cfg = load_config(TrainConfig, "configs/train/demo_grpo_cpu.yaml", [f"trainer.default_local_dir={tmp_path}/r"])
+    assert cfg.trainer.validation_data_dir == f"{tmp_path}/r/validation"  # a reference inside a reference
+    with pytest.raises(ValueError, match="refers to itself"):
+        load_config(TrainConfig, None, ["trainer.experiment_name=${trainer.default_local_dir}"])
+
+
+@pytest.mark.parametrize("damage, why", [
+    ("missing", "no validation of step 3"),
+    ("other questions", "different questions at step 0 (40) and step 3 (39)"),
+    ("no id", "row 2 needs a text id and a numeric metric"),
+    ("twice", "question 'q0' comes twice"),
+])
+def test_validations_that_cannot_be_compared_one_by_one_keep_the_sft_model_and_say_why(tmp_path, damage, why):
+    run = _run(tmp_path / "grpo", set(range(20)), set(range(30)))
+    last = run / "validation" / "3.jsonl"
+    rows = last.read_text().splitlines()
+    if damage == "missing":
+        last.unlink()
+    elif damage == "other questions":
+        last.write_text("\n".join(rows[1:]) + "\n")
+    elif damage == "no id":
+        last.write_text("\n".join([rows[0], json.dumps({"metric": 1.0}), *rows[2:]]) + "\n")
+    else:
+        last.write_text("\n".join([rows[0], rows[0], *rows[2:]]) + "\n")
+    sel = choose(run, 40, 0.05)
+    assert sel["chosen"] == "SFT" and why in sel["unvalidated"] and sel["rl_em"] == 0.75
 
 
 @pytest.mark.parametrize("rows, sft_em", [([{"step": 1, "val/em": 0.6}], None),
@@ -71,12 +131,13 @@ def test_the_overrides_validate_on_the_selection_questions_at_the_ends_only(tmp_
 
 
 def test_the_section_names_the_model_handed_over_and_grpos_own_difference():
-    kept = selection_markdown({"n": 40, "sft_em": 0.5, "rl_em": 0.6, "rl_step": 8, "chosen": "SFT+RL",
+    base = {"n": 40, "alpha": 0.05, "sft_em": 0.5, "rl_step": 8}
+    kept = selection_markdown({**base, "rl_em": 0.6, "wins": 5, "losses": 1, "p": 0.219, "chosen": "SFT+RL",
                                "model": "w/grpo"}, 0.125)
     assert "hands over: SFT+RL" in kept and "60.0%" in kept and "50.0%" in kept and "**+12.5**" in kept
-    assert "`w/grpo`" in kept
-    kept_sft = selection_markdown({"n": 40, "lead": 2, "sft_em": 0.5, "rl_em": 0.45, "rl_step": 8, "chosen": "SFT"},
-                                  -0.1)
+    assert "`w/grpo`" in kept and "answered 5 that SFT's missed and missed 1" in kept and "0.219" in kept
+    kept_sft = selection_markdown({**base, "rl_em": 0.45, "wins": 1, "losses": 3, "p": 0.625, "chosen": "SFT"}, -0.1)
     assert "hands over: the SFT model" in kept_sft and "**+0.0**" in kept_sft and "-10.0" in kept_sft
-    short = selection_markdown({"n": 40, "lead": 2, "sft_em": 0.5, "rl_em": 0.525, "rl_step": 8, "chosen": "SFT"}, 0.03)
-    assert "did not beat it there by 2 questions or more" in short and "52.5%" in short and "+3.0" in short
+    assert "GRPO's did not lead, so" in kept_sft
+    short = selection_markdown({**base, "rl_em": 0.625, "wins": 5, "losses": 0, "p": 0.0625, "chosen": "SFT"}, 0.03)
+    assert "0.062 (exact McNemar test); more than 0.05: the lead may be chance" in short and "62.5%" in short and "+3.0" in short

@@ -17,6 +17,7 @@ import pytest
 
 from agent_rl.demo import cli, pipeline, stages
 from agent_rl.config import SFTConfig, TrainConfig, load_config
+from agent_rl.training.metrics import write_validation
 
 PATH_FIELDS = {"data.train_files", "data.val_files", "actor_rollout_ref.model.path", "critic.model_path",
                "retriever.api_key_file", "trainer.default_local_dir", "trainer.resume_from_path"}
@@ -108,6 +109,11 @@ def fake_stages(monkeypatch) -> tuple[list[list[str]], dict[str, list], list[dic
             rows = ([{"step": 0, "val/em": 0.5}] if cfg.trainer.val_before_train else []) + (
                 [{"step": 1, "val/em": 0.6}] if cfg.trainer.test_freq > 0 else [{"step": 1, "reward/mean": 0.2}])
             (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            for row in rows:  # each question's result, where the config writes them: 5 then 6 of 10 right
+                if "val/em" in row and cfg.trainer.validation_data_dir:
+                    right = round(10 * row["val/em"])
+                    write_validation(cfg.trainer.validation_data_dir, row["step"],
+                                     [{"id": f"q{i}", "metric": float(i < right)} for i in range(10)])
         return 0.0
 
     def fake_report(runs, evals, rl_dir, budget=None, test_parquet=None, stage_s=None, chosen=None):
@@ -178,6 +184,16 @@ def test_a_grpo_run_told_not_to_validate_hands_over_the_sft_model_with_a_report(
     assert Path(chosen["model"]) == stages.Workdir(work).sft_dir  # the SFT model's files, in the workdir
     assert "no validation at step 0 and after a step" in capsys.readouterr().out
     assert sum("agent_rl.evaluation.cli" in " ".join(c) for c in cmds) == 3  # GRPO's own model is still compared
+
+
+def test_the_model_is_chosen_on_the_grpo_runs_own_question_by_question_validations(tmp_path, monkeypatch, capsys):
+    work = tmp_path / "w"
+    _, _, choices = fake_stages(monkeypatch)
+    assert cli.main(["--workdir", str(work), "--budget-minutes", "60", "--rl-minutes", "2", "--eval-limit", "10"]) == 0
+    (chosen,) = choices  # one question won, none lost: a lead chance gives half the time, so SFT's is kept
+    assert (chosen["wins"], chosen["losses"], chosen["p"], chosen["chosen"]) == (1, 0, 1.0, "SFT")
+    assert Path(chosen["model"]) == stages.Workdir(work).sft_dir
+    assert "1 won and 0 lost (McNemar p=1.000" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("slow", ["base", "SFT"])
