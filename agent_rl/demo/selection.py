@@ -64,10 +64,10 @@ def choose(run_dir: Path, n: int, alpha: float) -> dict:
     (the SFT model) and the last step, question by question over the same `n` questions.
     Returns {"n", "alpha", "sft_em", "rl_em", "rl_step", "wins", "losses", "p", "chosen"}:
     "SFT+RL" when the last step leads and its lead is significant at `alpha` (`mcnemar_p` of the
-    questions it alone answered, `wins`, against those only the SFT model answered, `losses`), else
-    "SFT" (a lead chance gives keeps the model with less training behind it). A run without
-    both validations (say `trainer.test_freq=-1` was passed) or their questions keeps the SFT
-    model, and "unvalidated" says why."""
+    questions it alone answered, `wins`, against those only the SFT model answered, `losses`),
+    else "SFT" (a lead that chance alone often gives keeps the model with less training behind
+    it). A run without both validations (say `trainer.test_freq=-1` was passed) or their
+    questions keeps the SFT model, and "unvalidated" says why."""
     from agent_rl.training.metrics import validation_points, validation_rows
 
     points = [(step, em) for step, _, em in validation_points(run_dir)]

@@ -8,6 +8,9 @@ when it is installed and "wandb" is in `trainer.logger`.
 The jsonl file survives a kill or a full disk at any instant: rows are appended whole and
 flushed, a partial last line is skipped (with a warning naming file:line) by every reader
 (`data_prep.io.read_jsonl_rows`), and the rewrite on resume replaces the file atomically.
+
+Each validation's questions, one row each, go to `<trainer.validation_data_dir>/<step>.jsonl`
+(`write_validation`, `validation_rows`), so two validations compare question by question.
 """
 
 from __future__ import annotations
