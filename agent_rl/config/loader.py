@@ -80,8 +80,8 @@ def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
 
 
 def _interpolate(tree: dict, root: dict) -> dict:
-    """Resolve `${a.b}` references (trainer.default_local_dir, trainer.validation_data_dir); a
-    reference may name a value that holds references itself."""
+    """Resolve `${a.b}` references (trainer.default_local_dir holds one); a reference may name a
+    value that holds references itself (`${trainer.default_local_dir}/validation`)."""
     import re
 
     def lookup(path: str, seen: tuple = ()) -> str:

@@ -400,10 +400,12 @@ class TrainerConfig(RunConfig):
     """Run name."""
     val_before_train: bool = False
     """Validate once before the first step."""
-    validation_data_dir: str | None = "${trainer.default_local_dir}/validation"
-    """Each validation's questions, one row each, in `<dir>/<step>.jsonl` (veRL's knob): id,
-    data_source, metric, score, searches, finish reason, response. Two models are compared
-    question by question from these (agent_rl.demo.selection). null writes none."""
+    validation_data_dir: str | None = None
+    """Where each validation's questions go, one row each, in `<dir>/<step>.jsonl` (veRL's knob):
+    id, data_source, metric, score, answer, searches, finish reason, response. Two models are
+    compared question by question from these (`make demo` sets `<run>/validation`:
+    agent_rl.demo.selection). null (veRL's default) writes none: on Search-R1's full test set a
+    file is ~100 MB."""
     retriever_health_timeout_s: float = 300.0
     """How long agent-rl-train waits for the retriever's /health before giving up."""
     mode: str = "sync"

@@ -22,6 +22,9 @@ import math
 import random
 from pathlib import Path
 
+VALIDATIONS = "validation"
+"""The GRPO run's question-by-question validations: `<run_dir>/validation/<step>.jsonl`."""
+
 VALIDATE_AT_ENDS = 1_000_000
 """trainer.test_freq for a run validated only before its first step and after its last one
 (the trainer validates the step the run stops at, by step count or by the clock)."""
@@ -46,10 +49,12 @@ def write_selection_questions(test: Path, out: Path, compared_limit: int, n: int
     return len(df)
 
 
-def grpo_overrides(questions: Path, n: int) -> list[str]:
-    """The GRPO run validates on `questions` (all `n` decoded together) at step 0 and its last step."""
+def grpo_overrides(questions: Path, n: int, run_dir: Path) -> list[str]:
+    """The GRPO run in `run_dir` validates on `questions` (all `n` decoded together) at step 0 and
+    its last step, each question's result written where `choose` reads it."""
     return [f"data.val_files=[{questions}]", f"data.val_batch_size={n}", "data.val_data_num=null",
-            "trainer.val_before_train=true", f"trainer.test_freq={VALIDATE_AT_ENDS}"]
+            "trainer.val_before_train=true", f"trainer.test_freq={VALIDATE_AT_ENDS}",
+            f"trainer.validation_data_dir={run_dir / VALIDATIONS}"]
 
 
 def mcnemar_p(wins: int, losses: int) -> float:
@@ -81,7 +86,7 @@ def choose(run_dir: Path, n: int, alpha: float) -> dict:
     rl_step, rl_em = max(later)
     out.update(rl_em=rl_em, rl_step=rl_step)
     try:
-        sft, rl = (validation_rows(run_dir / "validation", step) for step in (0, rl_step))
+        sft, rl = (validation_rows(run_dir / VALIDATIONS, step) for step in (0, rl_step))
     except (OSError, ValueError) as e:
         return {**out, "unvalidated": f"the GRPO run's questions cannot be compared one by one: {e}"}
     if sft.keys() != rl.keys():

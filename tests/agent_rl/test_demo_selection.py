@@ -80,11 +80,13 @@ def test_the_demo_asks_for_a_lead_beyond_chance_at_five_percent_on_forty_questio
     assert (SIZES.select_n, SIZES.select_alpha) == (40, 0.05)
 
 
-def test_the_grpo_run_writes_its_validations_under_the_run_by_default(tmp_path):
+def test_validation_files_are_written_only_where_asked_and_may_name_the_run_directory(tmp_path):
     from agent_rl.config import TrainConfig, load_config
 
-    cfg = load_config(TrainConfig, "configs/train/demo_grpo_cpu.yaml", [f"trainer.default_local_dir={tmp_path}/r"])
-    assert cfg.trainer.validation_data_dir == f"{tmp_path}/r/validation"  # a reference inside a reference
+    assert TrainConfig().trainer.validation_data_dir is None  # veRL's default: none written
+    cfg = load_config(TrainConfig, "configs/train/demo_grpo_cpu.yaml",
+                      [f"trainer.default_local_dir={tmp_path}/r", "trainer.validation_data_dir=${trainer.default_local_dir}/v"])
+    assert cfg.trainer.validation_data_dir == f"{tmp_path}/r/v"  # a reference to a value that holds one
     with pytest.raises(ValueError, match="refers to itself"):
         load_config(TrainConfig, None, ["trainer.experiment_name=${trainer.default_local_dir}"])
 
@@ -125,8 +127,10 @@ def test_a_run_without_both_validations_keeps_the_sft_model_and_says_why(tmp_pat
 def test_the_overrides_validate_on_the_selection_questions_at_the_ends_only(tmp_path):
     from agent_rl.config import TrainConfig, load_config
 
-    cfg = load_config(TrainConfig, "configs/train/demo_grpo_cpu.yaml", grpo_overrides(tmp_path / "sel.parquet", 40))
+    cfg = load_config(TrainConfig, "configs/train/demo_grpo_cpu.yaml",
+                      grpo_overrides(tmp_path / "sel.parquet", 40, tmp_path / "grpo"))
     assert cfg.data.val_files == [str(tmp_path / "sel.parquet")] and cfg.data.val_batch_size == 40
+    assert cfg.trainer.validation_data_dir == str(tmp_path / "grpo" / "validation")  # where choose() reads
     assert cfg.trainer.val_before_train and cfg.trainer.test_freq >= 1_000_000 and cfg.data.val_data_num is None
 
 

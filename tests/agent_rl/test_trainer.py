@@ -150,13 +150,13 @@ def test_grpo_two_steps_change_weights_and_log_finite_metrics(grpo_run, tiny_pol
 @pytest.mark.slow
 def test_ppo_two_steps_change_weights_and_log_finite_metrics(tiny_kb, retriever, tmp_path, tiny_policy):
     # also validates once before training: greedy rollouts on 2 held-out questions
-    val = ["trainer.val_before_train=true", "data.val_data_num=2"]
+    val = ["trainer.val_before_train=true", "data.val_data_num=2", f"trainer.validation_data_dir={tmp_path}/ppo/validation"]
     run_dir = run_in_process("ppo", tiny_kb, retriever, tmp_path / "ppo", tiny_policy, val)
     _check_run(run_dir, "ppo", tiny_policy)
     first = read_jsonl(run_dir)[0]
     assert first["step"] == 0 and 0.0 <= first["val/em"] <= 1.0 and "val/reward" in first
-    # each question's result (trainer.validation_data_dir, under the run by default): the two
-    # validation questions, whose metrics average to val/em
+    # each question's result (trainer.validation_data_dir): the two validation questions, whose
+    # metrics average to val/em
     from agent_rl.config import TrainConfig, load_config
     from agent_rl.training.data import load_prompts
     from agent_rl.training.metrics import validation_rows
