@@ -4,6 +4,7 @@ config that leaves the process (`to_dict` then `redacted`: secrets replaced)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from pathlib import Path
@@ -79,28 +80,27 @@ def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
     node[keys[-1]] = value
 
 
+_REFERENCE = re.compile(r"\$\{([^}]+)\}")
+
+
 def _interpolate(tree: dict, root: dict) -> dict:
     """Resolve `${a.b}` references (trainer.default_local_dir holds one); a reference may name a
     value that holds references itself (`${trainer.default_local_dir}/validation`)."""
-    import re
 
-    def lookup(path: str, seen: tuple = ()) -> str:
-        if path in seen:
-            raise ValueError(f"config: ${{{path}}} refers to itself ({' -> '.join(seen + (path,))})")
-        node: Any = root
-        for k in path.split("."):
-            node = node[k]
-        return re.sub(r"\$\{([^}]+)\}", lambda m: lookup(m.group(1), seen + (path,)), str(node))
+    def resolve(text: str, seen: tuple = ()) -> str:
+        def lookup(m: re.Match) -> str:
+            path = m.group(1)
+            if path in seen:
+                raise ValueError(f"config: ${{{path}}} refers to itself ({' -> '.join(seen + (path,))})")
+            node: Any = root
+            for k in path.split("."):
+                node = node[k]
+            return resolve(str(node), seen + (path,))
 
-    out = {}
-    for k, v in tree.items():
-        if isinstance(v, dict):
-            out[k] = _interpolate(v, root)
-        elif isinstance(v, str):
-            out[k] = re.sub(r"\$\{([^}]+)\}", lambda m: lookup(m.group(1)), v)
-        else:
-            out[k] = v
-    return out
+        return _REFERENCE.sub(lookup, text)
+
+    return {k: _interpolate(v, root) if isinstance(v, dict) else resolve(v) if isinstance(v, str) else v
+            for k, v in tree.items()}
 
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
