@@ -126,19 +126,20 @@ async def run(args) -> dict:
 
     from agent_rl.config import TrainConfig, load_config
     from agent_rl.evaluation.evaluate import resolve_model_dir
+    from agent_rl.precision import chosen_precisions
     from agent_rl.rollout.engine import RolloutEngine, Sampling
     from agent_rl.rollout.observation import encode_observation, format_passages
     from agent_rl.rollout.protocol import SEARCH_R1
     from agent_rl.rollout.retrieval_client import RetrieverClient
     from benchmarks.kb_server import serve_index
-
-    from agent_rl.precision import chosen_precisions
     from data_prep.hardware import hardware_line
 
     cfg = load_config(TrainConfig, args.config)
     r = cfg.actor_rollout_ref.rollout
     if args.dtype:
         r.dtype = args.dtype
+    if r.protocol != "search_r1":
+        raise SystemExit(f"miss_recovery.py reads Search-R1's <search> turns; the config's protocol is {r.protocol!r}")
     hardware = hardware_line(engine=chosen_precisions(cfg, engine=True)["engine"])
     print(hardware, flush=True)
     kb = Path(args.kb)
@@ -146,44 +147,48 @@ async def run(args) -> dict:
     served = nullcontext(args.retriever_url) if args.retriever_url else serve_index(Path(args.index), kb / "corpus.jsonl")
     with served as url:
         client = RetrieverClient(url, timeout=120.0)
-        support = [s for row in rows for s in _lst(row["support_ids"])]
-        queries = [q for row in rows for q in _lst(row["hop_queries"])]
-        ranked = [[d.document.id for d in docs] for docs in await _search(client, queries, 5)]
-        hops = hop_ranks(support, ranked)
+        engine = None
+        try:
+            support = [s for row in rows for s in _lst(row["support_ids"])]
+            queries = [q for row in rows for q in _lst(row["hop_queries"])]
+            ranked = [[d.document.id for d in docs] for docs in await _search(client, queries, 5)]
+            hops = hop_ranks(support, ranked)
 
-        picked = random.Random(args.seed).sample(rows, min(args.questions, len(rows)))
-        engine = await RolloutEngine.create(str(resolve_model_dir(args.model)), r, max_model_len=4096)
-        tok = engine.get_tokenizer()
-        heads = [SEARCH_R1.prompt_ids(tok, row["question"], template="chat", mode="agent") for row in picked]
-        greedy = Sampling(temperature=0.0, max_tokens=r.max_tokens_per_turn)
-        firsts = await asyncio.gather(*(engine.generate(h, greedy) for h in heads))
-        items = []  # (row, prompt ids up to the observation's end, condition, first query, missed id)
-        searched = [(row, h + f.token_ids, next_search(f.text)) for row, h, f in zip(picked, heads, firsts)]
-        searched = [s for s in searched if s[2]]
-        results = await _search(client, [q for _, _, q in searched], 5)
-        for (row, ids, q), docs in zip(searched, results):
-            needed = set(_lst(row["support_ids"]))
-            got = [d.document.id for d in docs]
-            obs = [("right passage", 0, None)] if got[:1] and got[0] in needed else []
-            other = look_alike(got, needed)
-            if other is not None:
-                missed = got[0] if got[0] in needed else _lst(row["support_ids"])[0]
-                obs.append(("look-alike", other, missed))
-            for cond, i, missed in obs:
-                o, _ = encode_observation(tok, format_passages([docs[i]]), cfg.data.max_obs_length)
-                items.append((row, ids + o, cond, q, missed))
-        sample = Sampling(temperature=args.temperature, max_tokens=r.max_tokens_per_turn)
-        outs = await asyncio.gather(*(engine.generate(ids, sample) for _, ids, _, _, _ in items for _ in range(args.samples)))
-        seconds = [next_search(o.text) for o in outs]
-        again = sorted({q for q in seconds if q})
-        top = {q: d[0].document.id if d else None for q, d in zip(again, await _search(client, again, 1))} if again else {}
-        samples = []
-        for k, (row, _, cond, q, missed) in enumerate(it for it in items for _ in range(args.samples)):
-            s = seconds[k]
-            samples.append({"condition": cond, "kind": row["kind"], "query": s, "first_query": q,
-                            "found": top.get(s), "missed": missed, "needed": set(_lst(row["support_ids"]))})
-        await engine.shutdown()
-        await client.aclose()
+            picked = random.Random(args.seed).sample(rows, min(args.questions, len(rows)))
+            engine = await RolloutEngine.create(str(resolve_model_dir(args.model)), r, max_model_len=4096)
+            tok = engine.get_tokenizer()
+            heads = [SEARCH_R1.prompt_ids(tok, row["question"], template=r.template, mode="agent") for row in picked]
+            greedy = Sampling(temperature=0.0, max_tokens=r.max_tokens_per_turn)
+            firsts = await asyncio.gather(*(engine.generate(h, greedy) for h in heads))
+            items = []  # (row, prompt ids up to the observation's end, condition, first query, missed id)
+            searched = [(row, h + f.token_ids, next_search(f.text)) for row, h, f in zip(picked, heads, firsts)]
+            searched = [s for s in searched if s[2]]
+            results = await _search(client, [q for _, _, q in searched], 5)
+            for (row, ids, q), docs in zip(searched, results):
+                needed = set(_lst(row["support_ids"]))
+                got = [d.document.id for d in docs]
+                obs = [("right passage", 0, None)] if got[:1] and got[0] in needed else []
+                other = look_alike(got, needed)
+                if other is not None:
+                    missed = got[0] if got[0] in needed else _lst(row["support_ids"])[0]
+                    obs.append(("look-alike", other, missed))
+                for cond, i, missed in obs:
+                    o, _ = encode_observation(tok, format_passages([docs[i]]), cfg.data.max_obs_length)
+                    items.append((row, ids + o, cond, q, missed))
+            sample = Sampling(temperature=args.temperature, max_tokens=r.max_tokens_per_turn)
+            outs = await asyncio.gather(*(engine.generate(ids, sample) for _, ids, _, _, _ in items for _ in range(args.samples)))
+            second_queries = [next_search(o.text) for o in outs]
+            again = sorted({q for q in second_queries if q})
+            top = {q: d[0].document.id if d else None for q, d in zip(again, await _search(client, again, 1))} if again else {}
+            samples = []
+            for k, (row, _, cond, q, missed) in enumerate(it for it in items for _ in range(args.samples)):
+                s = second_queries[k]
+                samples.append({"condition": cond, "kind": row["kind"], "query": s, "first_query": q,
+                                "found": top.get(s), "missed": missed, "needed": set(_lst(row["support_ids"]))})
+        finally:
+            if engine is not None:
+                await engine.shutdown()
+            await client.aclose()
     return {"hardware": hardware, "split": args.split, "questions": len(picked), "searched_first": len(searched), "samples": args.samples,
             "temperature": args.temperature, "model": str(args.model), "hops": {str(k): v for k, v in hops.items()},
             "after": tally(samples)}
