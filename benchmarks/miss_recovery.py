@@ -113,12 +113,13 @@ def _lst(v) -> list[str]:
     return [str(x) for x in v]
 
 
-async def _search(client, queries: list[str], k: int, chunk: int = 256) -> list:
-    """The retriever's results for any number of queries (a request takes at most its max_queries)."""
-    out = []
-    for i in range(0, len(queries), chunk):
-        out += await client.search(queries[i:i + chunk], k)
-    return out
+async def _search(client, queries: list[str], k: int) -> list[list]:
+    """The retriever's results for `queries` in order, batched by the demonstrations' own
+    fetch (`coldstart.demos.fetch_results`); a query the server rejects gets none."""
+    from agent_rl.coldstart.demos import fetch_results
+
+    got = await fetch_results(client.search, list(dict.fromkeys(queries)), k)
+    return [got[q] or [] for q in queries]
 
 
 async def run(args) -> dict:

@@ -124,7 +124,7 @@ class BuildResult:
         return len(self.rows) + sum(self.dropped.values())
 
 
-async def _fetch(search: SearchFn, queries: list[str], topk: int, chunk: int = 128) -> dict[str, list[Any] | None]:
+async def fetch_results(search: SearchFn, queries: list[str], topk: int, chunk: int = 128) -> dict[str, list[Any] | None]:
     """Results per unique query (batched requests); None for a query the server rejected."""
     from agent_rl.rollout.retrieval_client import RetrieverRequestError
 
@@ -206,7 +206,7 @@ async def _chains(unanswered: list[tuple[dict, str]], results: dict, search: Sea
     cands = [chain_candidates(str(row["question"]), visible_observation(tokenizer, results[first], cfg.data.max_obs_length, protocol),
                               support_titles(row), per_row) for row, first in unanswered]
     wanted = [c for cs in cands for c in cs if c not in results]
-    results.update(await _fetch(search, list(dict.fromkeys(wanted)), cfg.retriever.topk))
+    results.update(await fetch_results(search, list(dict.fromkeys(wanted)), cfg.retriever.topk))
     out: list[dict | None] = []
     for (row, first), cs in zip(unanswered, cands):
         demo = None
@@ -257,7 +257,7 @@ async def build_demos(rows: Sequence[dict], search: SearchFn, tokenizer: Any, cf
                 drop(row, e.reason)
                 plans.append(None)
         wanted = list(dict.fromkeys(q for p in plans if p is not None for q in p.queries))
-        results = await _fetch(search, wanted, cfg.retriever.topk)
+        results = await fetch_results(search, wanted, cfg.retriever.topk)
         unanswered = []
         for row, plan in zip(part, plans):
             if plan is None:
