@@ -60,15 +60,12 @@ def look_alike(ranked: list[str], needed: set[str]) -> int | None:
 
 
 def next_search(text: str) -> str | None:
-    """The query of a continuation's first `<search>`, stripped, when it searches before it
-    answers; None when it answers first or does neither."""
-    from agent_rl.rollout.protocol import tag_blocks
+    """The query of a continuation's first action when it is a search (the rollout's own parse,
+    `SEARCH_R1.parse`); None when it answers first or does neither."""
+    from agent_rl.rollout.protocol import SEARCH_R1
 
-    s = next(iter(tag_blocks(text, "search")), None)
-    a = next(iter(tag_blocks(text, "answer")), None)
-    if s is None or (a is not None and a[0] < s[0]):
-        return None
-    return s[1].strip()
+    action = SEARCH_R1.parse(text)
+    return action.query if action.kind == "tool" else None
 
 
 def tally(samples: list[dict]) -> dict:
