@@ -26,6 +26,13 @@ seed:
    interval, by question kind (single / bridge / comparison), searches per question, strict
    format.
 
+Best checkpoints (`--best-of-val`): with few demonstrations the SFT arm's last step can sit
+past its best (it overfits), a weak control. Then each arm also keeps a checkpoint (the SFT arm
+every `--sft-val-every` steps, GRPO every `--val-every`, both at their last step), every one of
+them and the start (step 0) is scored by the evaluation command on the `--val-n` running-evaluation
+questions, and each arm's best (ties go to fewer steps) is scored on the report questions:
+GRPO's best against SFT's best, each chosen on questions the report does not hold.
+
 Time to gain: GRPO evaluates the running policy on the `--val-n` questions every
 `--val-every` steps; `time_to_gain_min` is the GRPO training minutes until that EM first
 passes the SFT arm's EM on the same questions (at the end of its minutes) by `--gain`.
@@ -58,6 +65,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -82,7 +90,8 @@ dev KB from its host kind's start curve, two seeds: the smallest checkpoint afte
 EM rises by no more than 2 points (docs/real_data.md). fp32 used 44 before its curve ran."""
 
 SETTINGS = {"shared": ("kb_seed", "demos", "demo_args", "eval_limit", "val_n"),
-            "arms": ("start_steps", "minutes", "val_every", "overrides"), "curve": ("start_curve",)}
+            "arms": ("start_steps", "minutes", "val_every", "overrides", "best_of_val", "sft_val_every"),
+            "curve": ("start_curve",)}
 """What a workdir's finished stages depend on, by mode: a re-run may reuse them only under the same."""
 
 
@@ -248,7 +257,9 @@ def grpo(w: Workdir, start: Path, val: Path, url: str, out: Path, seed: int, arg
     """The GRPO arm; returns its run directory (evaluated from its newest checkpoint)."""
     over = [f"data.val_files=[{val}]", f"data.val_data_num={args.val_n}", f"data.seed={seed}",
             f"actor_rollout_ref.rollout.seed={seed}", f"trainer.test_freq={args.val_every}",
-            "trainer.val_before_train=true", *args.overrides]
+            "trainer.val_before_train=true",
+            *([f"trainer.save_freq={args.val_every}", "trainer.max_ckpt_to_keep=null"] if args.best_of_val else []),
+            *args.overrides]
     done = out / "finished.json"
     run(stages.grpo(w, start, url, 60 * args.minutes, run_dir=out, overrides=over),
         f"GRPO -> {out.parent.name}/{out.name} ({args.minutes:g} min)", done=done)
@@ -284,6 +295,63 @@ def same_steps_gap(a: Path, b: Path, k: int) -> float:
         return 0.0
     la, lb = ({r["step"]: r["sft/loss"] for r in read_jsonl(d) if "sft/loss" in r} for d in (a, b))
     return max((abs(la[i] - lb[i]) if i in la and i in lb else float("inf") for i in range(1, k + 1)), default=0.0)
+
+
+def best_step(points: list[tuple[int, float]]) -> tuple[int, float]:
+    """(step, EM): the highest running-evaluation EM; a tie goes to the fewest steps (the least
+    training that reached it: the start, step 0, before any)."""
+    return max(points, key=lambda p: (p[1], -p[0]))
+
+
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    """The steps of a run's complete-named checkpoints (`checkpoints/global_step_K`), ascending."""
+    found = (re.fullmatch(r"global_step_(\d+)", p.name) for p in (run_dir / "checkpoints").glob("global_step_*"))
+    return sorted(int(m.group(1)) for m in found if m)
+
+
+def step_minutes(run_dir: Path, step: int) -> float:
+    """The run's training minutes at the end of `step` (0 for step 0)."""
+    from agent_rl.training.metrics import read_jsonl
+
+    return next((r["training/elapsed_s"] / 60 for r in read_jsonl(run_dir)
+                 if r.get("step") == step and "training/elapsed_s" in r), 0.0)
+
+
+def best_checkpoint(w: Workdir, d: Path, arm: str, val: Path, rep: Path, url: str, args,
+                    known: dict[int, tuple[Path | None, Path | None]]) -> dict:
+    """The arm's (`sft_more` or `grpo`) checkpoints and the start (step 0) scored on the running-
+    evaluation questions, the best (`best_step`) on the report questions. `known`: step ->
+    (its evaluation on the val questions, on the report questions) already made, either None."""
+    from agent_rl.evaluation import report
+
+    run_dir = d / arm
+    steps = checkpoint_steps(run_dir)
+    if not steps:
+        raise SystemExit(f"rl_vs_sft: {run_dir} kept no checkpoints (trained without --best-of-val); "
+                         "give another --workdir")
+
+    def ckpt(k: int) -> Path:
+        return run_dir / "checkpoints" / f"global_step_{k}"
+
+    val_dirs = {k: known.get(k, (None, None))[0]
+                or evaluate(w, ckpt(k), val, url, d / f"val_{arm}_{k}", args.val_n) for k in [0, *steps]}
+    points = [(k, report.read_summary(v)["modes"]["agent"][report.ALL]["em"]) for k, v in val_dirs.items()]
+    k, em = best_step(points)
+    rep_dir = known.get(k, (None, None))[1] or evaluate(w, ckpt(k), rep, url, d / f"eval_{arm}_{k}", args.eval_limit)
+    return {"step": k, "minutes": step_minutes(run_dir, k), "val_em": em, "val_points": points, "eval": str(rep_dir)}
+
+
+def best_row(d: Path, kinds: dict[str, str], sft: dict, grpo: dict) -> dict:
+    """Each arm's best checkpoint (`best_checkpoint`) and the paired differences on the report
+    questions: GRPO's best - SFT's best, and each from the start."""
+    from agent_rl.evaluation import report
+
+    A = report.ALL
+    vs = report.paired_comparison(sft["eval"], grpo["eval"], group_of=kinds)
+    return {"sft": {**sft, "em": vs["a"][A]["em"]}, "grpo": {**grpo, "em": vs["b"][A]["em"]},
+            "grpo_minus_sft": vs["diff"][A],
+            "sft_minus_start": report.paired_comparison(d / "eval_start", sft["eval"], group_of=kinds)["diff"][A],
+            "grpo_minus_start": report.paired_comparison(d / "eval_start", grpo["eval"], group_of=kinds)["diff"][A]}
 
 
 EVALS = ("eval_start", "eval_sft_more", "eval_sft_matched", "eval_grpo")
@@ -356,7 +424,13 @@ def summary(rows: list[dict]) -> dict:
             "sft_more_minus_start_mean": statistics.fmean(r["sft_more_minus_start"]["diff"] for r in rows),
             "grpo_minus_start_mean": statistics.fmean(r["grpo_minus_start"]["diff"] for r in rows),
             "matched": {**spread([r["grpo_minus_sft_matched"]["diff"] for r in rows]),
-                        "sft_minus_start_mean": statistics.fmean(r["em_sft_matched"] - r["em_start"] for r in rows)}}
+                        "sft_minus_start_mean": statistics.fmean(r["em_sft_matched"] - r["em_start"] for r in rows)},
+            **best_summary([r["best_checkpoints"] for r in rows if "best_checkpoints" in r])}
+
+
+def best_summary(best: list[dict]) -> dict:
+    """{"best_checkpoints": GRPO's best - SFT's best over the seeds that have them}, or {}."""
+    return {"best_checkpoints": {**spread([b["grpo_minus_sft"]["diff"] for b in best]), "seeds": len(best)}} if best else {}
 
 
 def table(rows: list[dict], summ: dict, host: str, args) -> str:
@@ -399,6 +473,7 @@ def table(rows: list[dict], summ: dict, host: str, args) -> str:
         lines.append("Answered right by at least one of the four models (start, SFT more, SFT at GRPO's minutes, "
                      "GRPO): " + "; ".join(rooms) + ". A GRPO lead over the SFT arm beyond that share minus the SFT "
                      "arm's EM needs questions no model answered.")
+    lines += best_table(rows, summ, args)
     others = {}
     for r in rows:
         if r.get("host", host) != host:
@@ -408,6 +483,34 @@ def table(rows: list[dict], summ: dict, host: str, args) -> str:
               f"over its {r['sft_matched_steps']} steps: {r['sft_matched_loss_gap']:.3g})"
               for r in rows if r["sft_matched_loss_gap"] > 0]
     return "\n".join(lines) + "\n"
+
+
+def best_table(rows: list[dict], summ: dict, args) -> list[str]:
+    """The best-checkpoint comparison (`--best-of-val`) of the rows that have one."""
+    best = [r for r in rows if "best_checkpoints" in r]
+    if not best:
+        return []
+
+    def diff(p):
+        return f"{100 * p['diff']:+.1f} [{100 * p['ci_low']:+.1f}, {100 * p['ci_high']:+.1f}]"
+
+    def arm(a):
+        return f"{a['step']} ({a['minutes']:.1f} min), {100 * a['val_em']:.1f}"
+
+    b = summ["best_checkpoints"]
+    lines = ["", f"Each arm's best checkpoint by the {args.val_n} running-evaluation questions (the start is step 0; "
+                 "ties go to fewer steps), scored on the report questions:", "",
+             "| seed | SFT best: step (min), running EM | GRPO best: step (min), running EM | agent EM start / SFT best / "
+             "GRPO best | GRPO best - SFT best, paired 95% CI | SFT best - start | GRPO best - start |",
+             "|---|---|---|---|---|---|---|"]
+    for r in best:
+        x = r["best_checkpoints"]
+        lines.append(f"| {r['seed']} | {arm(x['sft'])} | {arm(x['grpo'])} | {100 * r['em_start']:.1f} / "
+                     f"{100 * x['sft']['em']:.1f} / {100 * x['grpo']['em']:.1f} | {diff(x['grpo_minus_sft'])} | "
+                     f"{diff(x['sft_minus_start'])} | {diff(x['grpo_minus_start'])} |")
+    lines += ["", f"GRPO best - SFT best: mean {100 * b['mean']:+.1f}, median {100 * b['median']:+.1f}, worst seed "
+                  f"{100 * b['worst']:+.1f}, best {100 * b['best']:+.1f} over {b['seeds']} seed{'s' if b['seeds'] != 1 else ''}."]
+    return lines
 
 
 def plot(rows: list[dict], out: Path) -> Path:
@@ -442,6 +545,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-limit", type=int, default=200, help="held-out questions of the report (seeded sample)")
     ap.add_argument("--val-n", type=int, default=50, help="held-out questions of the running evaluation (kept apart)")
     ap.add_argument("--val-every", type=int, default=2, help="GRPO steps between running evaluations")
+    ap.add_argument("--best-of-val", action="store_true",
+                    help="also compare each arm's best checkpoint by the running-evaluation questions")
+    ap.add_argument("--sft-val-every", type=int, default=10,
+                    help="with --best-of-val: SFT arm steps between its checkpoints (default 10)")
     ap.add_argument("--gain", type=float, default=0.05, help="the lead over the SFT arm that time to gain waits for")
     ap.add_argument("--demo-args", default="", help="extra arguments of `agent-rl-prep demos` (quoted), e.g. the wording")
     ap.add_argument("--workdir", default=None, help="default runs/rl_vs_sft/kb<K>")
@@ -458,6 +565,8 @@ def main(argv: list[str] | None = None) -> int:
         args.start_steps = default_start_steps()
     if args.start_curve and (args.start_curve[0] < 1 or args.start_curve[1] < args.start_curve[0]):
         ap.error("--start-curve EVERY STEPS: 1 <= EVERY <= STEPS")
+    if args.sft_val_every < 1:
+        ap.error("--sft-val-every: at least 1")
     if args.start_curve and args.with_json:
         ap.error("--with counts earlier arms' rows; the start curve has none")
     if args.kb_seed == DEV_KB_SEED and not args.start_curve:
@@ -493,7 +602,8 @@ def main(argv: list[str] | None = None) -> int:
                 start = sft(w, d / "start", s, args.start_steps, 24 * 3600, w.model)
                 evaluate(w, start, rep, url, d / "eval_start", args.eval_limit)
                 more_seed = 1000 + s  # the SFT arm and its replay at GRPO's minutes: one run
-                more = sft(w, d / "sft_more", more_seed, 1_000_000, 60 * args.minutes, start)
+                more = sft(w, d / "sft_more", more_seed, 1_000_000, 60 * args.minutes, start,
+                           save_every=args.sft_val_every if args.best_of_val else 0)
                 evaluate(w, more, rep, url, d / "eval_sft_more", args.eval_limit)
                 evaluate(w, more, val, url, d / "val_sft_more", args.val_n)
                 rl = grpo(w, start, val, url, d / "grpo", s, args)
@@ -501,7 +611,16 @@ def main(argv: list[str] | None = None) -> int:
                 k, _ = matched_steps(d / "sft_more", d / "grpo")  # the same SFT run, k steps: by count, not clock
                 matched = sft(w, d / "sft_matched", more_seed, k, 24 * 3600, start) if k else start
                 evaluate(w, matched, rep, url, d / "eval_sft_matched", args.eval_limit)
-                rows.append({**seed_row(s, d, kinds, args.gain), "host": host})
+                row = seed_row(s, d, kinds, args.gain)
+                if args.best_of_val:
+                    evaluate(w, start, val, url, d / "val_start", args.val_n)
+                    first = {0: (d / "val_start", d / "eval_start")}
+                    sft_best = best_checkpoint(w, d, "sft_more", val, rep, url, args,
+                                               {**first, row["sft_more_steps"]: (d / "val_sft_more", d / "eval_sft_more")})
+                    grpo_best = best_checkpoint(w, d, "grpo", val, rep, url, args,
+                                                {**first, row["grpo_steps"]: (None, d / "eval_grpo")})
+                    row["best_checkpoints"] = best_row(d, kinds, sft_best, grpo_best)
+                rows.append({**row, "host": host})
     except KeyboardInterrupt:
         print("\n[rl_vs_sft] interrupted (a re-run with the same --workdir goes on)", file=sys.stderr)
         return 130

@@ -197,7 +197,7 @@ def test_the_start_follows_the_host_kind_unless_given(monkeypatch):
 def test_a_workdir_made_with_other_settings_is_refused_and_left_alone(tmp_path):
     def args(**kw):
         base = dict(kb_seed=101, demos=1500, demo_args="", eval_limit=200, val_n=40, start_steps=60,
-                    minutes=10.0, val_every=2, overrides=[], start_curve=None)
+                    minutes=10.0, val_every=2, overrides=[], start_curve=None, best_of_val=False, sft_val_every=10)
         return argparse.Namespace(**{**base, **kw})
 
     work = tmp_path / "kb101"
@@ -206,6 +206,8 @@ def test_a_workdir_made_with_other_settings_is_refused_and_left_alone(tmp_path):
     recorded = (work / "settings.json").read_text()
     with pytest.raises(SystemExit, match=r"start_steps 60 there, 44 asked"):
         rl_vs_sft.check_settings(work, args(start_steps=44))
+    with pytest.raises(SystemExit, match=r"best_of_val False there, True asked"):
+        rl_vs_sft.check_settings(work, args(best_of_val=True))
     with pytest.raises(SystemExit, match=r"kb_seed 101 there, 102 asked.*overrides \[\] there"):
         rl_vs_sft.check_settings(work, args(kb_seed=102, overrides=["x=1"]))
     assert (work / "settings.json").read_text() == recorded
@@ -247,3 +249,78 @@ def test_earlier_runs_rows_count_only_under_the_same_settings_and_host_kind(tmp_
     text = rl_vs_sft.table(rows, rl_vs_sft.summary(rows), epyc, args)
     assert f"Seeds 1, 2 ran on: {xeon}" in text and "over 3 seeds" in text
     assert "Seed 3 ran on" not in text
+
+
+def test_the_best_step_is_the_highest_running_em_and_a_tie_goes_to_fewer_steps():
+    assert rl_vs_sft.best_step([(0, 0.8), (10, 0.85), (20, 0.85), (30, 0.7)]) == (10, 0.85)
+    assert rl_vs_sft.best_step([(0, 0.8), (4, 0.65), (8, 0.75), (11, 0.8)]) == (0, 0.8)  # none beat the start
+    assert rl_vs_sft.best_step([(0, 0.0), (5, 0.05)]) == (5, 0.05)
+
+
+def _best_seed(tmp_path):
+    """A seed whose SFT arm kept checkpoints 2, 4 and 6 (its last) and GRPO 2 and 3 (its last):
+    on the running-evaluation questions SFT peaks at step 4 (1.0; 6 overfits to 0.5) and GRPO never
+    passes the start (0.5 at step 0, 0.5 at 2, 0.0 at 3): GRPO's best is the start."""
+    d = _seed_dir(tmp_path, [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], val_more=0.5,
+                  val_points=[(0, 0.0, 0.5), (2, 120.0, 0.5), (3, 180.0, 0.0)])
+    for arm, steps in (("sft_more", (2, 4, 6)), ("grpo", (2, 3))):
+        for k in steps:
+            (d / arm / "checkpoints" / f"global_step_{k}").mkdir(parents=True)
+    (d / "sft_more" / "checkpoints" / "global_step_8.tmp").mkdir()  # a killed save: not a checkpoint
+    _write(d / "val_start", [0.5])
+    for name, em in (("val_sft_more_2", 0.0), ("val_sft_more_4", 1.0), ("val_grpo_2", 0.5), ("val_grpo_3", 0.0)):
+        _write(d / name, [em])
+    _write(d / "eval_sft_more_4", [1, 1, 1, 1], searches=2)  # the SFT arm's best on the report questions
+    return d
+
+
+def test_each_arm_keeps_its_best_checkpoint_by_the_running_evaluation(tmp_path, monkeypatch):
+    # every evaluation was made by hand: nothing runs (a stage that ran would be a defect here)
+    from agent_rl.demo.stages import Workdir
+
+    monkeypatch.setattr(rl_vs_sft.stages, "run_stage", lambda *a, **k: pytest.fail(f"ran {a}"))
+    d = _best_seed(tmp_path)
+    assert rl_vs_sft.checkpoint_steps(d / "sft_more") == [2, 4, 6]
+    args = argparse.Namespace(val_n=1, eval_limit=4)
+    w, q = Workdir(tmp_path / "w"), tmp_path / "q.parquet"
+    first = {0: (d / "val_start", d / "eval_start")}
+    sft = rl_vs_sft.best_checkpoint(w, d, "sft_more", q, q, "http://x", args,
+                                    {**first, 6: (d / "val_sft_more", d / "eval_sft_more")})
+    grpo = rl_vs_sft.best_checkpoint(w, d, "grpo", q, q, "http://x", args, {**first, 3: (None, d / "eval_grpo")})
+    assert sft["val_points"] == [(0, 0.5), (2, 0.0), (4, 1.0), (6, 0.5)]
+    assert (sft["step"], sft["val_em"], sft["eval"]) == (4, 1.0, str(d / "eval_sft_more_4"))
+    assert sft["minutes"] == pytest.approx(400.0 / 60)  # SFT_STEPS: 100 s a step
+    assert (grpo["step"], grpo["minutes"], grpo["eval"]) == (0, 0.0, str(d / "eval_start"))
+    row = rl_vs_sft.best_row(d, KINDS, sft, grpo)
+    # report questions: start 1/4, SFT's best 4/4, GRPO's best (the start) 1/4
+    assert (row["sft"]["em"], row["grpo"]["em"]) == (1.0, 0.25)
+    assert row["grpo_minus_sft"]["diff"] == pytest.approx(-0.75)
+    assert row["sft_minus_start"]["diff"] == pytest.approx(0.75) and row["grpo_minus_start"]["diff"] == 0.0
+    # a workdir whose arm kept no checkpoint (trained without --best-of-val) is named, not guessed at
+    with pytest.raises(SystemExit, match="kept no checkpoints"):
+        rl_vs_sft.best_checkpoint(w, d, "sft_matched", q, q, "http://x", args, first)
+
+
+def test_the_table_adds_the_best_checkpoints_only_for_rows_that_have_them(tmp_path, monkeypatch):
+    from agent_rl.demo.stages import Workdir
+
+    monkeypatch.setattr(rl_vs_sft.stages, "run_stage", lambda *a, **k: pytest.fail(f"ran {a}"))
+    d = _best_seed(tmp_path)
+    args = argparse.Namespace(kb_seed=101, start_steps=60, minutes=10.0, gain=0.05, val_n=1, eval_limit=4)
+    w, q = Workdir(tmp_path / "w"), tmp_path / "q.parquet"
+    first = {0: (d / "val_start", d / "eval_start")}
+    row = rl_vs_sft.seed_row(1, d, KINDS, gain=0.05)
+    row["best_checkpoints"] = rl_vs_sft.best_row(
+        d, KINDS, rl_vs_sft.best_checkpoint(w, d, "sft_more", q, q, "http://x", args,
+                                            {**first, 6: (d / "val_sft_more", d / "eval_sft_more")}),
+        rl_vs_sft.best_checkpoint(w, d, "grpo", q, q, "http://x", args, {**first, 3: (None, d / "eval_grpo")}))
+    older = {k: v for k, v in row.items() if k != "best_checkpoints"}
+    rows = [row, {**older, "seed": 2}]
+    summ = rl_vs_sft.summary(rows)
+    assert summ["best_checkpoints"]["seeds"] == 1 and summ["best_checkpoints"]["mean"] == pytest.approx(-0.75)
+    text = rl_vs_sft.table(rows, summ, "", args)
+    assert "| 1 | 4 (6.7 min), 100.0 | 0 (0.0 min), 50.0 | 25.0 / 100.0 / 25.0 | -75.0 [" in text
+    assert "GRPO best - SFT best: mean -75.0" in text and "over 1 seed." in text
+    assert "| 2 | 4 (" not in text
+    assert "best checkpoint" not in rl_vs_sft.table([older], rl_vs_sft.summary([older]), "", args)
+    json.dumps(row)  # the row goes into the benchmark's JSON as it is
