@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from agent_rl.evaluation import report  # noqa: E402
-from benchmarks import rl_vs_sft  # noqa: E402
+from benchmarks import rl_vs_sft, rl_vs_sft_tables as tables  # noqa: E402
 
 KINDS = {"q1": "single", "q2": "single", "q3": "bridge", "q4": "bridge"}
 
@@ -114,7 +114,7 @@ def test_summary_gives_mean_median_and_the_worst_seed():
     rows = [{"grpo_minus_sft": {"diff": d}, "grpo_minus_start": {"diff": 0.1}, "sft_more_minus_start": {"diff": s},
              "grpo_minus_sft_matched": {"diff": d + 0.03}, "em_sft_matched": 0.5 + s, "em_start": 0.5}
             for d, s in ((0.10, 0.05), (-0.02, 0.0), (0.04, 0.10))]
-    s = rl_vs_sft.summary(rows)
+    s = tables.summary(rows)
     assert s["mean"] == pytest.approx(0.04) and s["median"] == pytest.approx(0.04)
     assert (s["worst"], s["best"]) == (-0.02, 0.10)
     assert s["grpo_beats_sft_in_every_seed"] is False
@@ -129,7 +129,7 @@ def test_the_table_names_the_kb_the_host_and_every_seed(tmp_path):
                   val_points=[(0, 0.0, 0.0), (2, 120.0, 1.0)])
     row = rl_vs_sft.seed_row(3, d, KINDS, gain=0.05)
     args = argparse.Namespace(kb_seed=101, start_steps=44, minutes=10.0, gain=0.05)
-    text = rl_vs_sft.table([row], rl_vs_sft.summary([row]), "[hardware] cpu='X'", args)
+    text = tables.table([row], tables.summary([row]), "[hardware] cpu='X'", args)
     assert "KB seed 101" in text and "[hardware] cpu='X'" in text
     assert "| 3 | 25.0 | 50.0 (6, 10.0) | 75.0 (2, 2.0) | +25.0 [" in text
     assert "| 25.0 (1, 1.7) | +50.0 [" in text  # SFT at GRPO's 2 minutes: 1 step of 100 s
@@ -138,10 +138,10 @@ def test_the_table_names_the_kb_the_host_and_every_seed(tmp_path):
     assert "at least one of the four models (start, SFT more, SFT at GRPO's minutes, GRPO): seed 3 75.0 " \
            "(gold never retrieved 100.0)" in text
     older = {k: v for k, v in row.items() if k != "headroom"}  # a row from an earlier run's JSON (--with)
-    assert "at least one of the four" not in rl_vs_sft.table([older], rl_vs_sft.summary([older]), "", args)
-    off = rl_vs_sft.table([{**row, "sft_matched_loss_gap": 0.004}], rl_vs_sft.summary([row]), "", args)
+    assert "at least one of the four" not in tables.table([older], tables.summary([older]), "", args)
+    off = tables.table([{**row, "sft_matched_loss_gap": 0.004}], tables.summary([row]), "", args)
     assert "WARNING: seed 3's SFT at GRPO's minutes is not the SFT arm's run" in off and "0.004" in off
-    assert rl_vs_sft.plot([row], tmp_path / "p.png").stat().st_size > 0
+    assert tables.plot([row], tmp_path / "p.png").stat().st_size > 0
 
 
 def test_a_finished_evaluation_does_not_need_its_model(tmp_path, monkeypatch):
@@ -178,10 +178,10 @@ def test_the_start_curve_trains_once_keeps_every_checkpoint_and_scores_each(tmp_
     assert [(p["step"], p["em"], p["searches"]) for p in pts] == [(3, 0.25, 2.0), (6, 0.75, 1.0)]
     assert pts[1]["by_kind"] == {"bridge": 0.5, "single": 1.0}
     args = argparse.Namespace(kb_seed=0, eval_limit=4)
-    text = rl_vs_sft.curve_table({5: pts}, "[hardware] cpu='X'", args)
+    text = tables.curve_table({5: pts}, "[hardware] cpu='X'", args)
     assert "KB seed 0" in text and "[hardware] cpu='X'" in text
     assert "| 5 | 3 | 25.0 | 0.0 | 50.0 | 2.00 | 100.0 |" in text and "| 5 | 6 | 75.0 | 50.0 | 100.0 | 1.00 |" in text
-    assert rl_vs_sft.curve_plot({5: pts}, tmp_path / "c.png").stat().st_size > 0
+    assert tables.curve_plot({5: pts}, tmp_path / "c.png").stat().st_size > 0
 
 
 def test_the_start_follows_the_host_kind_unless_given(monkeypatch):
@@ -246,7 +246,7 @@ def test_earlier_runs_rows_count_only_under_the_same_settings_and_host_kind(tmp_
         rl_vs_sft.earlier_rows([str(f), str(f)], args, "native bf16")
     # the table: the run's own host on top, the rows that ran elsewhere named under it
     rows = [*got, {**row, "seed": 3, "host": epyc}]
-    text = rl_vs_sft.table(rows, rl_vs_sft.summary(rows), epyc, args)
+    text = tables.table(rows, tables.summary(rows), epyc, args)
     assert f"Seeds 1, 2 ran on: {xeon}" in text and "over 3 seeds" in text
     assert "Seed 3 ran on" not in text
 
@@ -316,11 +316,11 @@ def test_the_table_adds_the_best_checkpoints_only_for_rows_that_have_them(tmp_pa
         rl_vs_sft.best_checkpoint(w, d, "grpo", q, q, "http://x", args, {**first, 3: (None, d / "eval_grpo")}))
     older = {k: v for k, v in row.items() if k != "best_checkpoints"}
     rows = [row, {**older, "seed": 2}]
-    summ = rl_vs_sft.summary(rows)
+    summ = tables.summary(rows)
     assert summ["best_checkpoints"]["seeds"] == 1 and summ["best_checkpoints"]["mean"] == pytest.approx(-0.75)
-    text = rl_vs_sft.table(rows, summ, "", args)
+    text = tables.table(rows, summ, "", args)
     assert "| 1 | 4 (6.7 min), 100.0 | 0 (0.0 min), 50.0 | 25.0 / 100.0 / 25.0 | -75.0 [" in text
     assert "GRPO best - SFT best: mean -75.0" in text and "over 1 seed." in text
     assert "| 2 | 4 (" not in text
-    assert "best checkpoint" not in rl_vs_sft.table([older], rl_vs_sft.summary([older]), "", args)
+    assert "best checkpoint" not in tables.table([older], tables.summary([older]), "", args)
     json.dumps(row)  # the row goes into the benchmark's JSON as it is
