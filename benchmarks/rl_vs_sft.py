@@ -266,7 +266,7 @@ def best_step(points: list[tuple[int, float]]) -> tuple[int, float]:
 
 
 def checkpoint_steps(run_dir: Path) -> list[int]:
-    """The steps of a run's complete-named checkpoints (`checkpoints/global_step_K`), ascending."""
+    """The steps of a run's checkpoints (`checkpoints/global_step_K`; not a killed save's `.tmp`), ascending."""
     found = (re.fullmatch(r"global_step_(\d+)", p.name) for p in (run_dir / "checkpoints").glob("global_step_*"))
     return sorted(int(m.group(1)) for m in found if m)
 
