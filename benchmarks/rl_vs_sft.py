@@ -229,23 +229,24 @@ def grpo(w: Workdir, start: Path, val: Path, url: str, out: Path, seed: int, arg
     return out
 
 
-def trained(run_dir: Path) -> tuple[int, float]:
-    """(steps, training minutes) from a run's metrics.jsonl."""
+def step_times(run_dir: Path) -> dict[int, float]:
+    """{step: training minutes at its end} from a run's metrics.jsonl (steps 1 on)."""
     from agent_rl.training.metrics import read_jsonl
 
-    rows = [r for r in read_jsonl(run_dir) if r.get("step", 0) > 0 and "training/elapsed_s" in r]
-    return (rows[-1]["step"], rows[-1]["training/elapsed_s"] / 60) if rows else (0, 0.0)
+    return {r["step"]: r["training/elapsed_s"] / 60 for r in read_jsonl(run_dir)
+            if r.get("step", 0) > 0 and "training/elapsed_s" in r}
+
+
+def trained(run_dir: Path) -> tuple[int, float]:
+    """(steps, training minutes) of a run: its last step's."""
+    return max(step_times(run_dir).items(), default=(0, 0.0))
 
 
 def matched_steps(sft_dir: Path, grpo_dir: Path) -> tuple[int, float]:
     """(k, minutes): the SFT arm's last step that had ended within GRPO's training seconds, by
     the SFT arm's own step times (0 when not even its first had)."""
-    from agent_rl.training.metrics import read_jsonl
-
-    budget = trained(grpo_dir)[1] * 60
-    fit = [(r["step"], r["training/elapsed_s"] / 60) for r in read_jsonl(sft_dir)
-           if r.get("step", 0) > 0 and "training/elapsed_s" in r and r["training/elapsed_s"] <= budget]
-    return max(fit, default=(0, 0.0))
+    budget = trained(grpo_dir)[1]
+    return max(((k, m) for k, m in step_times(sft_dir).items() if m <= budget), default=(0, 0.0))
 
 
 def same_steps_gap(a: Path, b: Path, k: int) -> float:
@@ -257,6 +258,13 @@ def same_steps_gap(a: Path, b: Path, k: int) -> float:
         return 0.0
     la, lb = ({r["step"]: r["sft/loss"] for r in read_jsonl(d) if "sft/loss" in r} for d in (a, b))
     return max((abs(la[i] - lb[i]) if i in la and i in lb else float("inf") for i in range(1, k + 1)), default=0.0)
+
+
+def agent_em(eval_dir: Path) -> float:
+    """An evaluation's agent-mode EM over all its questions (its summary.json)."""
+    from agent_rl.evaluation import report
+
+    return report.read_summary(eval_dir)["modes"]["agent"][report.ALL]["em"]
 
 
 def best_step(points: list[tuple[int, float]]) -> tuple[int, float]:
@@ -271,21 +279,11 @@ def checkpoint_steps(run_dir: Path) -> list[int]:
     return sorted(int(m.group(1)) for m in found if m)
 
 
-def step_minutes(run_dir: Path, step: int) -> float:
-    """The run's training minutes at the end of `step` (0 for step 0)."""
-    from agent_rl.training.metrics import read_jsonl
-
-    return next((r["training/elapsed_s"] / 60 for r in read_jsonl(run_dir)
-                 if r.get("step") == step and "training/elapsed_s" in r), 0.0)
-
-
 def best_checkpoint(w: Workdir, d: Path, arm: str, val: Path, rep: Path, url: str, args,
                     known: dict[int, tuple[Path | None, Path | None]]) -> dict:
     """The arm's (`sft_more` or `grpo`) checkpoints and the start (step 0) scored on the running-
     evaluation questions, the best (`best_step`) on the report questions. `known`: step ->
     (its evaluation on the val questions, on the report questions) already made, either None."""
-    from agent_rl.evaluation import report
-
     run_dir = d / arm
     steps = checkpoint_steps(run_dir)
     if not steps:
@@ -297,10 +295,10 @@ def best_checkpoint(w: Workdir, d: Path, arm: str, val: Path, rep: Path, url: st
 
     val_dirs = {k: known.get(k, (None, None))[0]
                 or evaluate(w, ckpt(k), val, url, d / f"val_{arm}_{k}", args.val_n) for k in [0, *steps]}
-    points = [(k, report.read_summary(v)["modes"]["agent"][report.ALL]["em"]) for k, v in val_dirs.items()]
+    points = [(k, agent_em(v)) for k, v in val_dirs.items()]
     k, em = best_step(points)
     rep_dir = known.get(k, (None, None))[1] or evaluate(w, ckpt(k), rep, url, d / f"eval_{arm}_{k}", args.eval_limit)
-    return {"step": k, "minutes": step_minutes(run_dir, k), "val_em": em, "val_points": points, "eval": str(rep_dir)}
+    return {"step": k, "minutes": step_times(run_dir).get(k, 0.0), "val_em": em, "val_points": points, "eval": str(rep_dir)}
 
 
 def best_row(d: Path, kinds: dict[str, str], sft: dict, grpo: dict) -> dict:
@@ -348,7 +346,7 @@ def seed_row(s: int, d: Path, kinds: dict[str, str], gain: float) -> dict:
     vs_start = report.paired_comparison(start, rl, group_of=kinds)
     sft_gain = report.paired_comparison(start, more, group_of=kinds)
     A = report.ALL
-    val_sft_more = report.read_summary(d / "val_sft_more")["modes"]["agent"][A]["em"]
+    val_sft_more = agent_em(d / "val_sft_more")
     ttg = time_to_gain(d / "grpo", 0.0)
     hit = next((p for p in ttg["val_points"][1:] if p[2] >= val_sft_more + gain - 1e-9), None)
     (sft_steps, sft_min), (rl_steps, rl_min) = trained(d / "sft_more"), trained(d / "grpo")
