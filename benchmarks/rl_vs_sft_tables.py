@@ -27,12 +27,14 @@ def best_summary(best: list[dict]) -> dict:
     return {"best_checkpoints": {**spread([b["grpo_minus_sft"]["diff"] for b in best]), "seeds": len(best)}} if best else {}
 
 
+def diff(p: dict) -> str:
+    """A paired difference with its 95% interval, in points."""
+    return f"{100 * p['diff']:+.1f} [{100 * p['ci_low']:+.1f}, {100 * p['ci_high']:+.1f}]"
+
+
 def table(rows: list[dict], summ: dict, host: str, args) -> str:
     def pct(x):
         return f"{100 * x:.1f}"
-
-    def diff(p):
-        return f"{100 * p['diff']:+.1f} [{100 * p['ci_low']:+.1f}, {100 * p['ci_high']:+.1f}]"
 
     kinds = sorted({k for r in rows for k in r["by_kind"]})
     m = summ["matched"]
@@ -84,9 +86,6 @@ def best_table(rows: list[dict], summ: dict, args) -> list[str]:
     best = [r for r in rows if "best_checkpoints" in r]
     if not best:
         return []
-
-    def diff(p):
-        return f"{100 * p['diff']:+.1f} [{100 * p['ci_low']:+.1f}, {100 * p['ci_high']:+.1f}]"
 
     def arm(a):
         return f"{a['step']} ({a['minutes']:.1f} min), {100 * a['val_em']:.1f}"
