@@ -33,9 +33,11 @@ them and the start (step 0) is scored by the evaluation command on the `--val-n`
 questions, and each arm's best (ties go to fewer steps) is scored on the report questions:
 GRPO's best against SFT's best, each chosen on questions the report does not hold.
 
-Time to gain: GRPO evaluates the running policy on the `--val-n` questions every
-`--val-every` steps; `time_to_gain_min` is the GRPO training minutes until that EM first
-passes the SFT arm's EM on the same questions (at the end of its minutes) by `--gain`.
+Time to gain: `time_to_gain_min` is the GRPO training minutes until GRPO's EM on the `--val-n`
+questions first passes the SFT arm's (at the end of its minutes, by the evaluation command) by
+`--gain`. With `--best-of-val` GRPO's EM there is the evaluation command's at each checkpoint,
+the scorer of the SFT arm's; without it, the trainer's running evaluation every `--val-every`
+steps, whose scores differ from the command's by about a question in 40 (`time_to_gain_by`).
 
 It prints each seed's row, the mean, the median and the worst seed, and writes JSON and a PNG
 into the workdir (default runs/rl_vs_sft/kb<K>). A re-run with the same workdir reuses every
@@ -260,6 +262,19 @@ def same_steps_gap(a: Path, b: Path, k: int) -> float:
     return max((abs(la[i] - lb[i]) if i in la and i in lb else float("inf") for i in range(1, k + 1)), default=0.0)
 
 
+def minutes_to(points: list[tuple[int, float, float]], bar: float) -> float | None:
+    """The training minutes of the first point (step, minutes, EM) after step 0 whose EM reaches
+    `bar`; None when none does."""
+    return next((m for k, m, em in sorted(points) if k > 0 and em >= bar - 1e-9), None)
+
+
+def checkpoint_time_to_gain(run_dir: Path, val_points: list[tuple[int, float]], bar: float) -> float | None:
+    """`minutes_to` by the evaluation command's scores of a run's checkpoints (`best_checkpoint`'s
+    (step, EM) points), each at its step's training minutes."""
+    times = step_times(run_dir)
+    return minutes_to([(k, times.get(k, 0.0), em) for k, em in val_points], bar)
+
+
 def agent_em(eval_dir: Path) -> float:
     """An evaluation's agent-mode EM over all its questions (its summary.json)."""
     from agent_rl.evaluation import report
@@ -348,7 +363,6 @@ def seed_row(s: int, d: Path, kinds: dict[str, str], gain: float) -> dict:
     A = report.ALL
     val_sft_more = agent_em(d / "val_sft_more")
     ttg = time_to_gain(d / "grpo", 0.0)
-    hit = next((p for p in ttg["val_points"][1:] if p[2] >= val_sft_more + gain - 1e-9), None)
     (sft_steps, sft_min), (rl_steps, rl_min) = trained(d / "sft_more"), trained(d / "grpo")
     k, k_min = matched_steps(d / "sft_more", d / "grpo")
     return {
@@ -367,7 +381,8 @@ def seed_row(s: int, d: Path, kinds: dict[str, str], gain: float) -> dict:
         "sft_matched_steps": k, "sft_matched_minutes": k_min,
         "sft_matched_loss_gap": same_steps_gap(d / "sft_more", d / "sft_matched", k),
         "val_em_sft_more": val_sft_more, "val_points": ttg["val_points"],
-        "time_to_gain_min": None if hit is None else hit[1],
+        "time_to_gain_min": minutes_to(ttg["val_points"], val_sft_more + gain),
+        "time_to_gain_by": "trainer validation",
         "headroom": headroom(d),
     }
 
@@ -458,6 +473,9 @@ def main(argv: list[str] | None = None) -> int:
                     grpo_best = best_checkpoint(w, d, "grpo", val, rep, url, args,
                                                 {**first, row["grpo_steps"]: (None, d / "eval_grpo")})
                     row["best_checkpoints"] = best_row(d, kinds, sft_best, grpo_best)
+                    row["time_to_gain_min"] = checkpoint_time_to_gain(d / "grpo", grpo_best["val_points"],
+                                                                      row["val_em_sft_more"] + args.gain)
+                    row["time_to_gain_by"] = "evaluation command"
                 rows.append({**row, "host": host})
     except KeyboardInterrupt:
         print("\n[rl_vs_sft] interrupted (a re-run with the same --workdir goes on)", file=sys.stderr)

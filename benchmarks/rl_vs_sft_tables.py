@@ -27,6 +27,12 @@ def best_summary(best: list[dict]) -> dict:
     return {"best_checkpoints": {**spread([b["grpo_minus_sft"]["diff"] for b in best]), "seeds": len(best)}} if best else {}
 
 
+def by_command(row: dict) -> bool:
+    """Whether the row's time to gain scored both arms with the evaluation command (rows of runs
+    before `time_to_gain_by` used the trainer's running evaluation for GRPO)."""
+    return row.get("time_to_gain_by") == "evaluation command"
+
+
 def diff(p: dict) -> str:
     """A paired difference with its 95% interval, in points."""
     return f"{100 * p['diff']:+.1f} [{100 * p['ci_low']:+.1f}, {100 * p['ci_high']:+.1f}]"
@@ -49,7 +55,8 @@ def table(rows: list[dict], summ: dict, host: str, args) -> str:
         bk = " | ".join(f"{pct(r['by_kind'][k]['start'])} / {pct(r['by_kind'][k]['sft_more'])} / "
                         f"{pct(r['by_kind'][k]['grpo'])}" for k in kinds)
         s = r["searches"]
-        ttg = "not reached" if r["time_to_gain_min"] is None else f"{r['time_to_gain_min']:.1f}"
+        ttg = ("not reached" if r["time_to_gain_min"] is None else f"{r['time_to_gain_min']:.1f}") + \
+            ("" if by_command(r) else " *")
         lines.append(f"| {r['seed']} | {pct(r['em_start'])} | {pct(r['em_sft_more'])} ({r['sft_more_steps']}, "
                      f"{r['sft_more_minutes']:.1f}) | {pct(r['em_grpo'])} ({r['grpo_steps']}, {r['grpo_minutes']:.1f}) | "
                      f"{diff(r['grpo_minus_sft'])} | {pct(r['em_sft_matched'])} ({r['sft_matched_steps']}, "
@@ -63,6 +70,10 @@ def table(rows: list[dict], summ: dict, host: str, args) -> str:
               f"GRPO - SFT at GRPO's minutes: mean {100 * m['mean']:+.1f}, median {100 * m['median']:+.1f}, worst "
               f"seed {100 * m['worst']:+.1f}, best {100 * m['best']:+.1f}; from the start, SFT at GRPO's minutes "
               f"{100 * m['sft_minus_start_mean']:+.1f} on average."]
+    if not all(by_command(r) for r in rows):
+        lines.append(f"* minutes to +{100 * args.gain:.0f} from the trainer's running evaluation of GRPO against "
+                     "the evaluation command's of the SFT arm: the two score the same policy about a question in 40 "
+                     "apart (--best-of-val scores both with the command).")
     rooms = [f"seed {r['seed']} {pct(r['headroom']['any_right'])} (gold never retrieved "
              f"{pct(r['headroom']['never_retrieved'])})" for r in rows if "headroom" in r]
     if rooms:

@@ -68,7 +68,7 @@ def test_a_seed_row_pairs_the_arms_on_the_same_questions(tmp_path):
     # the SFT arm ran 6 steps in 10 minutes; GRPO passed its val EM (0.0) by 5 points at 4 minutes
     assert (r["sft_more_steps"], r["sft_more_minutes"]) == (6, 10.0)
     assert (r["grpo_steps"], r["grpo_minutes"]) == (4, 4.0)
-    assert r["time_to_gain_min"] == 4.0
+    assert r["time_to_gain_min"] == 4.0 and r["time_to_gain_by"] == "trainer validation"
     # SFT at GRPO's 4 minutes: the SFT arm's first 2 steps (200 s; a third ends at 300), repeated
     assert (r["sft_matched_steps"], r["sft_matched_minutes"]) == (2, 200.0 / 60)
     assert r["em_sft_matched"] == 0.25 and r["grpo_minus_sft_matched"]["diff"] == pytest.approx(0.5)
@@ -299,6 +299,32 @@ def test_each_arm_keeps_its_best_checkpoint_by_the_running_evaluation(tmp_path, 
     # a workdir whose arm kept no checkpoint (trained without --best-of-val) is named, not guessed at
     with pytest.raises(SystemExit, match="kept no checkpoints"):
         rl_vs_sft.best_checkpoint(w, d, "sft_matched", q, q, "http://x", args, first)
+
+
+def test_time_to_gain_by_the_checkpoints_scores_counts_the_first_checkpoint_past_the_bar(tmp_path):
+    d = _best_seed(tmp_path)  # GRPO's checkpoints by the evaluation command: 0.5 at steps 0 and 2, 0.0 at 3
+    points = [(3, 0.0), (0, 0.5), (2, 0.5)]  # in any order: the first by step counts
+    assert rl_vs_sft.checkpoint_time_to_gain(d / "grpo", points, 0.5) == 2.0  # step 2 ended at 120 s
+    assert rl_vs_sft.checkpoint_time_to_gain(d / "grpo", points, 0.55) is None  # the start never counts
+    assert rl_vs_sft.checkpoint_time_to_gain(d / "grpo", [(0, 1.0), (3, 0.0)], 0.5) is None
+    assert rl_vs_sft.minutes_to([(0, 0.0, 0.9), (4, 4.0, 0.6), (2, 2.0, 0.7)], 0.7) == 2.0
+
+
+def test_the_table_marks_a_time_to_gain_the_trainer_scored():
+    args = argparse.Namespace(kb_seed=101, start_steps=60, minutes=10.0, gain=0.05)
+    kind = {"start": 0.5, "sft_more": 0.5, "grpo": 0.5, "n": 2}
+    p = {"diff": 0.0, "ci_low": 0.0, "ci_high": 0.0}
+    row = {"seed": 1, "em_start": 0.5, "em_sft_more": 0.5, "em_grpo": 0.5, "em_sft_matched": 0.5,
+           "grpo_minus_sft": p, "grpo_minus_start": p, "sft_more_minus_start": p, "grpo_minus_sft_matched": p,
+           "by_kind": {"single": kind}, "searches": {"start": 1.0, "sft_more": 1.0, "grpo": 1.0},
+           "sft_more_steps": 6, "sft_more_minutes": 10.0, "grpo_steps": 4, "grpo_minutes": 9.0,
+           "sft_matched_steps": 5, "sft_matched_minutes": 8.3, "sft_matched_loss_gap": 0.0,
+           "time_to_gain_min": 4.0, "time_to_gain_by": "evaluation command"}
+    older = {k: v for k, v in row.items() if k != "time_to_gain_by"}  # a row of a run before the key
+    both = tables.table([row, {**older, "seed": 2}], tables.summary([row, {**older, "seed": 2}]), "", args)
+    assert "| 4.0 |" in both and "| 4.0 * |" in both and "* minutes to +5 from the trainer's" in both
+    alone = tables.table([row], tables.summary([row]), "", args)
+    assert "| 4.0 |" in alone and "*" not in alone
 
 
 def test_the_table_adds_the_best_checkpoints_only_for_rows_that_have_them(tmp_path, monkeypatch):
