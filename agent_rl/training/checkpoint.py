@@ -95,7 +95,8 @@ def safe_torch_load(path: str | Path):
     except pickle.UnpicklingError as e:
         raise UnsafeCheckpoint(f"refusing to load {path}: it holds Python objects beyond tensors and plain data, "
                                f"which could run code ({str(e).splitlines()[0][:200]})") from None
-    except (RuntimeError, EOFError, OSError) as e:  # a short or empty file: torch's own message names no file
+    except Exception as e:  # noqa: BLE001  a short, empty or scrambled file: torch raises anything
+        # (RuntimeError, EOFError, IndexError from its unpickler, ...) and its message names no file
         if isinstance(e, OSError) and e.filename is not None:
             raise  # the file itself could not be read: its own message names it
         raise ValueError(f"{path} is damaged (truncated or not a torch file): "

@@ -27,7 +27,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from agent_rl.training.checkpoint import MANIFEST, STATE, CheckpointManager, manifest_of
@@ -103,6 +103,8 @@ def _check_resume(mgr: CheckpointManager) -> tuple[Path | None, dict | None, str
 
 @FUZZ
 @given(how=st.sampled_from(DAMAGE), pick=st.integers(0, 100), cut=st.floats(0, 1), noise=st.binary(max_size=300))
+@example(how="garbage same size", pick=100, cut=0.0, noise=b"\x80")  # torch's unpickler: IndexError
+@example(how="garbage same size", pick=100, cut=0.0, noise=b"\x81")  # ...from another line of it
 def test_any_damage_to_the_newest_checkpoint_falls_back_or_is_refused_by_name(tmp_path_factory, capsys, how, pick,
                                                                               cut, noise):
     root = tmp_path_factory.mktemp("run") / "checkpoints"
