@@ -106,6 +106,12 @@ def rl_overrides(sft: Path, url: str, args: argparse.Namespace, run_dir: Path) -
     ]
 
 
+def first_reaching(points: list[tuple[int, float, float]], bar: float) -> tuple[int, float, float] | None:
+    """The first validation point (step, minutes, EM) after step 0, by step, whose EM reaches
+    `bar`; None when none does."""
+    return next((p for p in sorted(points) if p[0] > 0 and p[2] >= bar - 1e-9), None)
+
+
 def time_to_gain(run_dir: Path, gain: float) -> dict:
     """From the run's metrics.jsonl: the step-0 val/em (the SFT model), and the RL minutes and
     step at which val/em first reached it + `gain` (None when it never did). RL minutes are the
@@ -117,7 +123,7 @@ def time_to_gain(run_dir: Path, gain: float) -> dict:
     if not points or points[0][0] != 0:
         raise ValueError(f"{run_dir}: no step-0 val/em (trainer.val_before_train)")
     base = points[0][2]
-    hit = next((p for p in points[1:] if p[2] >= base + gain - 1e-9), None)
+    hit = first_reaching(points, base + gain)
     return {"val_em_start": base, "val_em_best": max(p[2] for p in points), "val_em_last": points[-1][2],
             "val_points": points, "time_to_gain_min": None if hit is None else hit[1],
             "steps_to_gain": None if hit is None else hit[0]}

@@ -263,9 +263,12 @@ def same_steps_gap(a: Path, b: Path, k: int) -> float:
 
 
 def minutes_to(points: list[tuple[int, float, float]], bar: float) -> float | None:
-    """The training minutes of the first point (step, minutes, EM) after step 0 whose EM reaches
-    `bar`; None when none does."""
-    return next((m for k, m, em in sorted(points) if k > 0 and em >= bar - 1e-9), None)
+    """The training minutes of `learning.first_reaching`'s point (step, minutes, EM); None when
+    no point after step 0 reaches `bar`."""
+    from benchmarks.learning import first_reaching
+
+    hit = first_reaching(points, bar)
+    return None if hit is None else hit[1]
 
 
 def checkpoint_time_to_gain(run_dir: Path, val_points: list[tuple[int, float]], bar: float) -> float | None:
