@@ -117,23 +117,54 @@ def best_table(rows: list[dict], summ: dict, args) -> list[str]:
     return lines
 
 
+BARS = (("em_start", "start SFT"), ("em_sft_more", "SFT, same budget"), ("em_sft_matched", "SFT, GRPO's minutes"),
+        ("em_grpo", "GRPO"))
+"""The left panel's bars of every row: (row key, label)."""
+
+
+def bars(r: dict) -> list[tuple[str, float]]:
+    """A row's bars (label, agent EM on the report questions): `BARS`, then each arm's best
+    checkpoint where the row has them (`--best-of-val`)."""
+    out = [(label, r[key]) for key, label in BARS]
+    if "best_checkpoints" in r:
+        b = r["best_checkpoints"]
+        out += [("SFT's best checkpoint", b["sft"]["em"]), ("GRPO's best checkpoint", b["grpo"]["em"])]
+    return out
+
+
+def running_curve(r: dict) -> tuple[list[tuple[float, float]], float]:
+    """The right panel's line for a row: GRPO's EM on the running-evaluation questions against its
+    training minutes, and the SFT level it is to pass. With best checkpoints, both by the evaluation
+    command: GRPO's checkpoints (at the trainer's minutes for their steps, the steps its running
+    evaluation also ran at) against SFT's best checkpoint; without, the trainer's running
+    evaluation against the SFT arm at the end of its minutes."""
+    if "best_checkpoints" not in r:
+        return [(p[1], p[2]) for p in r["val_points"]], r["val_em_sft_more"]
+    b, minutes = r["best_checkpoints"], {p[0]: p[1] for p in r["val_points"]}
+    return [(minutes[k], em) for k, em in b["grpo"]["val_points"] if k in minutes], b["sft"]["val_em"]
+
+
 def plot(rows: list[dict], out: Path) -> Path:
     fig, (a, b) = _pyplot().subplots(1, 2, figsize=(11, 4))
-    x = range(len(rows))
-    w = 0.2
-    for i, (key, label) in enumerate((("em_start", "start SFT"), ("em_sft_more", "SFT, same budget"),
-                                      ("em_sft_matched", "SFT, GRPO's minutes"), ("em_grpo", "GRPO"))):
-        a.bar([j + (i - 1.5) * w for j in x], [100 * r[key] for r in rows], w, label=label)
-    a.set_xticks(list(x), [f"seed {r['seed']}" for r in rows])
+    per_row = [bars(r) for r in rows]
+    labels = [label for label, _ in max(per_row, key=len)]
+    n, w = len(labels), 0.8 / len(labels)
+    for i, label in enumerate(labels):
+        has = [(j, x[i][1]) for j, x in enumerate(per_row) if i < len(x)]
+        a.bar([j + (i - (n - 1) / 2) * w for j, _ in has], [100 * em for _, em in has], w, label=label,
+              hatch="//" if "best" in label else None)
+    a.set_xticks(range(len(rows)), [f"seed {r['seed']}" for r in rows])
     a.set_ylabel("agent EM % (held-out)")
-    a.set_ylim(0, 118)  # the legend sits above the bars, never on one
-    a.legend(loc="upper center", ncol=4, fontsize=7)
+    a.set_ylim(0, 100 + 9 * ((n + 2) // 3))  # the legend sits above the bars, never on one
+    a.legend(loc="upper center", ncol=3, fontsize=7)
     for r in rows:
-        pts = r["val_points"]
-        b.plot([p[1] for p in pts], [100 * p[2] for p in pts], marker="o", label=f"GRPO seed {r['seed']}")
-        b.axhline(100 * r["val_em_sft_more"], linestyle="--", linewidth=0.8, color=b.lines[-1].get_color())
+        pts, level = running_curve(r)
+        b.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker="o", label=f"GRPO seed {r['seed']}")
+        b.axhline(100 * level, linestyle="--", linewidth=0.8, color=b.lines[-1].get_color())
+    best = any("best_checkpoints" in r for r in rows)
     b.set_xlabel("GRPO training minutes")
-    b.set_ylabel("running EM % (dashed: SFT arm at the end)")
+    b.set_ylabel("EM % on the running questions\n" + ("(GRPO's checkpoints; dashed: SFT's best)" if best
+                                                      else "(trainer's evaluation; dashed: SFT arm at the end)"))
     b.legend(loc="lower right", fontsize=8)
     return _save(fig, out)
 
