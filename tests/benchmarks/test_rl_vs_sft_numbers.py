@@ -352,11 +352,12 @@ def test_the_table_adds_the_best_checkpoints_only_for_rows_that_have_them(tmp_pa
     json.dumps(row)  # the row goes into the benchmark's JSON as it is
 
 
-def test_the_plot_draws_best_checkpoints_by_one_scorer():
+def test_the_plot_draws_best_checkpoints_by_one_scorer(tmp_path):
     # a --best-of-val row: six bars (the four arms, then each arm's best checkpoint); the right
     # panel's line is the evaluation command's score of GRPO's checkpoints at the trainer's minutes
     # for those steps (step 6 has no trainer point: not drawn), against SFT's best checkpoint
-    row = {"em_start": 0.5, "em_sft_more": 0.4, "em_sft_matched": 0.45, "em_grpo": 0.6, "val_em_sft_more": 0.3,
+    row = {"seed": 1, "em_start": 0.5, "em_sft_more": 0.4, "em_sft_matched": 0.45, "em_grpo": 0.6,
+           "val_em_sft_more": 0.3,
            "val_points": [[0, 0.0, 0.5], [4, 2.5, 0.7], [8, 5.0, 0.9]],
            "best_checkpoints": {"sft": {"em": 0.55, "val_em": 0.65, "val_points": [[0, 0.65], [10, 0.6]]},
                                 "grpo": {"em": 0.7, "val_em": 0.8, "val_points": [[0, 0.65], [4, 0.8], [6, 0.75], [8, 0.7]]}}}
@@ -366,3 +367,4 @@ def test_the_plot_draws_best_checkpoints_by_one_scorer():
     older = {k: v for k, v in row.items() if k != "best_checkpoints"}  # without --best-of-val: the trainer's
     assert len(tables.bars(older)) == 4
     assert tables.running_curve(older) == ([(0.0, 0.5), (2.5, 0.7), (5.0, 0.9)], 0.3)
+    assert tables.plot([row, {**older, "seed": 2}], tmp_path / "p.png").stat().st_size > 0  # six bars beside four
