@@ -40,9 +40,11 @@ the scorer of the SFT arm's; without it, the trainer's running evaluation every 
 steps, whose scores differ from the command's by about a question in 40 (`time_to_gain_by`).
 
 It prints each seed's row, the mean, the median and the worst seed, and writes JSON and a PNG
-into the workdir (default runs/rl_vs_sft/kb<K>). A re-run with the same workdir reuses every
-finished stage, and refuses a workdir made with other settings (its settings.json). Extra
-`key=value` arguments override the GRPO config (veRL names).
+into the workdir (default runs/rl_vs_sft/kb<K>), and for each seed `seed<S>/per_question.json`:
+every model's EM on each report question, by id, and every checkpoint's running-evaluation EM
+(`per_question`). A re-run with the same workdir reuses every finished stage (so it writes those
+files for a finished run too), and refuses a workdir made with other settings (its settings.json).
+Extra `key=value` arguments override the GRPO config (veRL names).
 
 Seeds run in several sittings (or on several hosts of one kind) count together:
 
@@ -353,6 +355,33 @@ def headroom(d: Path) -> dict:
             "never_retrieved": len(missed) / n, "never_retrieved_ids": [str(i) for _, i in missed]}
 
 
+def per_question(d: Path, kinds: dict[str, str], row: dict) -> dict:
+    """A seed's models question by question on the report questions (the benchmark's JSON keeps
+    only their summaries): each model's agent EM and searches per question overall, EM by question
+    kind and each question's EM by id; with `--best-of-val` also each arm's best checkpoint and
+    every checkpoint's running-evaluation EM (the evaluation command's, and GRPO's trainer's),
+    so a reader can see which questions moved and how the checkpoints were chosen. EM in points."""
+    from agent_rl.evaluation import report
+
+    models = dict(zip(("start", "sft_more", "sft_matched", "grpo"), (d / e for e in EVALS)))
+    best = row.get("best_checkpoints")
+    if best:
+        models[f"sft_best_step_{best['sft']['step']}"] = Path(best["sft"]["eval"])
+        models[f"grpo_best_step_{best['grpo']['step']}"] = Path(best["grpo"]["eval"])
+
+    def scored(e: Path) -> dict:
+        g = report.grouped_stats(e, group_of=kinds)
+        return {"em": round(100 * g[report.ALL]["em"], 1), "searches": round(g[report.ALL]["searches_mean"], 2),
+                "by_kind": {k: round(100 * v["em"], 1) for k, v in sorted(g.items()) if k != report.ALL},
+                "em_by_id": {str(i): float(r["em"]) for (_, i), r in report.records_by_question(e).items()}}
+
+    running = {"grpo_trainer_validation": {str(k): em for k, _, em in row["val_points"]}}
+    if best:
+        running = {"sft_more": {str(k): em for k, em in best["sft"]["val_points"]},
+                   "grpo": {str(k): em for k, em in best["grpo"]["val_points"]}, **running}
+    return {"seed": row["seed"], "running_evaluation": running, "models": {m: scored(e) for m, e in models.items()}}
+
+
 def seed_row(s: int, d: Path, kinds: dict[str, str], gain: float) -> dict:
     """One seed's numbers from what its stages left in `d`."""
     from agent_rl.evaluation import report
@@ -479,6 +508,8 @@ def main(argv: list[str] | None = None) -> int:
                     row["time_to_gain_min"] = checkpoint_time_to_gain(d / "grpo", grpo_best["val_points"],
                                                                       row["val_em_sft_more"] + args.gain)
                     row["time_to_gain_by"] = "evaluation command"
+                (d / "per_question.json").write_text(json.dumps({"kb_seed": args.kb_seed, "host": host,
+                                                                  **per_question(d, kinds, row)}, indent=1) + "\n")
                 rows.append({**row, "host": host})
     except KeyboardInterrupt:
         print("\n[rl_vs_sft] interrupted (a re-run with the same --workdir goes on)", file=sys.stderr)

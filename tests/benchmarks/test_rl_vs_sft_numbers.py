@@ -368,3 +368,32 @@ def test_the_plot_draws_best_checkpoints_by_one_scorer(tmp_path):
     assert len(tables.bars(older)) == 4
     assert tables.running_curve(older) == ([(0.0, 0.5), (2.5, 0.7), (5.0, 0.9)], 0.3)
     assert tables.plot([row, {**older, "seed": 2}], tmp_path / "p.png").stat().st_size > 0  # six bars beside four
+
+
+def test_a_seeds_per_question_file_holds_every_models_answers_and_the_checkpoints_scores(tmp_path, monkeypatch):
+    from agent_rl.demo.stages import Workdir
+
+    monkeypatch.setattr(rl_vs_sft.stages, "run_stage", lambda *a, **k: pytest.fail(f"ran {a}"))
+    d = _best_seed(tmp_path)
+    args = argparse.Namespace(val_n=1, eval_limit=4)
+    w, q = Workdir(tmp_path / "w"), tmp_path / "q.parquet"
+    first = {0: (d / "val_start", d / "eval_start")}
+    row = rl_vs_sft.seed_row(3, d, KINDS, gain=0.05)
+    without = json.loads(json.dumps(rl_vs_sft.per_question(d, KINDS, row)))  # as the file holds it
+    assert sorted(without["models"]) == ["grpo", "sft_matched", "sft_more", "start"]
+    assert without["running_evaluation"] == {"grpo_trainer_validation": {"0": 0.5, "2": 0.5, "3": 0.0}}
+    row["best_checkpoints"] = rl_vs_sft.best_row(
+        d, KINDS, rl_vs_sft.best_checkpoint(w, d, "sft_more", q, q, "http://x", args,
+                                            {**first, 6: (d / "val_sft_more", d / "eval_sft_more")}),
+        rl_vs_sft.best_checkpoint(w, d, "grpo", q, q, "http://x", args, {**first, 3: (None, d / "eval_grpo")}))
+    got = json.loads(json.dumps(rl_vs_sft.per_question(d, KINDS, row)))
+    assert got["seed"] == 3
+    # GRPO 3/4: q1-q3 right (q3 a bridge), 2 searches each; SFT's best (step 4) all four
+    assert got["models"]["grpo"] == {"em": 75.0, "searches": 2.0, "by_kind": {"bridge": 50.0, "single": 100.0},
+                                     "em_by_id": {"q1": 1.0, "q2": 1.0, "q3": 1.0, "q4": 0.0}}
+    assert got["models"]["sft_more"]["em_by_id"] == {"q1": 1.0, "q2": 1.0, "q3": 0.0, "q4": 0.0}
+    assert got["models"]["sft_best_step_4"]["em"] == 100.0
+    assert got["models"]["grpo_best_step_0"] == got["models"]["start"]  # GRPO never passed its start
+    assert got["running_evaluation"] == {"sft_more": {"0": 0.5, "2": 0.0, "4": 1.0, "6": 0.5},
+                                         "grpo": {"0": 0.5, "2": 0.5, "3": 0.0},
+                                         "grpo_trainer_validation": {"0": 0.5, "2": 0.5, "3": 0.0}}
