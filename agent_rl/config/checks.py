@@ -1,11 +1,13 @@
 """What a loaded config must satisfy, checked once at load (`load_config` calls
-`check_settings`): the allowed values of each choice (CHOICES), the ranges of numbers (RANGES),
-cross-checks between settings, the tools; and `check_paths` for the commands that need their
-files before any work."""
+`check_settings`): the allowed values of each choice (CHOICES), the ranges of numbers (RANGES:
+every timeout and reward term has one), every float setting finite, cross-checks between
+settings, the tools; and `check_paths` for the commands that need their files before any work."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +72,14 @@ RANGES: dict[str, tuple] = {
     "trainer.num_actor_workers": (1, None, True), "trainer.n_gpus_per_node": (0, None, True),
     "trainer.torch_threads": (0, None, True), "trainer.log_freq": (1, None, True),
     "trainer.max_staleness": (1, None, True),
-    "reward.search_cost": (0, None, True),
+    # every timeout and wait (0: a call that always times out; a wait of 0 gives up at once)
+    "actor_rollout_ref.rollout.tool_timeout_s": (0, None, False), "retriever.outage_wait_s": (0, None, True),
+    "trainer.retriever_health_timeout_s": (0, None, True), "trainer.max_time_s": (0, None, True),
+    # every reward term: Search-R1's scores lie in [0, 1], and a search cost above 1 would make a
+    # right answer worth less than a wrong one
+    "reward.format_score": (0, 1, True), "reward.structure_format_score": (0, 1, True),
+    "reward.final_format_score": (0, 1, True), "reward.retrieval_score": (0, 1, True),
+    "reward.search_cost": (0, 1, True),
 }
 
 
@@ -86,10 +95,30 @@ def _get(cfg: Any, dotted: str) -> tuple[bool, Any]:
     return True, cfg
 
 
+def _settings(cfg: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of every setting of the config `cfg`, list items and tool entries
+    included (`actor_rollout_ref.actor.optim.betas[1]`, `actor_rollout_ref.rollout.tools[0].timeout_s`)."""
+    if not dataclasses.is_dataclass(cfg):
+        return
+    for f in dataclasses.fields(cfg):
+        key, value = f"{prefix}{f.name}", getattr(cfg, f.name)
+        items = [(f"{key}[{i}]", v) for i, v in enumerate(value)] if isinstance(value, list) else [(key, value)]
+        for k, v in items:
+            if dataclasses.is_dataclass(v):
+                yield from _settings(v, k + ".")
+            else:
+                yield k, v
+
+
 def check_settings(cfg: Any) -> None:
     """Raise ConfigError naming every setting with a value outside its allowed set or range
-    (CHOICES, RANGES, trainer.logger's sinks), before anything is started."""
-    problems = []
+    (CHOICES, RANGES, trainer.logger's sinks), or a number that is NaN or infinite, before
+    anything is started."""
+    # NaN passes every comparison-based range check (each comparison is false) and inf every
+    # open one: lr=nan or search_cost=inf made the rewards or the weights nan. Every float
+    # setting, ranged or not, must be finite.
+    non_finite = {key: value for key, value in _settings(cfg) if isinstance(value, float) and not math.isfinite(value)}
+    problems = [f"{key}={value!r} is not a finite number" for key, value in non_finite.items()]
     for key, allowed in CHOICES.items():
         found, value = _get(cfg, key)
         # true/false/auto switches are read as data_prep.hardware reads them (YAML's True, "False", 1)
@@ -98,9 +127,11 @@ def check_settings(cfg: Any) -> None:
             problems.append(f"{key}={value!r} is not one of {', '.join(map(str, allowed))}")
     for key, (lo, hi, lo_inclusive) in RANGES.items():
         found, value = _get(cfg, key)
-        if not found or value is None:
+        if not found or value is None or key in non_finite:
             continue
-        if (lo is not None and (value < lo if lo_inclusive else value <= lo)) or (hi is not None and value > hi):
+        # written as "inside" so that a value no comparison holds for (NaN) is outside
+        inside = (lo is None or (value >= lo if lo_inclusive else value > lo)) and (hi is None or value <= hi)
+        if not inside:
             left, right = "[" if lo_inclusive else "(", "]"
             problems.append(f"{key}={value!r} is out of range {left}{lo}, {'inf' if hi is None else hi}{right}")
     found, sinks = _get(cfg, "trainer.logger")
@@ -133,7 +164,7 @@ def tool_problems(cfg: Any) -> list[str]:
                             f"an MCP server needs mcp_command or mcp_url")
         elif not t.is_mcp and t.include is not None:
             problems.append(f"{key}.include is for MCP servers only")
-        if t.timeout_s is not None and t.timeout_s <= 0:
+        if t.timeout_s is not None and t.timeout_s <= 0:  # NaN and inf: check_settings' finite check
             problems.append(f"{key}.timeout_s={t.timeout_s!r} is out of range (0, inf]")
         if t.max_concurrency is not None and t.max_concurrency < 1:
             problems.append(f"{key}.max_concurrency={t.max_concurrency!r} is out of range [1, inf]")

@@ -1,5 +1,7 @@
 """Config loading: defaults, YAML, dotted overrides, type coercion and errors that name the key."""
 
+import re
+
 import pytest
 
 from agent_rl.config import TrainConfig, load_config, to_dict
@@ -193,3 +195,60 @@ def test_every_field_that_holds_a_secret_is_redacted():
         secret = {k for k in fields(cls) if looks_secret.search(k.rsplit(".", 1)[-1])}
         assert secret <= set(SECRETS), secret - set(SECRETS)
     assert redacted({"retriever": {"api_key": None}})["retriever"]["api_key"] is None  # nothing set: nothing hidden
+
+
+# ----------------------------------------------------------------------------- NaN, inf, ranges (issue 83 case 9)
+def _override(key: str, value: str) -> str:
+    """`key=value`; a list item (only optim.betas holds floats) as the whole list."""
+    if "[" not in key:
+        return f"{key}={value}"
+    name, i = key[:-1].split("[")
+    items = ["0.9", "0.999"]
+    items[int(i)] = value
+    return f"{name}=[{','.join(items)}]"
+
+
+def test_nan_and_inf_are_refused_in_every_float_setting_and_named_in_one_error():
+    """Comparisons with NaN are false, so every range check passed it: lr=nan, temperature=nan,
+    search_cost=inf and tool_timeout_s=-5 all loaded, and the rewards or weights became nan."""
+    from agent_rl.config import ConfigError, SFTConfig
+
+    bad = {"actor_rollout_ref.actor.optim.lr": "nan", "actor_rollout_ref.rollout.temperature": "nan",
+           "reward.search_cost": "inf", "actor_rollout_ref.rollout.tool_timeout_s": "-5"}
+    with pytest.raises(ConfigError) as refused:
+        load_config(TrainConfig, None, [f"{k}={v}" for k, v in bad.items()])
+    said = str(refused.value)
+    assert all(key in said for key in bad), said
+    # every float setting of both configs, ranged or not, list items too
+    from agent_rl.config.checks import _settings
+
+    for cls in (TrainConfig, SFTConfig):
+        floats = [key for key, value in _settings(cls()) if isinstance(value, float)]
+        assert "actor_rollout_ref.actor.optim.betas[1]" in floats
+        for key in floats:
+            for value in ("nan", ".inf", "-inf"):
+                with pytest.raises(ConfigError, match=re.escape(key) + r"=.* is not a finite number"):
+                    load_config(cls, None, [_override(key, value)])
+    with pytest.raises(ConfigError, match=r"tools\[0\]\.timeout_s=nan is not a finite number"):
+        load_config(TrainConfig, None, ["actor_rollout_ref.rollout.tools=[{name: search, timeout_s: .nan}]"])
+
+
+def test_every_timeout_and_every_reward_term_has_a_range():
+    """tool_timeout_s and the format scores had none: -5 or 7.0 loaded."""
+    import dataclasses
+    import typing
+
+    from agent_rl.config import RANGES
+
+    def leaves(cls, prefix=""):
+        for f in dataclasses.fields(cls):
+            tp = typing.get_type_hints(cls)[f.name]
+            yield from leaves(tp, f"{prefix}{f.name}.") if dataclasses.is_dataclass(tp) else [(f"{prefix}{f.name}", tp)]
+
+    timeouts = [key for key, _ in leaves(TrainConfig) if key.endswith("_s")]
+    assert "actor_rollout_ref.rollout.tool_timeout_s" in timeouts and "retriever.timeout_s" in timeouts
+    assert not set(timeouts) - set(RANGES), set(timeouts) - set(RANGES)
+    scores = [key for key, tp in leaves(TrainConfig) if key.startswith("reward.") and tp is float]
+    assert {"reward.format_score", "reward.structure_format_score", "reward.final_format_score",
+            "reward.retrieval_score", "reward.search_cost"} <= set(scores)
+    assert not set(scores) - set(RANGES), set(scores) - set(RANGES)
