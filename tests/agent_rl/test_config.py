@@ -252,3 +252,57 @@ def test_every_timeout_and_every_reward_term_has_a_range():
     assert {"reward.format_score", "reward.structure_format_score", "reward.final_format_score",
             "reward.retrieval_score", "reward.search_cost"} <= set(scores)
     assert not set(scores) - set(RANGES), set(scores) - set(RANGES)
+
+
+# ----------------------------------------------------------------------------- interpolation (issue 83 case 13)
+def test_interpolation_resolves_each_value_once():
+    """Each reference was expanded again at every use: 21 references that double took 5.6 s."""
+    import time
+
+    from agent_rl.config import ConfigError
+
+    chain = ["+x.v0=ab"] + [f"+x.v{i}=${{x.v{i - 1}}}${{x.v{i - 1}}}" for i in range(1, 22)]
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=r"x\.v\d+: its references expand to more than \d+ characters"):
+        load_config(TrainConfig, None, chain)
+    assert time.monotonic() - t0 < 1.0
+    cfg = load_config(TrainConfig, None, ["trainer.experiment_name=e", "trainer.validation_data_dir=${trainer.default_local_dir}/v",
+                                          "trainer.project_name=${trainer.validation_data_dir}+${data.seed}"])
+    assert (cfg.trainer.default_local_dir, cfg.trainer.validation_data_dir) == ("runs/e", "runs/e/v")
+    assert cfg.trainer.project_name == "runs/e/v+1"
+
+
+@pytest.mark.parametrize("override, said", [
+    ("trainer.experiment_name=${trainer.nope}", r"trainer.experiment_name: \$\{trainer.nope\} names no setting"),
+    ("trainer.experiment_name=${nope.x.y}", r"trainer.experiment_name: \$\{nope.x.y\} names no setting"),
+    ("trainer.experiment_name=${data.seed.x}", r"trainer.experiment_name: \$\{data.seed.x\} names no setting"),
+    ("trainer.experiment_name=${retriever}", r"trainer.experiment_name: \$\{retriever\} names a section"),
+    ("trainer.experiment_name=${trainer.default_local_dir}", r"refers to itself \(trainer.experiment_name -> "
+                                                             r"trainer.default_local_dir -> trainer.experiment_name\)"),
+], ids=["missing", "missing_section", "through_a_value", "section", "cycle"])
+def test_a_bad_reference_is_a_config_error_naming_it(override, said):
+    """A missing reference raised a bare KeyError ('nope'), which no command reports in one line."""
+    from agent_rl.config import ConfigError
+
+    with pytest.raises(ConfigError, match=said):
+        load_config(TrainConfig, None, [override])
+
+
+def test_a_secret_is_never_copied_by_interpolation_and_redacted_wherever_it_was_written(tmp_path):
+    """`trainer.experiment_name=${retriever.api_key}` named the run directory after the key and
+    put it, unredacted, in every checkpoint's config.yaml and W&B's run config."""
+    from agent_rl.config import REDACTED, ConfigError, redacted
+    from agent_rl.training.checkpoint import CheckpointManager
+
+    secret = "s3cret-retriever-key"
+    for override in ("trainer.experiment_name=${retriever.api_key}", "trainer.default_local_dir=/r/${retriever.api_key}"):
+        with pytest.raises(ConfigError, match=r"\$\{retriever.api_key\} would copy a secret"):
+            load_config(TrainConfig, None, [f"retriever.api_key={secret}", override])
+    # the value typed twice by hand: hidden in both places
+    cfg = load_config(TrainConfig, None, [f"retriever.api_key={secret}", f"trainer.experiment_name=x-{secret}",
+                                          f"retriever.url=[http://h/{secret}]"])
+    shown = redacted(to_dict(cfg))
+    assert secret not in repr(shown)
+    assert shown["trainer"]["experiment_name"] == f"x-{REDACTED}" and shown["retriever"]["url"] == [f"http://h/{REDACTED}"]
+    path = CheckpointManager(tmp_path / "checkpoints").save(1, {}, to_dict(cfg))
+    assert secret not in (path / "config.yaml").read_text()
