@@ -184,8 +184,43 @@ def test_gae_estimator_whitens_advantages_and_needs_values():
         get_adv_estimator("gae")(rewards, mask, None, None, None)
 
 
+# ----------------------------------------------------------------------------- rejection sampling
+def test_rejection_sampling_keeps_the_trajectories_that_reach_the_threshold():
+    """Weight 1 on every sampled token of a row whose outcome (the task metric: the trainer
+    places `acc` for this estimator) is at least rft_min_acc, 0 elsewhere; no baseline, so the
+    groups do not matter and an all-correct group keeps all its members."""
+    mask = torch.tensor([[1, 1, 0, 1], [1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 1, 1]])
+    acc = place_outcome_reward(torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0]), mask)
+    fn = get_adv_estimator("rejection_sampling")
+    w, ret = fn(acc, mask, [0, 0, 0, 1, 1, 1], None, AlgorithmConfig())
+    expected = torch.tensor([[1.0, 1, 0, 1], [0, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0], [0, 0, 0, 0]])
+    assert torch.equal(w, expected) and torch.equal(ret, expected)
+    assert torch.equal(fn(acc, mask, None, None, AlgorithmConfig())[0], expected)  # no group ids needed
+    # a threshold for F1: 0.5 keeps 0.5 and 0.9, not 0.4; the default (1.0) only the exact match
+    f1 = place_outcome_reward(torch.tensor([0.4, 0.5, 0.9, 1.0]), torch.ones(4, 2))
+    assert fn(f1, torch.ones(4, 2), None, None, AlgorithmConfig(rft_min_acc=0.5))[0][:, 0].tolist() == [0, 1, 1, 1]
+    assert fn(f1, torch.ones(4, 2), None, None, None)[0][:, 0].tolist() == [0, 0, 0, 1]
+
+
+def test_rejection_sampling_declares_its_outcome_and_its_loss():
+    from agent_rl.training.algos import outcome_of, policy_loss_for, uses_groups
+
+    assert outcome_of("rejection_sampling") == "acc" and not uses_groups("rejection_sampling")
+    assert all(outcome_of(n) == "score" for n in ("grpo", "rloo", "reinforce_plus_plus", "gae"))
+    # one setting: the estimator brings its loss in place of the default; a loss chosen
+    # otherwise is refused by name; estimators without one keep actor.policy_loss
+    assert policy_loss_for("rejection_sampling", "vanilla") == "rft"
+    assert policy_loss_for("rejection_sampling", "rft") == "rft"
+    assert policy_loss_for("grpo", "vanilla") == "vanilla" and policy_loss_for("grpo", "rft") == "rft"
+    with pytest.raises(ValueError, match="adv_estimator=rejection_sampling trains with policy loss 'rft'"):
+        policy_loss_for("rejection_sampling", "my_loss")
+    with pytest.raises(ValueError, match="outcome must be one of"):
+        register_adv_est("bad_outcome", outcome="reward")
+
+
 # ----------------------------------------------------------------------------- invariants
-@pytest.mark.parametrize("name", ["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gae"])
+@pytest.mark.parametrize("name", ["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gae",
+                                  "rejection_sampling"])
 def test_masked_positions_are_ignored_and_zero(name):
     gen = torch.Generator().manual_seed(3)
     mask = (torch.rand(6, 8, generator=gen) > 0.3).long()
@@ -202,7 +237,8 @@ def test_masked_positions_are_ignored_and_zero(name):
 
 
 def test_registry_lists_known_names_and_rejects_duplicates():
-    assert ADV_ESTIMATORS.names() == ["gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo"]
+    assert ADV_ESTIMATORS.names() == ["gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
+                                      "rejection_sampling", "rloo"]
     with pytest.raises(ValueError, match=r"unknown advantage estimator 'ppo'; known: \['gae', 'grpo'"):
         get_adv_estimator("ppo")
     with pytest.raises(ValueError, match="already registered"):
@@ -217,6 +253,7 @@ def test_needs_critic_is_declared_at_registration():
     from agent_rl.training.algos import needs_critic
 
     assert needs_critic("gae") is True
-    assert not any(needs_critic(n) for n in ("grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"))
+    assert not any(needs_critic(n) for n in ("grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
+                                             "rejection_sampling"))
     with pytest.raises(ValueError, match="unknown advantage estimator"):
         needs_critic("nope")

@@ -13,6 +13,7 @@ from agent_rl.training.algos import (
     entropy_loss,
     get_policy_loss,
     ppo_policy_loss,
+    rft_loss,
     value_loss,
 )
 
@@ -179,8 +180,48 @@ def test_masked_positions_change_neither_loss_nor_gradient(mode):
 
 def test_policy_loss_registry():
     assert get_policy_loss(ActorConfig().policy_loss) is ppo_policy_loss
-    with pytest.raises(ValueError, match=r"unknown policy loss 'grpo'; known: \['vanilla'\]"):
+    assert get_policy_loss("rft") is rft_loss
+    with pytest.raises(ValueError, match=r"unknown policy loss 'grpo'; known: \['rft', 'vanilla'\]"):
         get_policy_loss("grpo")
+
+
+# ----------------------------------------------------------------------------- rft
+def rft_batch():
+    """2 groups x 3 samples: keep weights (rows 0, 3, 4 kept), a mask with an observation gap
+    (row 0, position 2: -inf there must not leak) and padding, hand-picked log-probs."""
+    inf = float("inf")
+    logp = torch.tensor([[-0.5, -1.0, -inf, -1.5],
+                         [-2.0, -0.1, -0.3, 0.0],
+                         [-0.7, 0.0, 0.0, 0.0],
+                         [-0.2, -0.4, -0.6, -0.8],
+                         [-1.0, -3.0, -5.0, 0.0],
+                         [-0.9, -7.0, -1.1, -1.3]], requires_grad=True)
+    mask = torch.tensor([[1, 1, 0, 1], [1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 1, 1]])
+    keep = torch.tensor([1.0, 0, 0, 1, 1, 0])[:, None] * mask
+    return logp, mask, keep
+
+
+def test_rft_loss_hand_values():
+    """The NLL of the kept rows' sampled tokens, summed, over every sampled token of the batch:
+    kept NLL 0.5+1.0+1.5 (row 0) + 0.2+0.4+0.6+0.8 (row 3) + 1.0+3.0 (row 4) = 9.0 on 9 kept
+    tokens; 3+3+1+4+2+3 = 16 sampled tokens in all."""
+    logp, mask, keep = rft_batch()
+    old = torch.full_like(logp, -50.0)  # not read: no ratio
+    loss, metrics = rft_loss(logp, old, keep, mask, cfg(tis_cap=2.0), rollout_logp=old)
+    assert loss.item() == pytest.approx(9.0 / 16)
+    assert metrics == pytest.approx({"pg_loss": 9.0 / 16, "rft_nll": 9.0 / 9})
+    loss.backward()
+    # d loss / d logp = -w / N: -1/16 on the kept sampled tokens, 0 on the rest (-inf included)
+    assert torch.allclose(logp.grad, -keep / 16) and torch.isfinite(logp.grad).all()
+    # seq-mean-token-mean: kept rows' means 3.0/3, 2.0/4, 4.0/2 over the 6 rows
+    loss, _ = rft_loss(logp, old, keep, mask, cfg(loss_agg_mode="seq-mean-token-mean"))
+    assert loss.item() == pytest.approx((1.0 + 0.5 + 2.0) / 6)
+    # the mini-batch's normalisers (gradient accumulation) replace the batch's own
+    loss, _ = rft_loss(logp, old, keep, mask, cfg(), global_tokens=32)
+    assert loss.item() == pytest.approx(9.0 / 32)
+    # nothing kept: 0, not NaN
+    loss, metrics = rft_loss(logp, old, torch.zeros_like(keep), mask, cfg())
+    assert loss.item() == 0.0 and metrics["rft_nll"] == 0.0
 
 
 # ----------------------------------------------------------------------------- value loss

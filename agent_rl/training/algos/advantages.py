@@ -12,7 +12,8 @@ our trajectories sit in the MIDDLE of a response. Conventions shared by all esti
 - only masked positions are read (a token reward outside the mask is ignored) and outputs
   are exactly 0 outside the mask;
 - the outcome score of a row is the sum of its masked token rewards (the outcome reward
-  from `place_outcome_reward`, minus any in-reward KL penalty);
+  from `place_outcome_reward`, minus any in-reward KL penalty; an estimator registered with
+  outcome="acc" is given the task metric instead of the reward);
 - observation tokens are *transparent*: recursions over time (GAE, discounted returns) run
   over the sampled tokens only, in order, as if the observation tokens were not there — no
   discount is applied across an observation and no value is read at one. The environment
@@ -150,6 +151,26 @@ def reinforce_plus_plus_baseline(token_rewards, mask, group_ids=None, values=Non
     centred = torch.where(n > 1, scores - mean, torch.zeros_like(scores))
     adv = masked_whiten(_broadcast(centred, m), m)
     return adv, adv
+
+
+@register_adv_est("rejection_sampling", outcome="acc", policy_loss="rft")
+@torch.no_grad()
+def rejection_sampling(token_rewards, mask, group_ids=None, values=None, cfg=None):
+    """Rejection sampling fine-tuning's keep weights: 1 on every sampled token of a trajectory
+    whose outcome is at least `cfg.rft_min_acc` (default 1.0), 0 elsewhere.
+
+    RFT (Yuan et al. 2023, arXiv:2308.01825; the baseline Search-R1 compares RL with, Jin et
+    al. 2025, arXiv:2503.09516): sample as GRPO does, keep the trajectories that reach the
+    answer, fine-tune on them. Registered with outcome="acc", so the outcome is the task metric
+    (reward.kind's EM / F1 of the answer), never the reward: a well-formed wrong answer's format
+    reward (Search-R1's 0.2) must not be kept. With policy_loss="rft" the weights select the
+    tokens of rft's NLL; they are not advantages (no baseline, so groups play no part).
+    returns = weights. The kept share of a batch is logged as adv/nonzero_frac.
+    """
+    m = _check(token_rewards, mask, "rejection_sampling")
+    keep = masked_sum(token_rewards, m, dim=1) >= float(cfg_get(cfg, "rft_min_acc", 1.0))
+    weights = _broadcast(keep.to(token_rewards.dtype), m)
+    return weights, weights
 
 
 # ----------------------------------------------------------------------------- time recursions

@@ -172,6 +172,48 @@ def ppo_policy_loss(
     return pg_loss, metrics
 
 
+@register_policy_loss("rft")
+def rft_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cfg=None,
+    rollout_logp: torch.Tensor | None = None,
+    *,
+    global_tokens=None,
+    global_seqs=None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Rejection sampling fine-tuning: SFT's loss, the NLL of the sampled tokens, on the kept
+    trajectories.
+
+    Inputs (B,T): `logp` current policy (carries the gradient); `advantages` are the keep
+    weights of the `rejection_sampling` estimator (1 on a kept trajectory's sampled tokens, 0
+    elsewhere); `mask` the sampled tokens. Per token l = -w * logp, aggregated with
+    `agg_loss(cfg.loss_agg_mode)` and the mini-batch's normalisers. A trajectory not kept adds
+    0 and its tokens still count in the normaliser, as GRPO's zero-advantage ones do: with
+    token-mean the loss is the kept tokens' summed NLL over all sampled tokens, i.e. an SFT step
+    on the kept set scaled by their share: REINFORCE with the 0/1 outcome and no baseline (RAFT
+    as Xiong et al. 2025, arXiv:2504.11343, compare it with GRPO), a step of GRPO's size at one lr.
+    No ratio and no clip: the samples are the policy's own, so `old_logp` and `rollout_logp`
+    (tis_cap) are not read.
+
+    Metrics: pg_loss (the aggregated loss); rft_nll (mean NLL of the kept tokens: SFT's loss on
+    them, exact when the trajectories not kept skip the update, i.e. without entropy or KL terms).
+    """
+    m = as_bool_mask(mask, logp, "rft loss")
+    if advantages.shape != logp.shape:
+        raise ValueError(f"rft loss: advantages shape {tuple(advantages.shape)} != logp shape {tuple(logp.shape)}")
+    # garbage (inf / NaN) at masked positions must not reach the gradient, where 0 * inf is NaN
+    weights = torch.where(m, advantages, torch.zeros_like(advantages))
+    nll = torch.where(m, -logp, torch.zeros_like(logp))
+    loss = agg_loss(weights * nll, m, cfg_get(cfg, "loss_agg_mode", "token-mean"),
+                    global_tokens=global_tokens, global_seqs=global_seqs)
+    with torch.no_grad():
+        metrics = {"pg_loss": loss.item(), "rft_nll": masked_mean(nll, m & (weights > 0)).item()}
+    return loss, metrics
+
+
 # ----------------------------------------------------------------------------- value loss
 def value_loss(
     values: torch.Tensor,

@@ -49,12 +49,43 @@ ADV_ESTIMATORS = Registry("advantage estimator")
 POLICY_LOSSES = Registry("policy loss")
 
 
-def register_adv_est(name: str, needs_critic: bool = False, uses_groups: bool = False) -> Callable[[F], F]:
+OUTCOMES = ("score", "acc")
+"""What an estimator is given as each trajectory's outcome: the reward (format terms and search
+cost included) or the task metric alone (reward.kind's EM / subEM / F1 of the answer), the
+names of `algorithm.filter_metric`."""
+
+
+def register_adv_est(name: str, needs_critic: bool = False, uses_groups: bool = False, outcome: str = "score",
+                     policy_loss: str | None = None) -> Callable[[F], F]:
     """Decorator: register an advantage estimator under `name` (`algorithm.adv_estimator`);
     `needs_critic`: it takes value estimates, so the trainer builds a critic for it;
     `uses_groups`: a sample's advantage depends on its group-mates (GRPO, RLOO), so a group
-    that loses a member must be left out whole."""
-    return ADV_ESTIMATORS.register(name, needs_critic=needs_critic, uses_groups=uses_groups)
+    that loses a member must be left out whole; `outcome`: what the trainer places as its token
+    rewards, "score" or "acc" (`OUTCOMES`); `policy_loss`: the loss its output is made for,
+    which the actor then trains with instead of actor.policy_loss (`policy_loss_for`), so one
+    setting selects the method (rejection_sampling: weights for rft's NLL, not advantages)."""
+    if outcome not in OUTCOMES:
+        raise ValueError(f"register_adv_est({name!r}): outcome must be one of {OUTCOMES}, got {outcome!r}")
+    return ADV_ESTIMATORS.register(name, needs_critic=needs_critic, uses_groups=uses_groups, outcome=outcome,
+                                   policy_loss=policy_loss)
+
+
+def outcome_of(name: str) -> str:
+    """What the estimator registered as `name` reads as the outcome: "score" or "acc"."""
+    return str(ADV_ESTIMATORS.info(name)["outcome"])
+
+
+def policy_loss_for(adv_estimator: str, configured: str, default: str = "vanilla") -> str:
+    """The policy loss a run trains with: the one `adv_estimator` was registered with, else
+    `configured` (actor.policy_loss). An estimator's loss replaces the default (`default`,
+    actor.policy_loss's); any other configured loss is a conflict, refused by name."""
+    declared = ADV_ESTIMATORS.info(adv_estimator)["policy_loss"]
+    if declared is None or configured == declared:
+        return configured
+    if configured != default:
+        raise ValueError(f"algorithm.adv_estimator={adv_estimator} trains with policy loss {declared!r}; "
+                         f"actor_rollout_ref.actor.policy_loss={configured!r} conflicts with it")
+    return declared
 
 
 def uses_groups(name: str) -> bool:
