@@ -371,7 +371,8 @@ class RunConfig:
     """Metric sinks: console, tensorboard, jsonl, wandb."""
     resume_mode: str = "auto"
     """auto: resume from the run's latest checkpoint if any (RL: one saved with another model,
-    tokenizer, rollout.n or trainer.mode is refused in one line naming the difference) |
+    tokenizer, train data, batch settings, protocol, rollout.n or trainer.mode is refused in one
+    line naming the difference) |
     disable: start from scratch; an earlier run in default_local_dir is first moved whole to
     `<dir>.prev-<YYYYmmdd-HHMMSS>` (said in one line), so its metrics, TensorBoard events and
     checkpoints are neither rewritten nor mixed with the new run's (veRL would write over them)."""

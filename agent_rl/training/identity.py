@@ -1,16 +1,19 @@
 """What a resume must find unchanged: a run's identity, recorded in each of its checkpoints.
 
 A checkpoint's state is shaped by its run's settings: the actor's weights and optimizer by the
-model; the data loader's position by the prompts the tokenizer kept (data.max_prompt_length);
-the token ids of the rollouts in flight by the tokenizer; their groups by rollout.n; and
-whether any are in flight at all by trainer.mode. Resumed under others it went wrong late and
-quietly: a group of 4 taken as one of 2 hung `take()` or failed mid-step, a sync resume of an
-async checkpoint skipped the prompts in flight, another tokenizer would continue token ids
-that spell other text. So each checkpoint records `train_identity(cfg)`, and a resume
-compares (`problems`).
+model; the data loader's position by the training rows and their order (the train files'
+content, data.train_data_num, data.shuffle, data.seed, data.balance_by) and by the prompts the
+tokenizer, the protocol and the template kept (data.max_prompt_length); each batch by
+data.train_batch_size and rollout.n; the token ids of the rollouts in flight by the tokenizer
+and the protocol; their groups by rollout.n; and whether any are in flight at all by
+trainer.mode. Resumed under others it went wrong late and quietly: a group of 4 taken as one
+of 2 hung `take()` or failed mid-step, a sync resume of an async checkpoint skipped the
+prompts in flight, another tokenizer would continue token ids that spell other text, another
+train file of the same size or another max_prompt_length went on from a position in other
+prompts. So each checkpoint records `train_identity(cfg)`, and a resume compares (`problems`).
 
-The model and its tokenizer are known by content, not by path: a model directory moved
-elsewhere is the same model, and one prepared again in the same place may not be.
+The model, its tokenizer and the train files are known by content, not by path: a directory
+moved elsewhere holds the same data, and one prepared again in the same place may not.
 """
 
 from __future__ import annotations
@@ -25,6 +28,15 @@ N = "actor_rollout_ref.rollout.n"
 MODE = "trainer.mode"
 TOKENIZER = "tokenizer"
 MODEL = "model"
+DATA = "data.train_files"
+SETTINGS = (N, MODE, "actor_rollout_ref.rollout.protocol", "actor_rollout_ref.rollout.chat_template",
+            "data.train_batch_size", "data.max_prompt_length", "data.train_data_num", "data.shuffle", "data.seed",
+            "data.balance_by")
+"""The settings a checkpoint's state depends on (module docstring), compared as values: None
+(data.train_data_num: all rows) is a value like any other."""
+FINGERPRINTS = (TOKENIZER, MODEL, DATA)
+"""Contents known by a hash: None (nothing to hash there) is not judged."""
+CHUNK = 1 << 20
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json")
@@ -68,42 +80,78 @@ def model_fingerprint(model_path: str | Path) -> str | None:
     return h.hexdigest()
 
 
+def data_fingerprint(paths: list[str]) -> str | None:
+    """sha256 of the bytes of the files `paths` name, in their order (a directory: its files by
+    relative name), read in 1 MiB chunks: a 1 GB parquet costs about a second and no memory. The
+    names of the paths are not hashed (moved files are the same data); None when one is missing."""
+    h = hashlib.sha256()
+    for path in map(Path, paths):
+        if not path.exists():
+            return None
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        h.update(f"{len(files)}\0".encode())
+        for f in files:
+            h.update(f"{f.relative_to(path).as_posix() if path.is_dir() else ''}\0{f.stat().st_size}\0".encode())
+            with f.open("rb") as fh:
+                while chunk := fh.read(CHUNK):
+                    h.update(chunk)
+    return h.hexdigest()
+
+
+def _setting(tree: Any, dotted: str) -> tuple[bool, Any]:
+    """(found, value) of a dotted setting in a config object or its plain dict."""
+    for part in dotted.split("."):
+        if isinstance(tree, Mapping):
+            if part not in tree:
+                return False, None
+            tree = tree[part]
+        elif hasattr(tree, part):
+            tree = getattr(tree, part)
+        else:
+            return False, None
+    return True, tree
+
+
 def train_identity(cfg: Any) -> dict[str, Any]:
     """The identity of an RL run under `cfg` (a TrainConfig)."""
     model = cfg.actor_rollout_ref.model.path
-    return {N: cfg.actor_rollout_ref.rollout.n, MODE: cfg.trainer.mode,
-            TOKENIZER: tokenizer_fingerprint(model), MODEL: model_fingerprint(model)}
+    return {**{key: _setting(cfg, key)[1] for key in SETTINGS}, TOKENIZER: tokenizer_fingerprint(model),
+            MODEL: model_fingerprint(model), DATA: data_fingerprint(cfg.data.train_files)}
 
 
 def saved_identity(checkpoint: str | Path) -> dict[str, Any]:
-    """A checkpoint's identity, from its trainer state; one saved before identities were
-    recorded is known by the settings of its config.yaml (its model and tokenizer not at all)."""
+    """A checkpoint's identity, from its trainer state; what that does not record (a checkpoint
+    saved before identities, or before the data and the batch settings were part of one) is
+    known by the settings of its config.yaml (its model, tokenizer and data not at all)."""
     import yaml
 
     from agent_rl.training.checkpoint import CheckpointManager
 
     state = CheckpointManager.read_state(checkpoint)
-    if "identity" in state:
-        return dict(state["identity"])
     try:
         config = yaml.safe_load((Path(checkpoint) / "config.yaml").read_text())
     except (OSError, yaml.YAMLError):
         config = None
-    if not isinstance(config, dict):
-        return {}
-    return {N: config.get("actor_rollout_ref", {}).get("rollout", {}).get("n"),
-            MODE: config.get("trainer", {}).get("mode", "sync")}  # saved before trainer.mode existed: sync
+    settings: dict[str, Any] = {}
+    if isinstance(config, dict):
+        settings = {key: value for key in SETTINGS for found, value in [_setting(config, key)] if found}
+        settings.setdefault(MODE, "sync")  # saved before trainer.mode existed: sync
+    return {**settings, **dict(state.get("identity") or {})}
 
 
 def problems(saved: Mapping[str, Any], current: Mapping[str, Any], model_path: str, in_flight: int) -> list[str]:
     """What differs between a checkpoint's identity and this run's, one phrase each (what one of
     them does not record is not judged). `in_flight`: the prompts the checkpoint holds in flight."""
     out = []
-    for key in (N, MODE, TOKENIZER, MODEL):
-        old, new = saved.get(key), current.get(key)
-        if old is None or new is None or old == new:
+    for key in (*SETTINGS, *FINGERPRINTS):
+        if key not in saved or key not in current:
             continue
-        if key == TOKENIZER:
+        old, new = saved[key], current[key]
+        if old == new or (key in FINGERPRINTS and (old is None or new is None)):
+            continue
+        if key == DATA:
+            out.append("data.train_files do not hold the rows the checkpoint was trained on (their content differs)")
+        elif key == TOKENIZER:
             out.append(f"the tokenizer of actor_rollout_ref.model.path={model_path} is not the checkpoint's "
                        f"(its files differ)")
         elif key == MODEL:

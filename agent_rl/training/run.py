@@ -7,10 +7,10 @@ when to checkpoint (`trainer.save_freq`, and always when the run stops: its last
 budget). The RL trainer and SFT each add only what their checkpoints hold and what a step does.
 
 A resume continues the checkpoint's run: each checkpoint records the run's `identity` (what
-its state is shaped by: the model, the tokenizer, rollout.n, trainer.mode;
-agent_rl.training.identity), and a resume under another one is refused in one line before
-anything starts (agent_rl.training.trainer.check_resume). A new run never rewrites an earlier
-one: with trainer.resume_mode=disable an earlier run in the directory is moved aside whole
+its state is shaped by: the model, the tokenizer, the train files' content, the settings that
+make a batch, rollout.n, trainer.mode; agent_rl.training.identity), and a resume under another
+one is refused in one line before anything starts (agent_rl.training.trainer.check_resume). A
+new run never rewrites an earlier one: with trainer.resume_mode=disable an earlier run in the directory is moved aside whole
 (`set_aside`), its metrics, TensorBoard events and checkpoints kept as they were.
 
 The time budget: the next step is not started when it would end past the budget, judged by

@@ -360,7 +360,8 @@ class ResumeMismatch(ValueError):
 def check_resume(cfg: TrainConfig, identity: dict | None = None, run_dir: str | Path | None = None) -> None:
     """Raise, in one line, when the checkpoint `cfg` would resume (in `run_dir`, default
     trainer.default_local_dir) cannot continue under `cfg`: ResumeMismatch naming each setting
-    that differs from the checkpoint's (rollout.n, trainer.mode, the model, its tokenizer;
+    that differs from the checkpoint's (rollout.n, trainer.mode, the model, its tokenizer, the
+    train files' content, the settings that make a batch: agent_rl.training.identity;
     train_identity(cfg) unless `identity` is given), or a ValueError naming the file and field
     of a bad rollouts.json. agent-rl-train calls it before the retriever, Ray and the engine
     start; RayTrainer again (runs started in-process)."""

@@ -134,6 +134,51 @@ def test_a_checkpoint_saved_before_identities_were_recorded_is_checked_on_its_co
     assert rc == 2 and f"cannot resume {ckpt}: actor_rollout_ref.rollout.n=2, the checkpoint's is 4" in err, err
 
 
+ROWS = ('{"id": "q1", "question": "capital of France?", "golden_answers": ["Paris"]}\n'
+        '{"id": "q2", "question": "capital of Italy?", "golden_answers": ["Rome"]}\n')
+
+
+def _other_rows_of_the_same_size(tmp_path: Path) -> list[str]:
+    (tmp_path / "train.jsonl").write_text(ROWS.replace("Paris", "Lyons"))
+    return []
+
+
+@pytest.mark.parametrize("change, said", [
+    (_other_rows_of_the_same_size, "data.train_files do not hold the rows the checkpoint was trained on"),
+    (lambda p: ["data.max_prompt_length=256"], "data.max_prompt_length=256, the checkpoint's is 512"),
+    (lambda p: ["data.train_batch_size=4"], "data.train_batch_size=4, the checkpoint's is 8"),
+    (lambda p: ["actor_rollout_ref.rollout.protocol=hermes"],
+     "actor_rollout_ref.rollout.protocol=hermes, the checkpoint's is search_r1"),
+    (lambda p: ["data.seed=2"], "data.seed=2, the checkpoint's is 1"),
+    (lambda p: ["data.train_data_num=1"], "data.train_data_num=1, the checkpoint's is None"),
+], ids=["rows", "max_prompt_length", "batch_size", "protocol", "seed", "train_data_num"])
+def test_a_resume_on_other_data_or_batch_settings_stops_in_one_line(tmp_path, capsys, change, said):
+    """Another train file of the same size, another max_prompt_length, batch size or protocol
+    resumed silently: the loader's position went on in other prompts, the rollouts in flight
+    under another action protocol."""
+    fake_model(tmp_path / "model")
+    train = tmp_path / "train.jsonl"
+    train.write_text(ROWS)
+    ckpt = save_checkpoint(train_args(tmp_path, f"data.train_files=[{train}]"))
+    extra = change(tmp_path)
+    assert train.stat().st_size == len(ROWS)
+    rc, err = train_cli(train_args(tmp_path, f"data.train_files=[{train}]", *extra), capsys)
+    assert rc == 2 and err.startswith(f"agent-rl-train: error: cannot resume {ckpt}: ") and err.count("\n") == 1, err
+    assert said in err, err
+
+
+def test_the_same_rows_elsewhere_resume(tmp_path):
+    """The data is known by content: the same file moved, or read again, is the same data."""
+    from agent_rl.training.trainer import check_resume
+
+    fake_model(tmp_path / "model")
+    train = tmp_path / "train.jsonl"
+    train.write_text(ROWS)
+    save_checkpoint(train_args(tmp_path, f"data.train_files=[{train}]"))
+    moved = train.rename(tmp_path / "elsewhere.jsonl")
+    check_resume(load_config(TrainConfig, None, train_args(tmp_path, f"data.train_files=[{moved}]")))
+
+
 @pytest.mark.parametrize("damage, said", [
     (lambda g: g["live"][0]["loss_mask"].pop(), "groups[1].live[0].loss_mask has 1 entries, response_ids has 2"),
     (lambda g: g["done"][0]["rollout_logprobs"].append(0.0),
