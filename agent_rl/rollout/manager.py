@@ -425,7 +425,10 @@ class RolloutManager:
             search = self.tools.get("search") or self._builtin(ToolConfig(name="search"))
             got = await asyncio.gather(*(search.invoke({"query": p.question}) for p in prompts))
             failures = sum(not r.ok for r in got)
-            docs = [r.text for r in got]
+            # The passages reach the prompt as a search's reach a trajectory (tool_observation:
+            # tags and special tokens neutralised, at most data.max_obs_length tokens). Raw, a
+            # passage holding `<|im_start|>` opened a turn and a 2 MB one made a 400k-token prompt.
+            docs = [O.tool_observation(self.tokenizer, r.text, self.max_obs_length, ("", "")).text for r in got]
         return [
             list(p.prompt_ids) if getattr(p, "prompt_ids", None) is not None
             else self.protocol.prompt_ids(self.tokenizer, p.question, self.template, mode, d)
