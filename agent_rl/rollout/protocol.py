@@ -68,6 +68,11 @@ REWARD_TAGS = ("think", "search", "information", "answer")
 
 OBS_OPEN, OBS_CLOSE = "\n\n" + INFO_OPEN, INFO_CLOSE + "\n\n"
 """Search-R1's observation block framing (generation.py: `.strip()` of the passages, then tags)."""
+INVALID_TURN = "<invalid_turn/>"
+"""What a reward view shows where the environment answered an invalid turn: a tag the reward
+grammar has no transition for, so a trajectory with an invalid turn is never well-formed (in
+Search-R1 the feedback's own quoted tags break `is_valid_sequence` the same way), and the turns
+on either side of it can never be read as one."""
 
 # Evaluation baselines (no tools): the same answer format, so the same reward applies.
 DIRECT_INSTRUCTION = (
@@ -172,14 +177,48 @@ class ActionProtocol:
         return "", ""
 
     # rewards
+    model_hidden_tags: tuple[str, ...] = (INFO_OPEN, INFO_CLOSE)
+    """Reward tags only the environment writes: in the model's own text they are quoted."""
+
     def reward_view(self, response_text: str) -> str:
-        """The decoded response as rewards read it (see `reward_text` for rollouts)."""
+        """A saved, decoded response as rewards read it. Saved text cannot tell who wrote an
+        `<information>` block: rollouts score `reward_text`, which can."""
         raise NotImplementedError
 
     def reward_text(self, response_text: str, segments: Sequence[Segment]) -> str:
-        """The view of a finished rollout that rewards score: Search-R1's tag grammar
-        (`<think>`, `<search>`, `<information>`, `<answer>`) with feedback removed."""
-        return self.reward_view(response_text)
+        """The view of a finished rollout that rewards score, built from its segments (who
+        wrote each piece), in Search-R1's tag grammar (`<think>`, `<search>`, `<information>`,
+        `<answer>`).
+
+        The rule (the reward contract, docs/architecture.md): only the environment writes an
+        observation. An `<information>` block of the view is exactly one tool output the
+        rollout appended (loss mask 0); the same tags in text the model sampled are quoted
+        (`hide_tags`), so they are neither a retrieval hit nor structure, and a trajectory with
+        no tool call can be well-formed only as `<think>..</think><answer>..</answer>`, the
+        protocol's "no search". An invalid turn's feedback becomes `INVALID_TURN`, which no
+        well-formed view holds, so turns cannot be glued into a grammar none of them wrote."""
+        out = []
+        for kind, text in segments:
+            if kind == "sampled":
+                out.append(self.sampled_view(hide_tags(text, self.model_hidden_tags)))
+            elif kind == "observation":
+                out.append(f"{OBS_OPEN}{text.strip()}{OBS_CLOSE}")
+            else:
+                out.append(INVALID_TURN)
+        return "".join(out)
+
+    def sampled_view(self, text: str) -> str:
+        """One model turn in the reward grammar (its hidden tags already quoted)."""
+        return text
+
+
+def hide_tags(text: str, tags: Iterable[str]) -> str:
+    """`text` with each of `tags` (exact, as the reward grammar reads them) written with
+    `&lt;`/`&gt;`: quoted text, not a tag."""
+    for tag in tags:
+        if tag in text:
+            text = text.replace(tag, tag.replace("<", "&lt;").replace(">", "&gt;"))
+    return text
 
 
 # ----------------------------------------------------------------------------- Search-R1 tags
@@ -293,10 +332,10 @@ class SearchR1Tags(ActionProtocol):
         return OBS_OPEN, OBS_CLOSE
 
     def reward_view(self, response_text: str) -> str:
-        """The feedback removed: its text quotes `<answer> and </answer>`, which the reward
-        would read as the model's answer ("and"). `<information>` blocks are removed by the
-        reward itself."""
-        return response_text.replace(FEEDBACK_INVALID, "\n")
+        """The feedback replaced by `INVALID_TURN`: its text quotes `<answer> and </answer>`,
+        which the reward would read as the model's answer ("and"). `<information>` blocks are
+        removed by the reward itself."""
+        return response_text.replace(FEEDBACK_INVALID, INVALID_TURN)
 
 
 # ----------------------------------------------------------------------------- native tool calls
@@ -461,26 +500,21 @@ class HermesToolCalls(ActionProtocol):
         return self._frames["tool"] if action.error else self._frames["user"]
 
     # -- rewards
-    def reward_text(self, response_text: str, segments: Sequence[Segment]) -> str:
-        """Search-R1's grammar from the pieces: a model turn's tool call becomes
-        `<search> name: arguments </search>`, a tool's output `<information> .. </information>`,
-        feedback is dropped; the template's framing never reaches the reward."""
-        out = []
-        for kind, text in segments:
-            if kind == "sampled":
-                out.append(_calls_as_search(text))
-            elif kind == "observation":
-                out.append(f"{OBS_OPEN}{text.strip()}{OBS_CLOSE}")
-            else:
-                out.append("\n")
-        return "".join(out)
+    model_hidden_tags = (INFO_OPEN, INFO_CLOSE, SEARCH_OPEN, SEARCH_CLOSE)
+    """Here `<search>` is not the model's to write either: only its tool calls become one."""
+
+    def sampled_view(self, text: str) -> str:
+        """A model turn's tool call becomes `<search> {json} </search>` (`reward_text`: the
+        template's framing never reaches the reward)."""
+        return _calls_as_search(text)
 
     def reward_view(self, response_text: str) -> str:
         """A decoded response (special tokens skipped) read as the reward grammar: tool calls
         as `<search>`, `<tool_response>` blocks as `<information>`, and the role words of the
-        template between them dropped. Rollouts use `reward_text` (exact); this reads saved
-        text."""
-        text = _calls_as_search(response_text)
+        template between them dropped; `<information>` and `<search>` the model wrote itself
+        are quoted (no tool output holds them: `observation.neutralize_tags`). Rollouts use
+        `reward_text` (exact); this reads saved text."""
+        text = _calls_as_search(hide_tags(response_text, self.model_hidden_tags))
         text = re.sub(r"(</search>)[^<]*<tool_response>(.*?)(?:</tool_response>[^<]*|\Z)",
                       lambda m: f"{m.group(1)}{OBS_OPEN}{m.group(2).strip()}{OBS_CLOSE}", text, flags=re.DOTALL)
         return text

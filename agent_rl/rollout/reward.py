@@ -1,7 +1,7 @@
 """Outcome rewards: plain functions of (response_text, golden_answers), response only.
 
 Semantics follow Search-R1 (`verl/utils/reward_score/qa_em.py`, `qa_em_format.py`) and the
-official SQuAD v1.1 evaluation script, with two deliberate differences:
+official SQuAD v1.1 evaluation script, with these deliberate differences:
 
 1. Search-R1 scores prompt + response and therefore needs at least TWO `<answer>` matches
    (the prompt's instructions contain one). We score the response only, so one is enough:
@@ -9,6 +9,11 @@ official SQuAD v1.1 evaluation script, with two deliberate differences:
 2. Retrieved text never counts as the model's answer: `<information>...</information>`
    blocks (and an unclosed one cut off by the length limit) are removed before extraction,
    so a passage that happens to contain `<answer>x</answer>` cannot score.
+3. Only the environment writes an observation: a rollout is scored on its protocol's
+   `reward_text`, where `<information>` blocks are exactly the tool outputs it appended and
+   the same tags in the model's own text are quoted; an invalid turn breaks the structure.
+   So retrieval and format credit cannot be earned without a search (`score_trajectory`).
+4. More than one `<answer>` tag is answer spam: a right answer counts a quarter.
 
 Entry point: `score(response_text, golden_answers, cfg)` with a `RewardConfig` (or
 keyword overrides); `evaluate_response` returns the breakdown for metrics.
@@ -22,7 +27,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-from agent_rl.rollout.protocol import INFO_CLOSE, INFO_OPEN, REWARD_TAGS, SEARCH_R1, ActionProtocol, tag_blocks
+from agent_rl.rollout.protocol import (ANSWER_OPEN, INFO_CLOSE, INFO_OPEN, INVALID_TURN, REWARD_TAGS, SEARCH_R1,
+                                       ActionProtocol, tag_blocks)
 
 # ----------------------------------------------------------------------------- normalisation
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -96,8 +102,10 @@ def f1(prediction: str, golden_answers: str | Iterable[str]) -> float:
 
 
 # ----------------------------------------------------------------------------- parsing
+ANSWER_SPAM_DIVISOR = 4.0
+"""A right answer among several `<answer>` tags is worth 1/4 (veRL search_r1_like_qa_em)."""
 _INFO_BLOCK = re.compile(f"{INFO_OPEN}(.*?)(?:{INFO_CLOSE}|\\Z)", re.DOTALL)
-_TAG = re.compile(f"(</?(?:{'|'.join(REWARD_TAGS)})>)")
+_TAG = re.compile(f"(</?(?:{'|'.join(REWARD_TAGS)})>|{re.escape(INVALID_TURN)})")
 
 
 def strip_information(response_text: str) -> str:
@@ -138,7 +146,8 @@ def format_error(response_text: str) -> str | None:
                     <think>..</think> <answer>..</answer>
     with only whitespace between blocks and after the final `</answer>`, and no nested
     tags. Difference: inside `<information>` everything up to `</information>` is opaque
-    retrieved text, so tags quoted in a passage cannot break (or fake) the structure.
+    retrieved text, so tags quoted in a passage cannot break (or fake) the structure. A
+    rollout's view marks an invalid turn with `protocol.INVALID_TURN`, a tag no state accepts.
     """
     state = "start"
     for part in _TAG.split(response_text):
@@ -182,6 +191,8 @@ class RewardResult:
     """`is_valid_format` of the response."""
     retrieval_hit: bool
     """A gold answer appears in the retrieved text."""
+    answer_tags: int = 0
+    """`<answer>` tags the model wrote (outside `<information>`); more than one is spam."""
 
 
 _SETTINGS = {
@@ -222,12 +233,22 @@ def evaluate_response(response_text: str, golden_answers: str | Iterable[str], c
 
     `search_cost` (not Search-R1's; 0 leaves its reward as above): a right answer (s > 0)
     loses search_cost for each `<information>` block (search) in the response.
+
+    Who wrote what: `response_text` is a reward view (`score_trajectory`), in which every
+    `<information>` block is a real tool output, so `retrieval_hit` and the structure can only
+    be earned by searching. Answer spam: the rollout stops at the first `</answer>`, so an
+    honest response holds one `<answer>` tag; with more (hedged, nested or unclosed answers) s
+    counts a quarter (veRL's `search_r1_like_qa_em` factor, which it applies past 10 tags
+    because it has no stop string).
     """
     st = _settings(cfg, overrides)
     metric_fn = get_metric(st["kind"])
     golds = _golds(golden_answers)
     answer = extract_answer(response_text)
     s = metric_fn(answer, golds) if answer is not None else 0.0
+    answer_tags = strip_information(response_text).count(ANSWER_OPEN)
+    if answer_tags > 1:
+        s /= ANSWER_SPAM_DIVISOR
     valid = is_valid_format(response_text)
     hit = retrieval_hit(response_text, golds)
 
@@ -242,7 +263,8 @@ def evaluate_response(response_text: str, golden_answers: str | Iterable[str], c
         reward = max(s - sfs, ffs) if s > 0 else ffs
     if st["search_cost"] and s > 0:
         reward -= st["search_cost"] * len(information_blocks(response_text))
-    return RewardResult(score=float(reward), metric=s, answer=answer, valid_format=valid, retrieval_hit=hit)
+    return RewardResult(score=float(reward), metric=s, answer=answer, valid_format=valid, retrieval_hit=hit,
+                        answer_tags=answer_tags)
 
 
 def score(response_text: str, golden_answers: str | Iterable[str], cfg=None, **overrides) -> float:
@@ -255,7 +277,9 @@ def score_trajectory(traj: Any, golden_answers: Sequence[str] | None = None, rew
     """The reward of a trajectory, read from the view its protocol made (`traj.reward_text`,
     set by the rollout) or, for a trajectory without one, from
     `protocol.reward_view(traj.response_text)`: never from raw response text, where Search-R1's
-    feedback could be read as an answer. Trainer, evaluation and benchmarks call this."""
+    feedback could be read as an answer. Only `reward_text` knows who wrote each piece (module
+    docstring, 3): every rollout sets it; saved text without one is read as best it can be.
+    Trainer, evaluation and benchmarks call this."""
     text = getattr(traj, "reward_text", None)
     if text is None:
         text = protocol.reward_view(traj.response_text)

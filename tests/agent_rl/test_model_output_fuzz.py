@@ -128,6 +128,14 @@ def ref_answer(text: str) -> str | None:
     return found[-1].strip() if found else None
 
 
+def ref_hide(text: str, tags: tuple[str, ...]) -> str:
+    """Model-written reward tags quoted (the protocols' `hide_tags`), by regex."""
+    return re.sub("|".join(map(re.escape, tags)), lambda m: m.group(0).replace("<", "&lt;").replace(">", "&gt;"), text)
+
+
+HERMES_HIDDEN = ("<information>", "</information>", "<search>", "</search>")
+
+
 def ref_calls_as_search(text: str) -> str:
     return re.sub(r"<tool_call>(.*?)</tool_call>", lambda m: f"<search> {m.group(1).strip()} </search>", text,
                   flags=re.DOTALL)
@@ -135,8 +143,8 @@ def ref_calls_as_search(text: str) -> str:
 
 def ref_hermes_view(text: str) -> str:
     return re.sub(r"(</search>)[^<]*<tool_response>(.*?)(?:</tool_response>[^<]*|\Z)",
-                  lambda m: f"{m.group(1)}{PR.OBS_OPEN}{m.group(2).strip()}{PR.OBS_CLOSE}", ref_calls_as_search(text),
-                  flags=re.DOTALL)
+                  lambda m: f"{m.group(1)}{PR.OBS_OPEN}{m.group(2).strip()}{PR.OBS_CLOSE}",
+                  ref_calls_as_search(ref_hide(text, HERMES_HIDDEN)), flags=re.DOTALL)
 
 
 def _check_action(p, a: Action) -> None:
@@ -326,16 +334,25 @@ def test_metrics_are_bounded_and_consistent(pred, gold):
 @given(text=short_text, segments=st.lists(st.tuples(st.sampled_from(["sampled", "observation", "feedback"]),
                                                      short_text), max_size=4))
 def test_reward_views_are_what_their_regexes_define(text, segments):
-    assert PR.SEARCH_R1.reward_view(text) == text.replace(FEEDBACK_INVALID, "\n")
+    assert PR.SEARCH_R1.reward_view(text) == text.replace(FEEDBACK_INVALID, PR.INVALID_TURN)
     h = HermesToolCalls()
     view = h.reward_view(text)
     assert isinstance(view, str) and h.reward_view(text) == view
     assert view == ref_hermes_view(text)
     if "<tool_response>" not in text:
-        assert view == ref_calls_as_search(text)
-    expected = "".join(ref_calls_as_search(t) if k == "sampled" else f"{PR.OBS_OPEN}{t.strip()}{PR.OBS_CLOSE}"
-                       if k == "observation" else "\n" for k, t in segments)
-    assert h.reward_text(text, segments) == expected
+        assert view == ref_calls_as_search(ref_hide(text, HERMES_HIDDEN))
+
+    def ref_view(sampled):
+        return "".join(sampled(t) if k == "sampled" else f"{PR.OBS_OPEN}{t.strip()}{PR.OBS_CLOSE}"
+                       if k == "observation" else PR.INVALID_TURN for k, t in segments)
+
+    assert h.reward_text(text, segments) == ref_view(lambda t: ref_calls_as_search(ref_hide(t, HERMES_HIDDEN)))
+    assert PR.SEARCH_R1.reward_text(text, segments) == ref_view(lambda t: ref_hide(t, HERMES_HIDDEN[:2]))
+    # who wrote what: every <information> of a rollout's view opens an observation segment (whose
+    # text, unlike this fuzz's, the rollout has neutralised)
+    from_env = sum(1 + t.count("<information>") for k, t in segments if k == "observation")
+    for p in (h, PR.SEARCH_R1):
+        assert p.reward_text(text, segments).count("<information>") == from_env
 
 
 # --------------------------------------------------------------------------- time

@@ -594,7 +594,7 @@ def test_score_trajectory_never_reads_the_feedback_as_an_answer(tok):
     mgr = RolloutManager(eng, FakeRetriever(), make_cfg(max_turns=2), tokenizer=tok)
     (t,), _ = run(mgr.rollout([Q("q", ["and"])], n=1))
     assert PR.FEEDBACK_INVALID.strip() in t.response_text
-    assert evaluate_response(t.response_text, ["and"]).score == 1.0  # the trap
+    assert evaluate_response(t.response_text, ["and"]).answer == "and"  # the trap
     assert score_trajectory(t, ["and"], None).score == 0.0
 
 
