@@ -12,6 +12,11 @@ Inputs (detected by suffix, ``.gz`` allowed, or forced with ``fmt``):
   ``{"title", "text"}`` / ``{"id", "contents"}`` objects; JSON lines named ``.json`` too.
 - ``.parquet``: columns ``contents`` or ``title`` + ``text`` (``id`` optional).
 
+Extra fields are written as they are, except values strict JSON cannot hold, which are kept
+as text (one note counts them): a timestamp, date or time in ISO 8601, bytes decoded as UTF-8
+(other bytes as ``\\xNN``), a decimal exactly as written, NaN and infinities as ``nan`` /
+``inf``. One odd value in one row of a parquet column never stops the conversion.
+
 Text inputs are UTF-8, decoded one line at a time (data_prep.io): a line that is not valid
 UTF-8 is one reported row, the rest of the file is kept. A UTF-8 BOM at the start of a file
 is dropped; CRLF line ends read as LF. In a parquet file, a row with invalid UTF-8 in a
@@ -30,8 +35,10 @@ whitespace) equal an earlier one's. It keeps a 64-bit hash per passage rather th
 from __future__ import annotations
 
 import csv
+import datetime
 import hashlib
 import json
+import math
 import re
 import sys
 import unicodedata
@@ -272,6 +279,33 @@ def read_documents(path: str | Path, report: Report, fmt: str | None = None) -> 
     return _READERS[fmt](p, report)
 
 
+def _as_json(value: Any) -> Any:
+    """`value` with what strict JSON cannot hold written as text (module docstring): parquet
+    columns bring timestamps, bytes, decimals and NaN, which json.dumps refuses or writes as
+    the invalid token ``NaN``."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if value is None or isinstance(value, (str, int)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _as_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_as_json(v) for v in value]
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).decode("utf-8", "backslashreplace")
+    if isinstance(value, (datetime.date, datetime.time)):  # datetime and pandas' Timestamp too
+        return value.isoformat()
+    return str(value)  # Decimal (exact), timedelta, anything else
+
+
+def _passage_line(record: dict) -> tuple[str, bool]:
+    """The record as one strict JSON line, and whether an extra field had to become text."""
+    try:
+        return json.dumps(record, ensure_ascii=False, allow_nan=False), False
+    except (TypeError, ValueError):  # a type JSON has no form for; NaN / inf
+        return json.dumps(_as_json(record), ensure_ascii=False, allow_nan=False), True
+
+
 # ---------------------------------------------------------------------------------------
 
 
@@ -303,7 +337,8 @@ def convert_corpus(
     report = Report()
     seen_hashes: set[int] = set()
     used_ids: set[str] = set()
-    reassigned = requoted = 0
+    reassigned = requoted = retexted = 0
+    first_retexted = ""
 
     with atomic_write(out) as f:
         for path, pfmt in zip(paths, formats):
@@ -327,10 +362,17 @@ def convert_corpus(
                             pid = f"{base}-{n}"
                         reassigned += 1
                     used_ids.add(pid)
-                    f.write(json.dumps({"id": pid, "contents": contents, **extra}, ensure_ascii=False) + "\n")
+                    line, as_text = _passage_line({"id": pid, "contents": contents, **extra})
+                    if as_text:
+                        retexted += 1
+                        first_retexted = first_retexted or where
+                    f.write(line + "\n")
                     report.written += 1
     if requoted:
         report.notes.append(f"{requoted} passages had an unquoted title line; written quoted (Search-R1 layout)")
+    if retexted:
+        report.notes.append(f"{retexted} passages had extra-field values JSON cannot hold (a timestamp, bytes, "
+                            f"a decimal, NaN); written as text (first at {first_retexted})")
     if reassigned:
         report.notes.append(
             f"{reassigned} passages had no id or a repeated id and got content-hash ids (h...)"

@@ -269,3 +269,45 @@ def test_repeated_ids_across_files_get_content_hash_ids(tmp_path):
     # the first file keeps its id; the passage repeating it gets its content-hash id
     assert ab == {'"A"\nalpha': "1", '"B"\nbeta': "h" + content_hash('"B"\nbeta')}
     assert ba == {'"B"\nbeta': "1", '"A"\nalpha': "h" + content_hash('"A"\nalpha')}
+
+
+# ---------------------------------------------------------------------------------------
+# odd values in extra parquet columns (issue 83, case 10)
+
+
+def _no_nan(token: str):
+    raise ValueError(f"{token} is not JSON")
+
+
+@pytest.mark.parametrize("kind", ["timestamp", "bytes", "decimal", "nan", "dates in a list"])
+def test_one_odd_parquet_value_in_1000_rows_is_kept_as_text(tmp_path, kind):
+    """One value strict JSON cannot hold, in one row of an extra column of a 1,000-row parquet
+    (it made `agent-rl-prep corpus` die with a TypeError and no output): every passage is
+    written, the odd value as text, and every line is strict JSON."""
+    import datetime
+    from decimal import Decimal
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    arrow_type, odd, as_text = {
+        "timestamp": (pa.timestamp("us", tz="UTC"),
+                      datetime.datetime(2021, 3, 4, 5, 6, 7, tzinfo=datetime.timezone.utc), "2021-03-04T05:06:07+00:00"),
+        "bytes": (pa.binary(), b"caf\xc3\xa9 \xff", "café \\xff"),
+        "decimal": (pa.decimal128(6, 3), Decimal("12.500"), "12.500"),
+        "nan": (pa.float64(), float("nan"), "nan"),
+        "dates in a list": (pa.list_(pa.date32()), [datetime.date(2020, 1, 2)], ["2020-01-02"]),
+    }[kind]
+    n, bad = 1000, 617
+    src = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"id": [f"d{i}" for i in range(n)],
+                             "contents": [f'"T{i}"\npassage number {i}' for i in range(n)],
+                             "extra": pa.array([odd if i == bad else None for i in range(n)], arrow_type)}), src)
+    r = convert_corpus([src], tmp_path / "c.jsonl")
+    assert (r.read, r.written, r.skipped) == (n, n, 0)
+    lines = (tmp_path / "c.jsonl").read_text(encoding="utf-8").splitlines()
+    rows = [json.loads(line, parse_constant=_no_nan) for line in lines]
+    assert [p["id"] for p in rows] == [f"d{i}" for i in range(n)]
+    assert rows[bad]["extra"] == as_text and rows[0]["extra"] is None
+    assert r.notes == [f"1 passages had extra-field values JSON cannot hold (a timestamp, bytes, a decimal, NaN); "
+                       f"written as text (first at {src}:row {bad + 1})"]
