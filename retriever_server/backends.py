@@ -11,8 +11,10 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -32,6 +34,23 @@ work besides encoding (issue 27)."""
 
 def rows_to_hits(rows: np.ndarray, scores: np.ndarray) -> list[Hits]:
     return [[(int(r), float(s)) for r, s in zip(rr, ss) if r >= 0] for rr, ss in zip(rows, scores)]
+
+
+def score_json(score: float) -> bytes:
+    """A score as JSON: repr of the float, null when it is not finite (strict JSON has no NaN)."""
+    score = float(score)
+    return repr(score).encode() if math.isfinite(score) else b"null"
+
+
+def finite(value: Any) -> Any:
+    """`value` (parsed JSON) with every NaN or infinite float replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite(v) for v in value]
+    return value
 
 
 def rrf_fuse(rankings: list[list[int]], k: int, topk: int) -> Hits:
@@ -85,17 +104,23 @@ class Backend:
         return doc
 
     def _doc_json(self, row: int) -> bytes:
-        """`doc(row)` as compact JSON (UTF-8, like FastAPI's responses)."""
-        return json.dumps(self.doc(row), ensure_ascii=False, separators=(",", ":")).encode()
+        """`doc(row)` as compact, strict JSON (UTF-8, like FastAPI's responses). Python's json
+        reads NaN and Infinity in a corpus line and writes them back, which no strict parser
+        takes: a non-finite number in a passage is sent as null."""
+        doc = self.doc(row)
+        try:
+            return json.dumps(doc, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        except ValueError:  # rare: walk the passage only when it holds one
+            return json.dumps(finite(doc), ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
     def docs(self, hits: Hits) -> list[tuple[dict, float]]:
         return [(self.doc(row), score) for row, score in hits]
 
     def result_json(self, hits: list[Hits], with_scores: bool) -> bytes:
         """The /retrieve response body `{"result": [[{"document": ..., "score": ...}, ...], ...]}`,
-        joined from cached passage JSON (scores as JSON writes floats: repr)."""
+        joined from cached passage JSON (scores as JSON writes floats: repr; a non-finite one null)."""
         if with_scores:
-            lists = (b",".join(b'{"document":%b,"score":%b}' % (self.doc_json(r), repr(float(s)).encode())
+            lists = (b",".join(b'{"document":%b,"score":%b}' % (self.doc_json(r), score_json(s))
                                for r, s in h) for h in hits)
         else:
             lists = (b",".join(b'{"document":%b}' % self.doc_json(r) for r, _ in h) for h in hits)

@@ -91,3 +91,41 @@ def test_server_process_refuses_mismatch_with_message(flat_index, tiny_corpus, t
         finally:
             stop_server(proc)
     assert "name: index='all-MiniLM-L6-v2' server='other-encoder'" in str(err.value)
+
+
+def _strict_json(body: bytes):
+    """RFC 8259 JSON only: NaN, Infinity and -Infinity (which Python's json reads) are errors."""
+    def refuse(constant: str):
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(body, parse_constant=refuse)
+
+
+def test_non_finite_numbers_in_a_corpus_are_sent_as_null(tmp_path):
+    """Issue 83 case 16: Python's json reads NaN / Infinity in a corpus line and wrote them back
+    into /retrieve's answer (`"year":NaN`), which strict parsers (JavaScript, Go, Rust, orjson)
+    refuse. They are sent as null, the other fields as they are; so is a non-finite score."""
+    import httpx
+
+    from data_prep.indexing import build_index
+    from retriever_server.app import create_app
+    from retriever_server.launch import ServerThread
+
+    corpus = tmp_path / "corpus.jsonl"
+    rows = [{"id": "nan", "contents": '"Nan"\nthe moth of nowhere', "year": float("nan"),
+             "meta": {"w": [1.5, float("inf"), {"x": -float("inf")}], "ok": "yes"}},
+            {"id": "fine", "contents": '"Fine"\na lighthouse on an island', "year": 1873}]
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))  # json.dumps writes NaN
+    build_index(corpus, tmp_path / "bm25", kind="bm25", progress=False)
+    settings = Settings(index=[str(tmp_path / "bm25")], corpus=str(corpus))
+    with ServerThread(create_app(settings)) as srv:
+        r = httpx.post(f"{srv.url}/retrieve", json={"queries": ["moth nowhere", "lighthouse island"], "topk": 1},
+                       timeout=30)
+    assert r.status_code == 200, r.text
+    result = _strict_json(r.content)["result"]
+    assert result[0][0]["document"] == {"id": "nan", "contents": rows[0]["contents"], "year": None,
+                                        "meta": {"w": [1.5, None, {"x": None}], "ok": "yes"}}
+    assert result[1][0]["document"] == rows[1]
+    backend = load_backend(settings)
+    out = _strict_json(backend.result_json([[(0, float("nan")), (1, float("-inf")), (1, 0.25)]], True))
+    assert [d["score"] for d in out["result"][0]] == [None, None, 0.25]
