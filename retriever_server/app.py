@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from retriever_server.batcher import Hits, LRUCache, MicroBatcher, QueueFull
 from retriever_server.schemas import ErrorResponse, HealthResponse, RetrieveRequest, RetrieveResponse
-from retriever_server.settings import Settings
+from retriever_server.settings import Settings, host_allowed
 
 log = logging.getLogger("retriever_server")
 ALLOWED_FIELDS = tuple(RetrieveRequest.model_fields)
@@ -180,10 +180,13 @@ async def read_body(receive: Callable, declared: str | None, limit: int) -> byte
 
 def parse_retrieve(headers: dict[str, str], body: bytes, s: Settings) -> tuple[list[str], int, bool]:
     """(queries, topk, return_scores) of a /retrieve request, or an ApiError saying what is wrong."""
-    ctype = headers.get("content-type", "")
-    media = ctype.split(";")[0].strip().lower()
-    if media and media != "application/json" and not media.endswith("+json"):
-        raise ApiError(415, f"Content-Type must be application/json, got {ctype!r}", "content_type")
+    # required, not only checked when sent: a web page may post a body with no Content-Type
+    # (fetch of a Blob) without asking the server first (no CORS preflight), but not a JSON one
+    ctype = headers.get("content-type")
+    media = (ctype or "").split(";")[0].strip().lower()
+    if media != "application/json" and not media.endswith("+json"):
+        raise ApiError(415, f"Content-Type must be application/json, got {'none' if ctype is None else repr(ctype)}",
+                       "content_type")
     encoding = headers.get("content-encoding", "identity").strip().lower()
     if encoding not in ("", "identity"):  # never inflated: a 4 MiB gzip body can hold gigabytes
         raise ApiError(415, f"Content-Encoding {encoding!r} is not accepted: send the JSON body uncompressed",
@@ -315,6 +318,32 @@ class BodyDeadline:
                 pass
 
         await self.app(scope, timed_receive, closing_send)
+
+
+class HostCheck:
+    """ASGI middleware: a request whose Host header the server does not answer
+    (settings.host_allowed) gets 421 and nothing else runs. On a loopback server with no key,
+    a web page could otherwise post to it blind and, by rebinding its own DNS name to
+    127.0.0.1, read the answer: the browser then sends the page's name as Host."""
+
+    def __init__(self, app: Callable, settings: Settings, on_refused: Callable[[], None] | None = None):
+        self.app, self.settings, self.on_refused = app, settings, on_refused
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), None)
+        if host_allowed(self.settings, host):
+            return await self.app(scope, receive, send)
+        if self.on_refused is not None:
+            self.on_refused()
+        detail = json.dumps({"detail": f"Host {host!r} is not one this server answers (bound to "
+                                       f"{self.settings.host}): use localhost or the bind address, or add "
+                                       f"the name to allowed_hosts"}).encode()
+        await send({"type": "http.response.start", "status": 421,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(detail)).encode())]})
+        await send({"type": "http.response.body", "body": detail})
 
 
 class RetrieveRoute:
@@ -497,6 +526,11 @@ def create_app(settings: Settings, on_fatal: Callable[[str], None] | None = None
     def body_timeout() -> None:
         state.stats.errors["body_timeout"] += 1
 
+    def host_refused() -> None:
+        state.stats.errors["host"] += 1
+
+    # inside BodyDeadline: a refused request's unread body closes its connection there
+    app.add_middleware(HostCheck, settings=settings, on_refused=host_refused)
     # outermost (added last): every request's body, /retrieve's and the others', is under the deadline
     app.add_middleware(BodyDeadline, timeout_s=settings.body_timeout_s, on_timeout=body_timeout)
 

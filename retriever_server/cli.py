@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="bind address (default 127.0.0.1; another address needs an API key or --allow-no-key)")
     p.add_argument("--allow-no-key", action="store_const", const=True,
                    help="serve a non-loopback --host without an API key (anyone who reaches it may use it)")
+    p.add_argument("--allowed-host", dest="allowed_hosts", action="append", metavar="NAME",
+                   help="a Host header name to answer besides the bind address (repeat; '*': any). Default: "
+                        "loopback names on a loopback --host, any host on 0.0.0.0")
     p.add_argument("--port", type=int)
     p.add_argument("--parent-pid", type=int, default=None,
                    help="exit when this process is gone (launchers pass their own pid: a killed launcher leaves no server)")

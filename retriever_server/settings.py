@@ -101,6 +101,12 @@ class Settings(BaseModel):
     allow_no_key: bool = False
     """Serve a non-loopback address without an API key (anyone who reaches it may search and
     read /stats)."""
+    allowed_hosts: list[str] | None = None
+    """Host header names answered besides the bind address's own ('*': any; the port is not
+    checked). A server on loopback answers only localhost and loopback IPs unless a name is
+    listed: a web page that rebinds its own DNS name to 127.0.0.1 sends that name, and is
+    refused (421). None on 0.0.0.0 or :: (every interface) answers any host; a list there
+    answers its names and the loopback ones."""
     port: int = 8000
     """Bind port."""
     log_level: str = "info"
@@ -110,6 +116,11 @@ class Settings(BaseModel):
     @classmethod
     def _one_or_many(cls, v: Any) -> Any:
         return [v] if isinstance(v, (str, Path)) else v
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _host_names(cls, v: list[str] | None) -> list[str] | None:
+        return None if v is None else [h.strip().lower().rstrip(".") for h in v]
 
     @model_validator(mode="after")
     def _check(self) -> "Settings":
@@ -142,6 +153,36 @@ def is_loopback(host: str) -> bool:
     except ValueError:
         return False
 
+
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+"""Bind addresses that listen on every interface."""
+
+
+def host_name(header: str) -> str:
+    """The name of a Host header, lower case, without port or trailing dot ("[::1]:80" -> "::1")."""
+    h = header.strip().lower()
+    if h.startswith("["):
+        h = h[1:].split("]", 1)[0]
+    elif h.count(":") == 1:
+        h = h.split(":", 1)[0]
+    return h.rstrip(".")
+
+
+def host_allowed(settings: Settings, header: str | None) -> bool:
+    """Whether a request with this Host header is answered (Settings.allowed_hosts): the bind
+    address's own name, loopback names on a loopback or wildcard bind, the listed names; any
+    host on a wildcard bind with no list. A request without a Host header is refused unless
+    any host is."""
+    allowed = settings.allowed_hosts
+    bind = host_name(settings.host)
+    if "*" in (allowed or ()) or (allowed is None and bind in WILDCARD_HOSTS):
+        return True
+    if header is None:
+        return False
+    name = host_name(header)
+    if name == bind or name in (allowed or ()):
+        return True
+    return (bind in WILDCARD_HOSTS or is_loopback(bind)) and is_loopback(name)
 
 
 def load_settings(config: str | Path | None = None, **overrides: Any) -> Settings:

@@ -235,3 +235,32 @@ def test_a_query_gets_the_same_passages_alone_and_in_a_burst(backend, precision,
     for q, a, b in zip(targets, alone, in_burst):
         assert [d["document"]["id"] for d in a] == [d["document"]["id"] for d in b], q
         assert max(abs(x["score"] - y["score"]) for x, y in zip(a, b)) <= (2.0 ** -8 if precision == "bf16" else 1e-4), q
+
+
+def test_a_foreign_host_or_a_body_without_json_type_is_refused(retriever_server):
+    """Issue 83 case 12: on loopback with no key, a web page could post to the server blind (a
+    body with no Content-Type needs no CORS preflight) and, by rebinding its own DNS name to
+    127.0.0.1, read the answer (the browser sends the page's name as Host). Every route
+    refuses a Host that is not a loopback name with 421; /retrieve wants a JSON Content-Type."""
+    url, proc = retriever_server
+    port = url.rsplit(":", 1)[1]
+    body = {"queries": ["Vexmoor cheese"], "topk": 1}
+    with httpx.Client(timeout=30) as c:
+        for host in ("rebind.example", f"rebind.example:{port}", "127.0.0.1.nip.io", "localhost.evil", ""):
+            r = c.post(f"{url}/retrieve", json=body, headers={"host": host})
+            assert r.status_code == 421 and "allowed_hosts" in r.json()["detail"], (host, r.status_code, r.text)
+            for path in ("/stats", "/metrics", "/health"):
+                assert c.get(f"{url}{path}", headers={"host": host}).status_code == 421, (host, path)
+        for host in ("localhost", f"LOCALHOST:{port}", f"127.0.0.1:{port}", "127.8.9.10", f"[::1]:{port}"):
+            r = c.post(f"{url}/retrieve", json=body, headers={"host": host})
+            assert r.status_code == 200 and r.json()["result"][0][0]["document"]["id"] == "n9", (host, r.text)
+        raw = b'{"queries": ["Vexmoor cheese"]}'
+        r = c.post(f"{url}/retrieve", content=raw)  # no Content-Type at all
+        assert r.status_code == 415 and "got none" in r.json()["detail"], r.text
+        for ctype in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+            assert c.post(f"{url}/retrieve", content=raw, headers={"content-type": ctype}).status_code == 415
+        for ctype in ("application/json", "application/json; charset=utf-8", "application/vnd.api+json"):
+            assert c.post(f"{url}/retrieve", content=raw, headers={"content-type": ctype}).status_code == 200
+        stats = c.get(f"{url}/stats").json()
+    assert stats["errors"]["host"] >= 20 and proc.poll() is None
+

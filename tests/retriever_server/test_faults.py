@@ -213,7 +213,7 @@ class SlowLoris:
 
 
 def _slow_post(length: int = 1000) -> bytes:
-    return (b"POST /retrieve HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+    return (b"POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             b"Content-Length: " + str(length).encode() + b"\r\n\r\n{\"queries\"")
 
 
@@ -257,7 +257,7 @@ def test_a_slow_body_within_the_deadline_is_answered_and_an_unread_body_closes_t
                 time.sleep(0.1)
             answer = s.recv(65536)
         assert answer.startswith(b"HTTP/1.1 200 "), answer
-        loris = SlowLoris(srv.port, b"GET /health HTTP/1.1\r\nHost: test\r\nContent-Length: 1000\r\n\r\n{")
+        loris = SlowLoris(srv.port, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\n{")
         try:
             deadline = time.monotonic() + 6
             while loris.closed_after_s is None and time.monotonic() < deadline:

@@ -87,3 +87,32 @@ def test_a_non_loopback_bind_needs_a_key_or_an_explicit_yes(tmp_path, capsys, mo
     assert main(["--index", "x", "--corpus", "y", "--host", "0.0.0.0"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("agent-rl-retriever: bad settings: host '0.0.0.0' is not a loopback") and "\n" not in err
+
+
+@pytest.mark.parametrize("bind,allowed,answered,refused", [
+    ("127.0.0.1", None, ["localhost", "LocalHost.:8000", "127.0.0.1:8000", "127.0.0.2", "[::1]:1"],
+     ["rebind.example", "rebind.example:8000", "0.0.0.0", "10.0.0.5", "", None]),
+    ("localhost", ["retriever.lan"], ["localhost", "127.0.0.1", "retriever.lan:8000", "RETRIEVER.LAN"],
+     ["rebind.example", "lan", None]),
+    ("0.0.0.0", None, ["rebind.example", "10.0.0.5:8000", "", None], []),
+    ("::", None, ["anything.example"], []),
+    ("0.0.0.0", ["retriever.lan"], ["retriever.lan", "localhost:1", "127.0.0.1"], ["rebind.example", "10.0.0.5", None]),
+    ("10.0.0.5", None, ["10.0.0.5:8000"], ["localhost", "127.0.0.1", "rebind.example"]),
+    ("10.0.0.5", ["*"], ["rebind.example", None], []),
+])
+def test_host_header_checked_against_the_bind_address_and_allowed_hosts(bind, allowed, answered, refused):
+    """Issue 83 case 12: loopback names on a loopback bind, the bind address's own name, the
+    listed names; any host on 0.0.0.0 / :: unless a list is set. The port is not checked."""
+    from retriever_server.settings import host_allowed
+
+    s = Settings(host=bind, allowed_hosts=allowed, allow_no_key=True)
+    assert [h for h in answered if not host_allowed(s, h)] == []
+    assert [h for h in refused if host_allowed(s, h)] == []
+
+
+def test_cli_takes_allowed_hosts():
+    from retriever_server.cli import build_parser
+
+    args = vars(build_parser().parse_args(["--allowed-host", "a.lan", "--allowed-host", "B.lan."]))
+    args.pop("config"), args.pop("parent_pid")
+    assert load_settings(None, **args).allowed_hosts == ["a.lan", "b.lan"]
