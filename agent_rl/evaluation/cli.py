@@ -200,10 +200,46 @@ def plot_main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- show
+def show_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="agent-rl-eval show",
+                                 description="Render the sampled rollouts a run wrote (trainer.rollout_data_dir): each "
+                                             "trajectory's reward breakdown and its response, the loss-masked context "
+                                             "(observations, feedback, template) shaded, or in [[...]] without a terminal.")
+    ap.add_argument("path", help="a rollout_data_dir, or one of its <step>.jsonl files")
+    ap.add_argument("--step", type=int, default=None, help="only this step's file")
+    ap.add_argument("--html", default=None, metavar="FILE", help="also write one static HTML page there")
+    ap.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                    help="shade with terminal colours (auto: when stdout is a terminal)")
+    return ap
+
+
+def show_main(argv: list[str] | None = None) -> int:
+    """Print (and optionally write as HTML) the records of `agent_rl.training.rollout_data`."""
+    args = show_parser().parse_args(argv)
+    from agent_rl.training.rollout_data import read_rollout_data, render_html, render_text
+
+    if not Path(args.path).exists():
+        print(f"show: error: {args.path} does not exist", file=sys.stderr)
+        return 2
+    records = read_rollout_data(args.path, args.step)
+    if not records:
+        print(f"show: no rollout records in {args.path}" + (f" for step {args.step}" if args.step is not None else ""),
+              file=sys.stderr)
+        return 2
+    color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
+    print(render_text(records, color=color), end="")
+    if args.html:
+        Path(args.html).write_text(render_html(records, title=f"rollouts of {args.path}"), encoding="utf-8")
+        print(f"[show] wrote {args.html}")
+    return 0
+
+
 # ----------------------------------------------------------------------------- python -m
 COMMANDS = {"eval": (eval_main, "greedy evaluation in agent / rag / direct modes (agent-rl-eval)"),
             "report": (report_main, "the model x mode table of several evaluation directories"),
-            "plot": (plot_main, "a run's reward and EM curves as PNG, or several runs compared")}
+            "plot": (plot_main, "a run's reward and EM curves as PNG, or several runs compared"),
+            "show": (show_main, "sampled rollouts a run wrote (trainer.rollout_data_dir), context shaded")}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,6 +35,7 @@ from agent_rl.training.groups import GroupRules, Tally, batch_of, group_trajecto
 from agent_rl.training.identity import N, problems, saved_identity, train_identity
 from agent_rl.training.metrics import MetricsLogger, RisingRate, reward_metrics, write_validation
 from agent_rl.training.run import Run, finished_reason, resume_checkpoint
+from agent_rl.training.rollout_data import RolloutDataWriter
 from agent_rl.types import Trajectory
 
 if TYPE_CHECKING:
@@ -89,6 +90,7 @@ class RayTrainer:
         self.checkpoints = self.run.checkpoints
         self.invalid_watch = RisingRate("rollout/invalid_action_rate")
         self.adv_fn = algos.get_adv_estimator(cfg.algorithm.adv_estimator)
+        self.rollout_data = RolloutDataWriter(cfg)
         GroupRules.from_config(cfg)  # checks algorithm.filter_metric before the engine starts
         self.kl_ctrl = algos.make_kl_controller(cfg.algorithm.kl_ctrl)
         self.use_critic = algos.needs_critic(cfg.algorithm.adv_estimator)
@@ -187,6 +189,7 @@ class RayTrainer:
             # 5. log before the checkpoint: a run killed after checkpoint K has logged K
             self.metrics.log(metrics, self.step, extra={"prompt_ids": prompt_ids})
             if self.run.save_due():
+            self.rollout_data.maybe_write(self.step, trajs)
                 self.save()
             if on_step is not None:
                 on_step(self.step, metrics)
