@@ -34,8 +34,8 @@ from agent_rl.training.data import Prompt, PromptLoader, drop_overlong, load_pro
 from agent_rl.training.groups import GroupRules, Tally, batch_of, group_trajectories, score_trajectories, sift
 from agent_rl.training.identity import N, problems, saved_identity, train_identity
 from agent_rl.training.metrics import MetricsLogger, RisingRate, reward_metrics, write_validation
-from agent_rl.training.run import Run, finished_reason, resume_checkpoint
 from agent_rl.training.rollout_data import RolloutDataWriter
+from agent_rl.training.run import Run, finished_reason, resume_checkpoint
 from agent_rl.types import Trajectory
 
 if TYPE_CHECKING:
@@ -188,8 +188,8 @@ class RayTrainer:
                 print(f"[train] warning: {warning}", flush=True)
             # 5. log before the checkpoint: a run killed after checkpoint K has logged K
             self.metrics.log(metrics, self.step, extra={"prompt_ids": prompt_ids})
-            if self.run.save_due():
             self.rollout_data.maybe_write(self.step, trajs)
+            if self.run.save_due():
                 self.save()
             if on_step is not None:
                 on_step(self.step, metrics)
