@@ -26,11 +26,12 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from retriever_server.batcher import Hits, LRUCache, MicroBatcher, QueueFull
-from retriever_server.schemas import ErrorResponse, HealthResponse, RetrieveRequest, RetrieveResponse
+from retriever_server.schemas import (ErrorResponse, HealthResponse, RetrieveRequest, RetrieveResponse,
+                                      SingleQueryRequest)
 from retriever_server.settings import Settings, host_allowed
 
 log = logging.getLogger("retriever_server")
-ALLOWED_FIELDS = tuple(RetrieveRequest.model_fields)
+ALLOWED_FIELDS = tuple(dict.fromkeys([*RetrieveRequest.model_fields, *SingleQueryRequest.model_fields]))
 
 
 RETRY_AFTER_S = 1
@@ -199,7 +200,7 @@ def parse_retrieve(headers: dict[str, str], body: bytes, s: Settings) -> tuple[l
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
         raise ApiError(400, f"body is not valid JSON: {str(e)[:200]}", "json") from None
     if not isinstance(obj, dict):
-        raise ApiError(422, f"body must be a JSON object with 'queries', got a JSON {type(obj).__name__}",
+        raise ApiError(422, f"body must be a JSON object with 'queries' (or 'query'), got a JSON {type(obj).__name__}",
                        "validation")
     # before pydantic, which builds (on the event loop) one error per wrong element: a 4 MiB
     # body of 1.9M ints as queries held /health and every other client for 9 s
@@ -208,12 +209,19 @@ def parse_retrieve(headers: dict[str, str], body: bytes, s: Settings) -> tuple[l
         names = ", ".join(repr(k[:40]) for k in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
         raise ApiError(422, f"{len(unknown)} unknown field{'s' if len(unknown) > 1 else ''} {names} "
                             f"(allowed: {', '.join(ALLOWED_FIELDS)})", "validation")
+    if "query" in obj and "queries" in obj:
+        raise ApiError(422, "send either 'queries' (a list) or 'query' (one string, SkyRL's form), not both",
+                       "validation")
     if isinstance(obj.get("queries"), list) and len(obj["queries"]) > s.max_queries:
         raise ApiError(422, f"too many queries: {len(obj['queries'])} > max_queries={s.max_queries}",
                        "too_many_queries")
     try:
         # strict: "3" or 3.0 or true is not a topk, 1 is not a bool
-        req = RetrieveRequest.model_validate(obj, strict=True)
+        if "query" in obj:  # SkyRL's single query: answered as a list of one
+            one = SingleQueryRequest.model_validate(obj, strict=True)
+            req = RetrieveRequest(queries=[one.query], topk=one.topk, return_scores=one.return_scores)
+        else:
+            req = RetrieveRequest.model_validate(obj, strict=True)
     except ValidationError as e:
         raise ApiError(422, _validation_message(e), "validation") from None
     if not req.queries:
@@ -224,15 +232,16 @@ def parse_retrieve(headers: dict[str, str], body: bytes, s: Settings) -> tuple[l
     if topk > s.max_topk:
         raise ApiError(422, f"topk={topk} exceeds max_topk={s.max_topk}", "topk")
     for i, q in enumerate(req.queries):
+        name = "query" if "query" in obj else f"queries[{i}]"
         if len(q) > s.max_query_chars:
-            raise ApiError(422, f"queries[{i}] has {len(q)} characters, more than max_query_chars="
+            raise ApiError(422, f"{name} has {len(q)} characters, more than max_query_chars="
                                 f"{s.max_query_chars}", "query_too_long")
         if not s.allow_empty_queries and not q.strip():
-            raise ApiError(422, f"queries[{i}] is empty", "empty_query")
+            raise ApiError(422, f"{name} is empty", "empty_query")
         try:
             q.encode("utf-8")
         except UnicodeEncodeError:
-            raise ApiError(422, f"queries[{i}] is not valid Unicode (lone surrogate)", "validation") from None
+            raise ApiError(422, f"{name} is not valid Unicode (lone surrogate)", "validation") from None
     return req.queries, topk, req.return_scores
 
 
@@ -539,7 +548,8 @@ def create_app(settings: Settings, on_fatal: Callable[[str], None] | None = None
                          415: {"model": ErrorResponse}, 422: {"model": ErrorResponse},
                          503: {"model": ErrorResponse}},
               openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
-                  "schema": RetrieveRequest.model_json_schema()}}}})
+                  "schema": {"anyOf": [RetrieveRequest.model_json_schema(),
+                                       SingleQueryRequest.model_json_schema()]}}}}})
     async def retrieve_documented(request: Request):
         status, body, headers = await retrieve(request.scope, request.receive)
         return Response(body, status_code=status, media_type="application/json", headers=headers)

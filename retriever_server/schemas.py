@@ -4,6 +4,9 @@
 POST /retrieve {"queries": [str], "topk": int?, "return_scores": bool?}
   -> {"result": [[{"document": {"id": str, "contents": str, ...}, "score": float}, ...], ...]}
 One list per query, in request order. `score` is present when asked (Search-R1 default: asked).
+SkyRL's search tool (skyrl-gym `call_search_api`) sends one query, {"query": str, "topk": int?,
+"return_scores": bool?}; it is answered as {"queries": [query]} is: a result of one list, which
+is what that client reads. Non-finite numbers (a NaN in a corpus field) are sent as null.
 """
 
 from __future__ import annotations
@@ -19,6 +22,16 @@ class RetrieveRequest(BaseModel):
 
     queries: list[str] = Field(..., description="Search queries, answered in order.")
     topk: int | None = Field(None, description="Passages per query; server default when omitted.")
+    return_scores: bool = Field(True, description="Include each passage's score.")
+
+
+class SingleQueryRequest(BaseModel):
+    """SkyRL's form of the same request: one query (skyrl_gym.tools.search.call_search_api)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    query: str = Field(..., description="One search query; answered as `queries: [query]`.")
+    topk: int | None = Field(None, description="Passages for the query; server default when omitted.")
     return_scores: bool = Field(True, description="Include each passage's score.")
 
 

@@ -264,3 +264,22 @@ def test_a_foreign_host_or_a_body_without_json_type_is_refused(retriever_server)
         stats = c.get(f"{url}/stats").json()
     assert stats["errors"]["host"] >= 20 and proc.poll() is None
 
+
+def test_skyrl_single_query_form_is_answered_as_a_list_of_one(retriever_server):
+    """Issue 83 case 17: SkyRL's search tool posts {"query": str, "topk", "return_scores"};
+    the answer is the one to {"queries": [query]}: `result` holds one list of passages."""
+    url, _ = retriever_server
+    q = "How long is Vexmoor cheese aged?"
+    with httpx.Client(timeout=30) as c:
+        one = c.post(f"{url}/retrieve", json={"query": q, "topk": 2, "return_scores": True})
+        assert one.status_code == 200, one.text
+        assert one.content == c.post(f"{url}/retrieve", json={"queries": [q], "topk": 2}).content
+        assert [len(x) for x in one.json()["result"]] == [2] and one.json()["result"][0][0]["document"]["id"] == "n9"
+        bare = c.post(f"{url}/retrieve", json={"query": q}).json()["result"]  # defaults: topk 3, scores
+        assert len(bare) == 1 and len(bare[0]) == 3 and all("score" in d for d in bare[0])
+        refused = [({"query": q, "queries": [q]}, "not both"), ({"query": [q]}, "query"), ({"query": 5}, "query"),
+                   ({"query": "x" * 3000}, "query has 3000 characters"), ({"query": q, "topk": 0}, "topk"),
+                   ({"query": q, "k": 3}, "unknown field 'k'")]
+        for obj, words in refused:
+            r = c.post(f"{url}/retrieve", json=obj)
+            assert r.status_code == 422 and words in r.json()["detail"], (obj, r.text)

@@ -230,6 +230,7 @@ _field_values = {
     "queries": st.lists(_query, max_size=6) | st.lists(_query | _json, max_size=4) | _json,
     "topk": st.integers(-3, MAX_TOPK + 3) | st.sampled_from([None, 1.0, True, "2", 10 ** 30]) | _json,
     "return_scores": st.booleans() | st.sampled_from([0, 1, "true", None]) | _json,
+    "query": _query | _json,  # SkyRL's single-query form (and both forms at once: refused)
 }
 _bodies = st.one_of(
     st.fixed_dictionaries({}, optional=_field_values),
@@ -240,9 +241,12 @@ _bodies = st.one_of(
 
 def expected_ok(obj) -> bool:
     """Whether the server must answer `obj` with a 200 (its rules, written out again)."""
-    if not isinstance(obj, dict) or set(obj) - {"queries", "topk", "return_scores"}:
+    if not isinstance(obj, dict) or set(obj) - {"queries", "query", "topk", "return_scores"}:
         return False
-    qs, k, scores = obj.get("queries"), obj.get("topk"), obj.get("return_scores", True)
+    if "query" in obj and ("queries" in obj or not isinstance(obj["query"], str)):
+        return False
+    qs = [obj["query"]] if "query" in obj else obj.get("queries")
+    k, scores = obj.get("topk"), obj.get("return_scores", True)
     if not isinstance(qs, list) or not 1 <= len(qs) <= MAX_QUERIES:
         return False
     if not all(isinstance(q, str) and len(q) <= MAX_QUERY_CHARS and "\ud800" not in q for q in qs):
@@ -262,7 +266,7 @@ def test_generated_requests_get_200_exactly_when_valid_else_a_4xx(bm25_server, o
         assert r.status_code == 200, (obj, r.text[:300])
         result = r.json()["result"]
         topk = obj.get("topk") or 3
-        assert [len(x) for x in result] == [topk] * len(obj["queries"])
+        assert [len(x) for x in result] == [topk] * (1 if "query" in obj else len(obj["queries"]))
         assert all(("score" in d) == obj.get("return_scores", True) for x in result for d in x)
     else:
         assert_refused(r, (400, 422))
