@@ -72,8 +72,8 @@ RANGES: dict[str, tuple] = {
     "trainer.num_actor_workers": (1, None, True), "trainer.n_gpus_per_node": (0, None, True),
     "trainer.torch_threads": (0, None, True), "trainer.log_freq": (1, None, True),
     "trainer.max_staleness": (1, None, True),
-    # every timeout and wait (0: a call that always times out; a wait of 0 gives up at once)
     "trainer.rollout_data_freq": (1, None, True), "trainer.rollout_data_n": (1, None, True),
+    # every timeout and wait (0: a call that always times out; a wait of 0 gives up at once)
     "actor_rollout_ref.rollout.tool_timeout_s": (0, None, False), "retriever.outage_wait_s": (0, None, True),
     "trainer.retriever_health_timeout_s": (0, None, True), "trainer.max_time_s": (0, None, True),
     # every reward term: Search-R1's scores lie in [0, 1], and a search cost above 1 would make a

@@ -407,6 +407,15 @@ class TrainerConfig(RunConfig):
     compared question by question from these (`make demo` sets `<run>/validation`:
     agent_rl.demo.selection). null (veRL's default) writes none: on Search-R1's full test set a
     file is ~100 MB."""
+    rollout_data_dir: str | None = None
+    """Where sampled rollouts go, `<dir>/<step>.jsonl` (veRL's knob): `rollout_data_n` trajectories
+    of the batch every `rollout_data_freq` steps, with the reward's breakdown and the loss-masked
+    context marked (agent_rl.training.rollout_data); `agent-rl-eval show <dir>` renders them.
+    null: none."""
+    rollout_data_freq: int = 10
+    """Write sampled rollouts every this many steps (and at step 1)."""
+    rollout_data_n: int = 4
+    """Trajectories written per such step (a draw seeded by the step)."""
     retriever_health_timeout_s: float = 300.0
     """How long agent-rl-train waits for the retriever's /health before giving up."""
     mode: str = "sync"
@@ -421,15 +430,6 @@ class TrainerConfig(RunConfig):
     max_staleness: int = 1
     """async: how many policy versions a trained trajectory's oldest token may lag the
     trainer's (veRL max_off_policy_threshold, SkyRL max_staleness_steps); it is also how many
-    rollout_data_dir: str | None = None
-    """Where sampled rollouts go, `<dir>/<step>.jsonl` (veRL's knob): `rollout_data_n` trajectories
-    of the batch every `rollout_data_freq` steps, with the reward's breakdown and the loss-masked
-    context marked (agent_rl.training.rollout_data); `agent-rl-eval show <dir>` renders them.
-    null: none."""
-    rollout_data_freq: int = 10
-    """Write sampled rollouts every this many steps (and at step 1)."""
-    rollout_data_n: int = 4
-    """Trajectories written per such step (a draw seeded by the step)."""
     batches are generated ahead."""
     staleness_policy: str = "wait"
     """async: wait (train groups in submission order; the bound holds by construction) | drop
