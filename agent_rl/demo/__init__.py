@@ -7,5 +7,7 @@
 - `budget`: the stages sized to the host's calibrated speed and the minutes left
   (configs/demo.yaml holds the work per unit);
 - `calibrate`: that speed;
-- `report`: the report.
+- `report`: the report;
+- `records`: a run's record (`record.json`: command, commit, hardware line, settings, headline
+  figures), which the report and every benchmark write (docs/results/README.md).
 """

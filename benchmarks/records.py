@@ -1,0 +1,394 @@
+"""Records of runs, and the documents' tables generated from them (docs/results/README.md).
+
+Every benchmark ends with `keep(...)`: it writes the run's record (`agent_rl.demo.records`:
+command, commit, hardware line, settings, headline figures) beside the full JSON and PNGs, into
+`--record-dir` (default: the run's own output directory). A record worth quoting is kept in
+`docs/results/<experiment>/`, by running the benchmark with `--record-dir` there or by copying:
+
+    python -m benchmarks.records keep runs/rl_vs_sft/kb101 rl_vs_sft_kb101_demos50_best_nbf16
+    python -m benchmarks.records index           # docs/results/README.md and every generated table
+    python -m benchmarks.records index --check   # exit 1 if a generated table is out of date
+
+`index` rewrites, from the records alone: docs/results/README.md (the index), each record's
+README.md (its card), the tables between `<!-- records:begin NAME -->` and
+`<!-- records:end NAME -->` in README.md, docs/real_data.md and docs/gpu.md, and the figures
+`make demo`'s report quotes (agent_rl/demo/expectations.json, shipped with the package).
+Documents quote figures only through these tables (tests/benchmarks/test_records.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # run as a script from a checkout
+
+from agent_rl.demo.records import MINUS, RECORD, Record, paired, pts, read_record, write_record  # noqa: E402
+
+RESULTS = ROOT / "docs" / "results"
+EXPECTATIONS = ROOT / "agent_rl" / "demo" / "expectations.json"
+BEGIN, END = "<!-- records:begin {} -->", "<!-- records:end {} -->"
+
+
+# ----------------------------------------------------------------------------- figures
+def em(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+def spread(diffs: list[dict], unit: str = "seed") -> str:
+    """Over seeds: the range and count, or the one paired difference with its interval."""
+    if len(diffs) == 1:
+        return f"{paired(diffs[0])} (1 {unit})"
+    xs = [d["diff"] for d in diffs]
+    return f"{pts(min(xs))} to {pts(max(xs))} ({len(xs)} {unit}s)"
+
+
+def each(rows: list[dict], get: Callable[[dict], dict]) -> str:
+    return "; ".join(f"seed {r['seed']} {paired(get(r))}" for r in rows)
+
+
+def em_range(xs: list[float]) -> str:
+    lo, hi = min(xs), max(xs)
+    return em(lo) if lo == hi else f"{em(lo)}–{em(hi)}"
+
+
+def rl_vs_sft_headline(result: dict) -> dict[str, str]:
+    """benchmarks/rl_vs_sft.py's figures: GRPO against SFT (best checkpoints first where it
+    scored them), per seed with the paired interval, and the agent EM of each arm."""
+    rows = result["rows"]
+    out: dict[str, str] = {}
+    if all("best_checkpoints" in r for r in rows):
+        best = [r["best_checkpoints"]["grpo_minus_sft"] for r in rows]
+        out["GRPO's best − SFT's best"] = spread(best)
+        out["GRPO's best − SFT's best, mean"] = pts(statistics.mean(d["diff"] for d in best))
+        out["GRPO's best − SFT's best, per seed"] = each(rows, lambda r: r["best_checkpoints"]["grpo_minus_sft"])
+        out["SFT's best − start, per seed"] = each(rows, lambda r: r["best_checkpoints"]["sft_minus_start"])
+    out["GRPO − SFT more (same minutes, last checkpoints)"] = spread([r["grpo_minus_sft"] for r in rows])
+    out["GRPO − SFT more, per seed"] = each(rows, lambda r: r["grpo_minus_sft"])
+    if all(r.get("grpo_minus_sft_matched") for r in rows):
+        out["GRPO − SFT at GRPO's own minutes"] = spread([r["grpo_minus_sft_matched"] for r in rows])
+    out["agent EM: start → SFT more / GRPO"] = (f"{em_range([r['em_start'] for r in rows])} → "
+                                               f"{em_range([r['em_sft_more'] for r in rows])} / "
+                                               f"{em_range([r['em_grpo'] for r in rows])}")
+    out["steps: SFT more / GRPO"] = (f"{'/'.join(str(r['sft_more_steps']) for r in rows)} / "
+                                     f"{'/'.join(str(r['grpo_steps']) for r in rows)}")
+    return out
+
+
+def start_curve_headline(result: dict) -> dict[str, str]:
+    """rl_vs_sft.py --start-curve: the start chosen and the mean curve it was chosen on."""
+    curves = result["curves"]
+    steps = sorted({p["step"] for c in curves.values() for p in c})
+    mean = {k: statistics.mean(p["em"] for c in curves.values() for p in c if p["step"] == k) for k in steps}
+    out = {}
+    if "chosen_start_steps" in result:
+        out["start chosen (SFT steps)"] = str(result["chosen_start_steps"])
+    out["mean agent EM by SFT steps"] = ", ".join(f"{k}: {em(v)}" for k, v in mean.items())
+    out["seeds"] = str(len(curves))
+    return out
+
+
+def miss_recovery_headline(result: dict) -> dict[str, str]:
+    """benchmarks/miss_recovery.py: after a look-alike's passage, how often a sample searches
+    again and how often it finds the passage it missed, against after the right passage."""
+    out = {}
+    for cond in ("look-alike", "right passage"):
+        by_kind = result["after"].get(cond, {})
+        n = sum(v["samples"] for v in by_kind.values())
+        if not n:
+            continue
+        again = sum(v["search_again"] * v["samples"] for v in by_kind.values()) / n
+        out[f"after the {cond}: searches again"] = f"{100 * again:.1f}% of {n} samples"
+        if cond == "look-alike":
+            found = sum(v["finds_missed"] * v["samples"] for v in by_kind.values()) / n
+            out["after the look-alike: finds the missed passage"] = f"{100 * found:.1f}% of {n} samples"
+    return out
+
+
+def gpu_loop_headline(result: dict) -> dict[str, str]:
+    """benchmarks/gpu_loop.py: the demo's pipeline on a GPU, GRPO's speed and its gain."""
+    out = {}
+    g, d = result.get("grpo", {}), result.get("demo", {})
+    if "stage_s" in d:
+        out["demo minutes (stages summed)"] = f"{sum(d['stage_s'].values()) / 60:.1f} ({g.get('steps', '?')} GRPO steps)"
+    if "steps_per_hour" in g:
+        out["GRPO steps per hour"] = f"{g['steps_per_hour']:.0f} (median step {g['step_s_median']:.2f} s)"
+    c = d.get("sft_vs_rl")
+    if c:
+        out["GRPO's own model − its SFT model"] = (f"{pts(c['diff'] / 100)} [{pts(c['ci'][0] / 100)}, "
+                                                    f"{pts(c['ci'][1] / 100)}] (1 run, {c['n']} questions)")
+        out["agent EM: SFT → SFT+RL"] = f"{c['sft_em']:.1f} → {c['rl_em']:.1f}"
+    r = result.get("rollout") or {}
+    if r.get("ratio_to_plain") is not None:
+        out["interleaved rollout ÷ plain generation"] = f"{r['ratio_to_plain']:.2f}"
+    t = result.get("train_after_demo", {}).get("training") or result.get("training") or {}
+    if t.get("update_tok_s"):
+        out["actor update tokens/s"] = f"{t['update_tok_s']:,.0f}"
+    return out
+
+
+def generic_headline(result: dict) -> dict[str, str]:
+    """Any other benchmark: its top-level figures (the full JSON holds the rest)."""
+    out = {k: f"{v:.4g}" for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    if isinstance(result.get("rows"), list):
+        out["rows"] = f"{len(result['rows'])} (in the JSON)"
+    return dict(list(out.items())[:12]) or {"figures": "in the JSON"}
+
+
+HEADLINES: dict[str, Callable[[dict], dict[str, str]]] = {
+    "rl_vs_sft": rl_vs_sft_headline, "start_curve": start_curve_headline,
+    "miss_recovery": miss_recovery_headline, "gpu_loop": gpu_loop_headline,
+}
+"""A benchmark's headline from its result; generic_headline for the rest."""
+
+
+# ----------------------------------------------------------------------------- writing
+def add_args(ap: argparse.ArgumentParser) -> None:
+    """`--record-dir`: where the run's record goes (docs/results/<experiment> to keep it)."""
+    ap.add_argument("--record-dir", default=None,
+                    help="write the run's record (record.json, the full JSON, PNGs) here; keep one with "
+                         "docs/results/<experiment> (default: the run's output directory, or runs/records/<benchmark>)")
+
+
+def keep(args: argparse.Namespace | None, benchmark: str, result: dict, *, files: list = (),
+         default_dir: Path | None = None, title: str | None = None) -> Path:
+    """Write `benchmark`'s record for `result` (its full JSON beside it, as `<benchmark>.json`) into
+    `args.record_dir`, else `default_dir`, else runs/records/<benchmark>. The settings are the
+    command's parsed arguments."""
+    settings = {k: v for k, v in vars(args or argparse.Namespace()).items() if k != "record_dir"}
+    out = Path(getattr(args, "record_dir", None) or default_dir or ROOT / "runs" / "records" / benchmark)
+    out.mkdir(parents=True, exist_ok=True)
+    full = out / f"{benchmark}.json"
+    full.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    host = result.get("host") or result.get("hardware_line") or result.get("hardware")
+    return write_record(out, experiment=out.name, title=title or f"benchmarks/{benchmark}.py",
+                        benchmark=f"benchmarks/{benchmark}.py",
+                        headline=HEADLINES.get(benchmark, generic_headline)(result), settings=settings,
+                        files=[full, *[Path(f) for f in files if f and Path(f).is_file()]],
+                        host=host if isinstance(host, str) else None)
+
+
+def keep_dir(src: Path, experiment: str, results: Path = RESULTS) -> Path:
+    """Copy a run's record directory (its record.json and the files it names) to docs/results."""
+    rec = read_record(src)
+    dest = results / experiment
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in [RECORD, *rec.files]:
+        shutil.copy2(Path(src) / name, dest / name)
+    data = json.loads((dest / RECORD).read_text())
+    data["experiment"] = experiment
+    (dest / RECORD).write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    return dest
+
+
+# ----------------------------------------------------------------------------- reading
+def load_all(results: Path = RESULTS) -> dict[str, Record]:
+    """Every record under docs/results, by experiment (its directory's name)."""
+    out = {}
+    for p in sorted(results.glob(f"*/{RECORD}")):
+        rec = read_record(p)
+        if rec.experiment != p.parent.name:
+            raise ValueError(f"{p}: experiment {rec.experiment!r} is not its directory's name")
+        out[rec.experiment] = rec
+    return out
+
+
+def link(exp: str, prefix: str) -> str:
+    return f"{prefix}{exp}/"
+
+
+def main_figure(rec: Record) -> str:
+    """The first headline figure, with its label."""
+    return next((f"{label}: {figure}" for label, figure in rec.headline.items()), "(figures in the JSON)")
+
+
+# ----------------------------------------------------------------------------- tables
+COLUMNS = ("native bf16", "no native bf16 (fp32)", "GPU")
+"""The what-to-expect table's host kinds (records.host_kind's words; any GPU in the last)."""
+
+EXPECT = [
+    ("`make demo`: minutes after set-up",
+     [("demo_native_bf16", "minutes after set-up"), ("demo_fp32_emulated", "minutes after set-up"),
+      ("gpu_loop_h200_run11", "demo minutes (stages summed)")]),
+    ("`make demo`: GRPO's own model − its SFT model, agent EM on 200 held-out questions",
+     [("demo_native_bf16", "GRPO's own model − its SFT model"), ("demo_fp32_emulated", "GRPO's own model − its SFT model"),
+      ("gpu_loop_h200_run11", "GRPO's own model − its SFT model")]),
+    ("`rl_vs_sft.py --demos 50 --best-of-val` on KB 101, the knowledge base its settings were chosen on: "
+     "GRPO's best − SFT's best",
+     [("rl_vs_sft_kb101_demos50_best_nbf16", "GRPO's best − SFT's best"),
+      ("rl_vs_sft_kb101_demos50_best_fp32", "GRPO's best − SFT's best"), None]),
+    ("the same command on a knowledge base the team never saw: GRPO's best − SFT's best",
+     [("rl_vs_sft_unseen_kb_nbf16", "GRPO's best − SFT's best"), None, None]),
+]
+"""README's what-to-expect rows: (what, one (record, headline label) per host kind or None)."""
+
+DEMO_QUOTES = [
+    ("rl_vs_sft_kb101_demos50_best_nbf16", "GRPO's best − SFT's best", "kb101"),
+    ("rl_vs_sft_kb101_demos50_best_fp32", "GRPO's best − SFT's best", "kb101"),
+    ("rl_vs_sft_kb101_gpu_h200", "GRPO − SFT more (same minutes, last checkpoints)", "kb101"),
+    ("rl_vs_sft_unseen_kb_nbf16", "GRPO's best − SFT's best", "unseen"),
+]
+"""The figures `make demo`'s report quotes (agent_rl/demo/expectations.json): for its host kind
+the benchmark on KB 101 ("kb101"), and for every kind the run on an unseen KB ("unseen")."""
+
+GPU = "GPU"
+KINDS_OF = {"real_data": lambda r: not r.host_kind.startswith(GPU), "gpu": lambda r: r.host_kind.startswith(GPU)}
+
+
+def column_of(kind: str) -> str:
+    return GPU if kind.startswith(GPU) else kind
+
+
+def expect_table(records: dict[str, Record]) -> str:
+    """README's what to expect: at most four rows, one figure a cell, each with its record."""
+    head = "| | " + " | ".join(("native bf16, 2-core CPU", "no native bf16 (fp32), 2-core CPU", "GPU (one H200)")) + " |"
+    lines = [head, "|---|---|---|---|"]
+    for what, cells in EXPECT:
+        out = []
+        for col, cell in zip(COLUMNS, cells):
+            if cell is None:
+                out.append("")
+                continue
+            exp, label = cell
+            rec = records[exp]
+            if column_of(rec.host_kind) != col:
+                raise ValueError(f"{exp}: host kind {rec.host_kind!r} is not the column {col!r}")
+            out.append(f"{rec.headline[label]} ([record](docs/results/{exp}/))")
+        lines.append(f"| {what} | " + " | ".join(out) + " |")
+    return "\n".join(lines)
+
+
+def suite_line(records: dict[str, Record]) -> str:
+    rec = records["make_test_2core_avx2"]
+    return (f"`make test` takes {rec.headline['minutes']} on a 2-core AVX2 CPU, plus set-up "
+            f"([record](docs/results/make_test_2core_avx2/)).")
+
+
+def records_table(records: dict[str, Record], keep_it: Callable[[Record], bool], prefix: str) -> str:
+    """One row a record: what it measured, its host kind, its main figure, its link."""
+    lines = ["| record | what it measured | host kind | main figure |", "|---|---|---|---|"]
+    for exp, rec in records.items():
+        if keep_it(rec):
+            lines.append(f"| [{exp}]({link(exp, prefix)}) | {rec.title} | {rec.host_kind} | {main_figure(rec)} |")
+    return "\n".join(lines)
+
+
+def index_markdown(records: dict[str, Record]) -> str:
+    """docs/results/README.md: every record, by benchmark."""
+    text = ["# Records of runs", "",
+            "Each directory is one run's record: `record.json` (command, commit, hardware line, settings, headline",
+            "figures), the run's full JSON and its PNGs, and a README.md card. The documents quote figures only",
+            "from these records, through tables that `python -m benchmarks.records index` writes (this file",
+            "included). A benchmark writes its record with `--record-dir docs/results/<experiment>`; an earlier",
+            "run's is copied here with `python -m benchmarks.records keep <its dir> <experiment>`. For the records",
+            "made from the earlier flat files, `commit` is the commit that recorded the run's JSON (the run's code",
+            "is at or before it); a record whose figures only a document kept says so in its note.", ""]
+    by_bench: dict[str, list[Record]] = {}
+    for rec in records.values():
+        by_bench.setdefault(rec.benchmark, []).append(rec)
+    for bench, recs in sorted(by_bench.items()):
+        text += [f"## `{bench}`", "", "| record | what it measured | host kind | commit | main figure |",
+                 "|---|---|---|---|---|"]
+        text += [f"| [{r.experiment}]({r.experiment}/) | {r.title} | {r.host_kind} | {r.commit} | {main_figure(r)} |"
+                 for r in recs]
+        text.append("")
+    return "\n".join(text).rstrip("\n") + "\n"
+
+
+def card(rec: Record) -> str:
+    """A record's README.md, so that browsing its directory shows what it holds."""
+    lines = [f"# {rec.experiment}", "", rec.title, "", "```", rec.command, rec.host, "```", "",
+             f"Commit {rec.commit}, recorded {rec.date}; host kind: {rec.host_kind}.", ""]
+    if rec.note:
+        lines += [rec.note, ""]
+    lines += ["| figure | value |", "|---|---|", *[f"| {k} | {v} |" for k, v in rec.headline.items()], ""]
+    lines += ["Settings: " + ", ".join(f"`{k}={v}`" for k, v in rec.settings.items()) + ".", ""]
+    lines += [f"![{f}]({f})" if f.endswith(".png") else f"- [{f}]({f})" for f in rec.files]
+    return "\n".join(lines) + "\n"
+
+
+def expectations(records: dict[str, Record]) -> dict:
+    """What `make demo`'s report quotes, by host kind (agent_rl/demo/expectations.json)."""
+    quotes = []
+    for exp, label, where in DEMO_QUOTES:
+        rec = records[exp]
+        quotes.append({"record": f"docs/results/{exp}", "host_kind": rec.host_kind, "where": where,
+                       "command": rec.command, "label": label, "figure": rec.headline[label]})
+    return {"generated_by": "python -m benchmarks.records index", "quotes": quotes}
+
+
+BLOCKS: dict[tuple[str, str], Callable[[dict[str, Record]], str]] = {
+    ("README.md", "expect"): expect_table,
+    ("README.md", "suite"): suite_line,
+    ("docs/real_data.md", "records"): lambda r: records_table(r, KINDS_OF["real_data"], "results/"),
+    ("docs/gpu.md", "records"): lambda r: records_table(r, KINDS_OF["gpu"], "results/"),
+}
+"""(document, block name) -> the text between its markers."""
+
+
+def fill(text: str, name: str, body: str, doc: str) -> str:
+    begin, end = BEGIN.format(name), END.format(name)
+    if begin not in text or end not in text:
+        raise ValueError(f"{doc}: no {begin} ... {end} block")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{body}\n{end}{tail}"
+
+
+def render(root: Path = ROOT) -> dict[Path, str]:
+    """Every generated file's new text, from the records under root/docs/results."""
+    records = load_all(root / "docs" / "results")
+    out: dict[Path, str] = {root / "docs" / "results" / "README.md": index_markdown(records),
+                            root / "agent_rl" / "demo" / "expectations.json":
+                                json.dumps(expectations(records), indent=1, ensure_ascii=False) + "\n"}
+    for exp, rec in records.items():
+        out[root / "docs" / "results" / exp / "README.md"] = card(rec)
+    docs: dict[Path, str] = {}
+    for (doc, name), make in BLOCKS.items():
+        path = root / doc
+        docs[path] = fill(docs.get(path, path.read_text()), name, make(records), doc)
+    return {**out, **docs}
+
+
+def numbers(text: str) -> list[float]:
+    """The numbers in a text, signs included (a true minus too): what a quoted figure holds."""
+    return [float(m.replace(MINUS, "-")) for m in re.findall(rf"[+\-{MINUS}]?\d+(?:\.\d+)?", text.replace(",", ""))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    ix = sub.add_parser("index", help="regenerate docs/results/README.md and the documents' tables")
+    ix.add_argument("--check", action="store_true", help="change nothing; exit 1 if a generated file is out of date")
+    kp = sub.add_parser("keep", help="copy a run's record directory to docs/results/<experiment>")
+    kp.add_argument("src", type=Path)
+    kp.add_argument("experiment")
+    args = ap.parse_args(argv)
+    if args.cmd == "keep":
+        print(keep_dir(args.src, args.experiment))
+        return 0
+    stale = []
+    for path, text in render().items():
+        if not path.is_file() or path.read_text() != text:
+            stale.append(path)
+            if not args.check:
+                path.write_text(text)
+    n = len(load_all())
+    rel = [str(p.relative_to(ROOT)) for p in stale]
+    if args.check:
+        print(f"{n} records; out of date: {', '.join(rel) or 'nothing'}")
+        return 1 if stale else 0
+    print(f"{n} records; rewrote: {', '.join(rel) or 'nothing (up to date)'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
