@@ -31,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import records  # noqa: E402
 from benchmarks.learning import rl_overrides, time_to_gain  # noqa: E402
 
 
@@ -150,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", default=None, help="default runs/async_modes/<time>")
     ap.add_argument("--json", default=None)
     ap.add_argument("overrides", nargs="*", help="training config overrides for every arm, key=value")
+    records.add_args(ap)
     args = ap.parse_args(argv)
     from data_prep.hardware import hardware_info, offline_env
 
@@ -178,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     (work / "async_modes.json").write_text(json.dumps(result, indent=1) + "\n")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    records.keep(args, "async_modes", result, files=[png], default_dir=work)
     return 0
 
 

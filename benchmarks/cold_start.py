@@ -30,6 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout
+from benchmarks import records  # noqa: E402
 
 CLOSED = re.compile(r"<(search|answer)>.*?</\1>", re.DOTALL)
 
@@ -134,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="write the rows here too")
     ap.add_argument("overrides", nargs="*", help="config overrides, key=value")
+    records.add_args(ap)
     args = ap.parse_args(argv)
     from data_prep.hardware import offline_env
 
@@ -156,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         from data_prep.hardware import hardware_info
 
         Path(args.json).write_text(json.dumps({"hardware": hardware_info(), "rows": rows}, indent=1) + "\n")
+    records.keep(args, "cold_start", {"rows": rows})
     return 0
 
 

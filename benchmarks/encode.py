@@ -25,6 +25,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from benchmarks import records  # noqa: E402
 from data_prep.hardware import offline_env  # noqa: E402
 
 offline_env()  # before transformers loads
@@ -52,6 +53,7 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", choices=("torch", "onnx"), default=None, help="encoder backend (default: the index default)")
     ap.add_argument("--precision", default=None, help="encoder precision (default: auto)")
     ap.add_argument("--json", help="write the results here")
+    records.add_args(ap)
     args = ap.parse_args(argv)
 
     from data_prep.encoder import Encoder
@@ -108,6 +110,7 @@ def main(argv=None) -> int:
     print(f"speed-up {res['speedup']:.2f}x; largest vector difference {res['max_abs_diff']:.1e}")
     if args.json:
         Path(args.json).write_text(json.dumps({"hardware": hardware_info(), **res}, indent=1) + "\n")
+    records.keep(args, "encode", res)
     return 0
 
 

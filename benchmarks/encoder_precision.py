@@ -28,6 +28,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from benchmarks import records  # noqa: E402
 from data_prep.hardware import offline_env  # noqa: E402
 
 offline_env()  # before transformers loads
@@ -84,6 +85,7 @@ def main(argv=None) -> int:
     ap.add_argument("--precisions", default="fp32,int8,bf16", help="comma-separated, from fp32,int8,bf16")
     ap.add_argument("--duration", type=float, help="seconds per load level (default 8, quick 1)")
     ap.add_argument("--json", help="write the results here")
+    records.add_args(ap)
     args = ap.parse_args(argv)
     precisions = [p for p in args.precisions.split(",") if p]
     if unknown := [p for p in precisions if p not in BACKEND]:
@@ -122,6 +124,7 @@ def main(argv=None) -> int:
         Path(args.json).write_text(json.dumps({"hardware": hardware_info(encoder_auto=auto), "hardware_line": hw,
                                                "dataset": name, "auto": auto, "duration_s": duration,
                                                "rows": rows}, indent=1) + "\n")
+    records.keep(args, "encoder_precision", {"hardware_line": hw, "dataset": name, "auto": auto, "rows": rows})
     return 0 if all(r["c1_errors"] == 0 and r["c64_errors"] == 0 for r in rows) else 1
 
 

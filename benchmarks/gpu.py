@@ -35,6 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from benchmarks import records  # noqa: E402
 from data_prep.hardware import offline_env  # noqa: E402
 
 offline_env()  # before transformers loads
@@ -264,6 +265,7 @@ def main() -> None:
     ap.add_argument("--policy", help="HF policy dir (default: .gpu/policy_skeleton with random weights)")
     ap.add_argument("--encoder", help="encoder dir (default: .gpu/encoder, else the embedded MiniLM)")
     ap.add_argument("--only", nargs="+", choices=STEPS, help="run these parts only (default: all)")
+    records.add_args(ap)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/gpu.py needs a CUDA GPU")
@@ -298,6 +300,7 @@ def main() -> None:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    records.keep(args, "gpu", result)
 
 
 def print_table(r: dict) -> None:

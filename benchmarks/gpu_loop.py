@@ -114,8 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train", type=Path, help="benchmarks/gpu.py --only training --json output")
     ap.add_argument("--cpu-step-s", type=float, default=None, help="seconds of one demo GRPO step on the CPU host")
     ap.add_argument("--json", type=Path, help="write the figures here")
-    args = ap.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks import records
+
+    records.add_args(ap)
+    args = ap.parse_args(argv)
     from data_prep.hardware import hardware_line
 
     res = collect(args.runs, args.rollout, args.train, args.cpu_step_s)
@@ -123,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(res, res["host"])
     if args.json:
         args.json.write_text(json.dumps(res, indent=2, default=str) + "\n")
+    records.keep(args, "gpu_loop", res)
     return 0
 
 

@@ -57,6 +57,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout
+from benchmarks import records  # noqa: E402
 
 PY = sys.executable
 MODES = ("agent", "rag", "direct")
@@ -300,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compare-ref", default=None, metavar="REF",
                     help="also run RL with the code and config of git REF (e.g. ea14a9d), first, and compare")
     ap.add_argument("overrides", nargs="*", help="training config overrides, key=value")
+    records.add_args(ap)
     args = ap.parse_args(argv)
     from data_prep.hardware import offline_env
 
@@ -406,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     (work / "learning.json").write_text(json.dumps(result, indent=1) + "\n")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    records.keep(args, "learning", result, default_dir=work)
     return 0
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout
+from benchmarks import records  # noqa: E402
 from data_prep.hardware import offline_env  # noqa: E402
 
 offline_env()
@@ -208,11 +209,13 @@ def main(argv: list[str] | None = None) -> dict:
                     help="training YAML: engine, turn and observation lengths")
     ap.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), help="engine dtype (default: the config's)")
     ap.add_argument("--json", help="also write the result here")
+    records.add_args(ap)
     args = ap.parse_args(argv)
     res = asyncio.run(run(args))
     print(table(res))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
+    records.keep(args, "miss_recovery", res)
     return res
 
 

@@ -39,6 +39,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from benchmarks import records  # noqa: E402
 from data_prep.hardware import offline_env  # noqa: E402
 
 offline_env()  # before transformers loads
@@ -321,6 +322,7 @@ def main(argv=None) -> int:
                     help="a cheap stand-in encoder (1 layer of width 32, random weights, MiniLM's tokenizer) in "
                          "the index, the server and the limit: the ratio then shows the HTTP path's own cost")
     ap.add_argument("--server-args", default="", help="extra server flags, e.g. '--search-workers 1 --max-wait-ms 2'")
+    records.add_args(ap)
     args = ap.parse_args(argv)
 
     from data_prep.encoder import Encoder
@@ -453,6 +455,7 @@ def main(argv=None) -> int:
     }
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    records.keep(args, "retriever", out)
     return 0 if all(r["errors"] == 0 for r in rows) else 1
 
 

@@ -35,6 +35,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from benchmarks import records  # noqa: E402
 from data_prep.hardware import offline_env  # noqa: E402
 
 offline_env()  # before transformers loads
@@ -215,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--poll-health", metavar="URL", help=argparse.SUPPRESS)
+    records.add_args(ap)
     args = ap.parse_args(argv)
     if args.serve:
         return serve(args)
@@ -283,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
                                                "hangs": dict(tally.hangs), "health": health,
                                                "server_errors": server_stats["errors"], "checks": checks,
                                                "hardware_line": hardware_line()}, indent=1))
+    records.keep(args, "retriever_faults", {"hangs": dict(tally.hangs), "health": health, "checks": checks,
+                                             "server_errors": server_stats["errors"], "hardware_line": hardware_line()})
     return 0 if all(checks.values()) else 1
 
 

@@ -32,6 +32,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from benchmarks import records  # noqa: E402
 from data_prep.hardware import passive_threads  # noqa: E402  (before faiss loads OpenMP)
 
 passive_threads()
@@ -400,6 +401,7 @@ def main(argv=None) -> int:
     ap.add_argument("--min-s", type=float, default=2.0, help=argparse.SUPPRESS)
     ap.add_argument("--mmap", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--hold", action="store_true", help=argparse.SUPPRESS)
+    records.add_args(ap)
     args = ap.parse_args(argv)
     if args.probe:
         return probe(args)
@@ -494,6 +496,7 @@ def main(argv=None) -> int:
            "extrapolated": extra, "shared_memory": shared, "corpus_lookup": lookup}
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    records.keep(args, "retriever_scale", out)
     ok = all(r["recall@10"] >= 0.999 for r in rows if r["kind"] == "flat")
     return 0 if ok else 1
 

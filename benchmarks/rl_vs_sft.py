@@ -77,6 +77,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout
+from benchmarks import records  # noqa: E402
 from data_prep.hardware import offline_env  # noqa: E402
 
 offline_env()
@@ -445,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="count the rows of earlier runs' rl_vs_sft.json too (other seeds, same settings "
                          "and host kind)")
     ap.add_argument("overrides", nargs="*", help="GRPO config overrides, key=value")
+    records.add_args(ap)
     args = ap.parse_args(argv)
     if args.start_steps is None:
         args.start_steps = default_start_steps()
@@ -525,6 +527,9 @@ def main(argv: list[str] | None = None) -> int:
     (work / "rl_vs_sft.json").write_text(json.dumps(result, indent=1) + "\n")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    records.keep(args, "rl_vs_sft", result, files=[result["png"]], default_dir=work,
+                 title=f"GRPO against the same minutes of SFT, KB {args.kb_seed}, {args.demos} demonstrations, "
+                       f"{args.minutes:g}-minute arms" + (", best checkpoints" if args.best_of_val else ""))
     return 0
 
 
@@ -543,6 +548,8 @@ def curves(w: Workdir, work: Path, args, rep: Path, url: str, kinds: dict[str, s
     (work / "start_curve.json").write_text(json.dumps(result, indent=1) + "\n")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    records.keep(args, "start_curve", result, files=[result["png"]], default_dir=work,
+                 title=f"Where SFT stops improving, KB {args.kb_seed}: the start the benchmark uses")
     return 0
 
 

@@ -42,6 +42,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks import records  # noqa: E402
 from data_prep.hardware import offline_env  # noqa: E402
 
 offline_env()  # before transformers loads
@@ -311,6 +312,7 @@ def main() -> None:
     ap.add_argument("--prompt", choices=["few_shot", "search_r1", "chat"], default="few_shot",
                     help="few_shot: three examples before the instruction (the untrained model); search_r1: the "
                          "bare instruction; chat: the training chat template (use with an SFT --model)")
+    records.add_args(ap)
     args = ap.parse_args()
     if args.quick:
         args.trajectories, args.max_turns, args.max_tokens_per_turn, args.max_response_length = 16, 2, 32, 256
@@ -338,6 +340,7 @@ def main() -> None:
 
         res["hardware"] = hardware_info(engine=" ".join(engine_dtype(args.dtype)))
         Path(args.json).write_text(json.dumps(res, indent=2))
+    records.keep(args, "rollout", res)
 
 
 if __name__ == "__main__":

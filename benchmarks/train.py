@@ -49,6 +49,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from benchmarks import records  # noqa: E402
 from data_prep.hardware import offline_env  # noqa: E402
 
 offline_env()  # before transformers loads
@@ -327,6 +328,7 @@ def main() -> None:
     ap.add_argument("--rl-steps", type=int, default=None, help="GRPO steps per run (default 4, quick 2)")
     ap.add_argument("--shared-prefix-only", action="store_true",
                     help="only the shared-prefix packing comparison (update and SFT step, packed once vs whole)")
+    records.add_args(ap)
     args = ap.parse_args()
     from data_prep.hardware import announce, hardware_info
 
@@ -340,7 +342,9 @@ def main() -> None:
     print(f"batch: {len(batch)} sequences, {batch.num_tokens} tokens ({padded} padded), "
           f"threads {torch.get_num_threads()}, reps {reps}", flush=True)
     if args.shared_prefix_only:
-        report_shared_prefix(shared_prefix_bench(args.model, reps, args.quick), args.json)
+        shared = shared_prefix_bench(args.model, reps, args.quick)
+        report_shared_prefix(shared, args.json)
+        records.keep(args, "train", shared)
         return
     steps = args.rl_steps or (2 if args.quick else 4)
     timing = rl_timings(args.rl_model or args.model, steps)
@@ -378,6 +382,7 @@ def main() -> None:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")
+    records.keep(args, "train", result)
 
 
 def report_shared_prefix(r: dict, json_path: Path | None) -> None:

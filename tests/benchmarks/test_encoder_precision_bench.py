@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from agent_rl.demo.records import read_record
+
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,11 +20,15 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_precision_table_runs(tmp_path):
     out = tmp_path / "precision.json"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "encoder_precision.py"), "--quick",
-                           "--precisions", "int8", "--json", str(out)],
+                           "--precisions", "int8", "--json", str(out),
+                           "--record-dir", str(tmp_path / "record")],
                           capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "| onnx int8" in proc.stdout and "| onnx fp32" in proc.stdout
     res = json.loads(out.read_text())
+    rec = read_record(tmp_path / "record")  # its record: command, host, the full JSON beside it
+    assert rec.benchmark == "benchmarks/encoder_precision.py" and "--record-dir" in rec.command and rec.headline
+    assert "encoder_precision.json" in rec.files and (tmp_path / "record" / "encoder_precision.json").is_file()
     assert res["hardware_line"].startswith("[hardware] ") and res["auto"] in ("fp32", "int8", "bf16")
     rows = {r["precision"]: r for r in res["rows"]}
     assert set(rows) == {"fp32", "int8"} and rows["fp32"]["recall@3_change"] == 0.0

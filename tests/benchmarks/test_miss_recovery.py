@@ -13,7 +13,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from agent_rl.demo.records import read_record  # noqa: E402
 from benchmarks import miss_recovery as M  # noqa: E402
+from benchmarks import records  # noqa: E402
 
 
 def test_hop_ranks_count_top1_near_and_missing():
@@ -73,7 +75,7 @@ def test_a_real_run_counts_hops_as_the_retriever_ranks_them(tiny_policy, tmp_pat
     with kb_retriever("test-miss-recovery-", n_entities=120) as (work, url):
         out = tmp_path / "r.json"
         res = M.main(["--model", str(tiny_policy), "--kb", str(work / "kb"), "--retriever-url", url,
-                      "--questions", "6", "--samples", "2", "--json", str(out)])
+                      "--questions", "6", "--samples", "2", "--json", str(out), "--record-dir", str(tmp_path / "record")])
         rows = pd.read_parquet(work / "kb" / "test.parquet")
         support = [str(s) for v in rows.support_ids for s in v]
         queries = [str(q) for v in rows.hop_queries for q in v]
@@ -90,3 +92,5 @@ def test_a_real_run_counts_hops_as_the_retriever_ranks_them(tiny_policy, tmp_pat
         for r in by_kind.values():
             assert r["samples"] > 0 and all(0.0 <= r[k] <= 1.0 for k in r if k != "samples")
     assert json.loads(out.read_text())["hops"] == res["hops"]
+    rec = read_record(tmp_path / "record")  # the record's headline is computed from the same result
+    assert rec.headline == records.miss_recovery_headline(res) and rec.host == res["hardware"]

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from agent_rl.demo.records import read_record
+
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,10 +20,14 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_quick_run_with_a_neighbour(tmp_path):
     out = tmp_path / "retriever.json"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "retriever.py"), "--quick", "--duration", "0.5",
-                           "--concurrency", "1,16,64", "--neighbour", "1", "--client", "httpx", "--json", str(out)],
+                           "--concurrency", "1,16,64", "--neighbour", "1", "--client", "httpx", "--json", str(out),
+                           "--record-dir", str(tmp_path / "record")],
                           capture_output=True, text=True, timeout=400, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     res = json.loads(out.read_text())
+    rec = read_record(tmp_path / "record")  # its record: command, host, the full JSON beside it
+    assert rec.benchmark == "benchmarks/retriever.py" and "--record-dir" in rec.command and rec.headline
+    assert "retriever.json" in rec.files and (tmp_path / "record" / "retriever.json").is_file()
     assert res["neighbour"] == 1 and res["client"] == "httpx"
     assert res["hardware_line"].startswith("[hardware] ")
     assert {r["concurrency"] for r in res["rows"]} == {1, 16, 64}

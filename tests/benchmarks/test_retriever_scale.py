@@ -9,16 +9,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+from agent_rl.demo.records import read_record
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_quick_run_measures_every_kind(tmp_path):
     out = tmp_path / "scale.json"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "retriever_scale.py"), "--quick",
-                           "--json", str(out)], capture_output=True, text=True, timeout=240, cwd=ROOT)
+                           "--json", str(out),
+                           "--record-dir", str(tmp_path / "record")], capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.stdout.startswith("[hardware] ")
     res = json.loads(out.read_text())
+    rec = read_record(tmp_path / "record")  # its record: command, host, the full JSON beside it
+    assert rec.benchmark == "benchmarks/retriever_scale.py" and "--record-dir" in rec.command and rec.headline
+    assert "retriever_scale.json" in rec.files and (tmp_path / "record" / "retriever_scale.json").is_file()
     assert res["hardware_line"].startswith("[hardware] ")
     best = {r["kind"]: r for r in res["rows"] if r["best"]}
     assert set(best) == {"flat", "hnsw", "ivfpq", "ivfpq_refine"}
