@@ -100,7 +100,7 @@ for qa in $DEMO_SETS; do
 done
 # RL also draws 1 in RL_HOTPOT_EVERY HotpotQA/2Wiki training questions, demonstration or not:
 # their comparison ("A or B?") and yes/no questions (18%) are answerable from the question
-# itself, which no grounded demonstration teaches (docs/real_data.md, third run)
+# itself, which no grounded demonstration teaches (docs/results/real_data_wiki35k_fp32: the HotpotQA gain)
 [ -f "$OUT/split/rl_hotpot_train_questions.parquet" ] || $PY -m data_prep split "$OUT/hotpot_train_clean.parquet" \
   --every "$RL_HOTPOT_EVERY" --out-rest "$OUT/split/hotpot_train_rest.parquet" \
   --out-held "$OUT/split/rl_hotpot_train_questions.parquet"
