@@ -1,9 +1,11 @@
-"""Summaries, intervals and the model x mode table, against hand-computed values."""
+"""Summaries, intervals and the model x mode table, against hand-computed values; and the demo's
+report (agent_rl/demo/report.py): what it quotes from the records, from an installed package too."""
 
 from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -173,3 +175,71 @@ def test_read_records_skips_a_partial_last_line(tmp_path, capsys):
     (tmp_path / "predictions.jsonl").write_text(text + text.splitlines()[0][:25])
     assert [r["id"] for r in report.read_records(tmp_path, "agent")] == ["0", "2"]
     assert f"{tmp_path / 'predictions.jsonl'}:4: invalid JSON" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- the demo's report
+FP32, BF16 = {"native_bf16": False, "gpu": None}, {"native_bf16": True, "gpu": None}
+QUOTES = {"quotes": [
+    {"record": "docs/results/a", "host_kind": "native bf16", "where": "kb101", "command": "python benchmarks/rl_vs_sft.py",
+     "label": "GRPO's best − SFT's best", "figure": "+4.0 to +9.0 (3 seeds)"},
+    {"record": "docs/results/b", "host_kind": "native bf16", "where": "unseen", "command": "python benchmarks/rl_vs_sft.py",
+     "label": "GRPO's best − SFT's best", "figure": "−5.0 [−10.2, +0.2] (1 seed)"}]}
+
+
+def test_the_demo_report_says_what_the_records_say_for_its_host_kind():
+    """For its host kind the benchmark on KB 101, said to be the KB its settings were chosen on;
+    for every kind the unseen KB's figure beside it; and what one demo run can show."""
+    from agent_rl.demo.report import expectations
+
+    native = expectations(BF16, QUOTES)
+    assert "On this host kind (native bf16)" in native and "KB 101, the knowledge base its settings were chosen on" in native
+    assert "+4.0 to +9.0 (3 seeds) (docs/results/a)" in native
+    assert "never saw (native bf16), the same benchmark gave GRPO's best − SFT's best −5.0 [−10.2, +0.2] (1 seed)" in native
+    assert "no claim that GRPO beats SFT" in native and "one run of a few GRPO steps" in native
+    fp32 = expectations(FP32, QUOTES)
+    assert fp32.startswith("No record of `benchmarks/rl_vs_sft.py` on this host kind (no native bf16 (fp32))")
+    assert "+4.0 to +9.0" not in fp32 and "−5.0 [−10.2, +0.2]" in fp32
+    # a GPU is its own kind: the CPU's native bf16 beside it does not make a CPU figure its own
+    assert expectations({"native_bf16": True, "gpu": "NVIDIA H200 x1"}, QUOTES).startswith(
+        "No record of `benchmarks/rl_vs_sft.py` on this host kind (GPU (NVIDIA H200 x1))")
+
+
+def test_the_packaged_figures_are_the_records_figures():
+    """The report reads agent_rl/demo/expectations.json (generated from docs/results by
+    `python -m benchmarks.records index`), not a path in the source tree: each quote is its
+    record's headline figure, and each CPU kind finds its own."""
+    from agent_rl.demo.records import read_record
+    from agent_rl.demo.report import expectations, packaged_expectations
+
+    root = Path(__file__).resolve().parents[2]
+    quotes = packaged_expectations()["quotes"]
+    assert {q["where"] for q in quotes} == {"kb101", "unseen"}
+    for q in quotes:
+        rec = read_record(root / q["record"])
+        assert rec.headline[q["label"]] == q["figure"] and rec.host_kind == q["host_kind"]
+    for kind in (BF16, FP32):
+        assert expectations(kind).startswith("On this host kind")
+
+
+@pytest.mark.slow
+def test_the_report_quotes_its_figures_from_an_installed_package(tmp_path):
+    """`pip install` the project into a directory of its own and run the report's quoting from
+    there, in a process that cannot see the source tree: the figures travel as package data."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    target = tmp_path / "site"
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
+                          "--quiet", "--target", str(target), str(root)], capture_output=True, text=True, timeout=600)
+    assert pip.returncode == 0, pip.stdout[-2000:] + pip.stderr[-3000:]
+    assert (target / "agent_rl" / "demo" / "expectations.json").is_file()
+    code = ("import agent_rl.demo.report as r, json; "
+            "print(json.dumps({'file': r.__file__, 'text': r.expectations({'native_bf16': True, 'gpu': None})}))")
+    run = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(target)!r}); {code}"],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["file"].startswith(str(target))
+    figure = json.loads((root / "agent_rl" / "demo" / "expectations.json").read_text())["quotes"][0]["figure"]
+    assert out["text"].startswith("On this host kind (native bf16)") and figure in out["text"]
