@@ -1,0 +1,158 @@
+"""Results are records, documents are references (issue 84): every record in docs/results is
+complete and its headline is its JSON's, the tables the documents show are the ones the records
+generate today, the README's what-to-expect figures are found in the records they link, and no
+result figure is quoted outside those tables."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from agent_rl.demo.records import host_kind, read_record
+from benchmarks import records
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ["README.md", "docs/real_data.md", "docs/gpu.md"]
+JSON_OF = {"rl_vs_sft": "rl_vs_sft.json", "start_curve": "start_curve.json", "miss_recovery": "miss_recovery.json",
+           "gpu_loop": "gpu_loop.json"}
+"""The benchmarks whose headline is computed from their JSON (records.HEADLINES), by the JSON's name."""
+
+
+def test_every_record_is_complete_and_its_headline_is_its_json():
+    recs = records.load_all()
+    assert len(recs) >= 20
+    for exp, rec in recs.items():
+        assert rec.command and rec.commit and rec.host and rec.benchmark and rec.title and rec.headline, exp
+        assert rec.host_kind == host_kind(rec.host), exp
+        for name in rec.files:
+            assert (records.RESULTS / exp / name).is_file(), (exp, name)
+        for bench, name in JSON_OF.items():
+            if name in rec.files:  # the figures the docs quote are the JSON's, recomputed
+                data = json.loads((records.RESULTS / exp / name).read_text())
+                assert rec.headline == records.HEADLINES[bench](data), exp
+        if not any(f.endswith(".json") for f in rec.files):
+            assert "transcribed" in rec.note.lower(), f"{exp}: no JSON, so its note must say where its figures come from"
+
+
+def test_the_generated_tables_are_the_records_of_today():
+    """`python -m benchmarks.records index` changes nothing: every table, index, card and the
+    demo's packaged expectations say what the records say."""
+    stale = [str(p.relative_to(ROOT)) for p, text in records.render().items() if not p.is_file() or p.read_text() != text]
+    assert not stale, f"run `python -m benchmarks.records index`: {stale}"
+
+
+def expect_rows() -> list[list[str]]:
+    text = (ROOT / "README.md").read_text()
+    block = text.split(records.BEGIN.format("expect"), 1)[1].split(records.END.format("expect"), 1)[0]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in block.strip().splitlines()]
+    return rows[2:]  # below the header and its rule
+
+
+def test_every_readme_figure_is_in_the_record_it_links():
+    rows = expect_rows()
+    assert 1 <= len(rows) <= 4
+    recs = records.load_all()
+    cells = 0
+    for row in rows:
+        for cell in row[1:]:
+            if not cell:
+                continue
+            links = re.findall(r"\(docs/results/([^/)]+)/\)", cell)
+            assert len(links) == 1, cell
+            figure = re.sub(r"\(\[record\]\([^)]*\)\)", "", cell)
+            quoted = records.numbers(figure)
+            assert quoted, cell
+            held = set(records.numbers(" ".join(recs[links[0]].headline.values())))
+            assert set(quoted) <= held, (cell, sorted(held))
+            cells += 1
+    assert cells >= 4
+
+
+def test_the_readme_shows_the_unseen_knowledge_base_beside_kb_101():
+    """Issue 85: the KB-101 figures are shown as what they are, beside the knowledge base the team
+    never saw, and the README does not claim that GRPO beats SFT."""
+    text = (ROOT / "README.md").read_text()
+    rows = expect_rows()
+    assert any("rl_vs_sft_unseen_kb_nbf16" in c for r in rows for c in r)
+    assert any("KB 101" in r[0] and "chosen" in r[0] for r in rows)
+    assert "does not show that GRPO beats SFT" in text
+
+
+FIGURE = re.compile(r"(?<![\w.\-])[+\u2212]\d+(?:\.\d+)?|(?<=\s)-\d+(?:\.\d+)?\b"
+                    r"|\d+(?:\.\d+)?\s?%(?!\s+interval)|\d(?:\.\d+)?×")
+"""A quoted result: a signed difference, a percentage (not an interval's level) or a ratio."""
+
+
+def prose(text: str) -> str:
+    """The text a reader reads as claims: without code, generated tables and link targets."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = re.sub(r"<!-- records:begin (\w+) -->.*?<!-- records:end \1 -->", "", text, flags=re.S)
+    text = re.sub(r"^ {4}.*$", "", text, flags=re.M)  # indented code
+    text = re.sub(r"`[^`]*`", "", text)
+    return re.sub(r"\]\([^)]*\)", "]", text)
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_documents_quote_results_only_through_generated_tables(doc):
+    found = FIGURE.findall(prose((ROOT / doc).read_text()))
+    assert not found, f"{doc} quotes {found} outside a generated table: keep a record and generate the table"
+
+
+def test_the_tables_are_at_most_what_the_docs_may_hold():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 200
+    for doc in ("docs/real_data.md", "docs/gpu.md"):
+        text = (ROOT / doc).read_text()
+        assert len(text.splitlines()) < 300, doc
+        assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text), f"{doc} holds a dated run narrative"
+
+
+def test_a_benchmark_keeps_its_record_and_the_index_reads_it(tmp_path, monkeypatch):
+    """The one call every benchmark makes: the record (command, commit, hardware line, settings,
+    the headline computed from the result) beside the full JSON and the PNG; then `keep` copies
+    it into a results tree whose index and card name it."""
+    src = records.RESULTS / "rl_vs_sft_kb101_gpu_h200"
+    result = json.loads((src / "rl_vs_sft.json").read_text())
+    args = argparse.Namespace(kb_seed=101, minutes=1.0, record_dir=str(tmp_path / "run"))
+    monkeypatch.setattr("sys.argv", ["benchmarks/rl_vs_sft.py", "--kb-seed", "101", "--minutes", "1"])
+    path = records.keep(args, "rl_vs_sft", result, files=[src / "rl_vs_sft.png"], title="GRPO against SFT on a GPU")
+    rec = read_record(path)
+    assert rec.command == "python benchmarks/rl_vs_sft.py --kb-seed 101 --minutes 1"
+    assert rec.host == result["host"] and rec.host_kind == "GPU (NVIDIA H200 x1)"
+    assert rec.settings == {"kb_seed": 101, "minutes": 1.0} and rec.benchmark == "benchmarks/rl_vs_sft.py"
+    assert rec.headline == records.rl_vs_sft_headline(result)
+    assert rec.commit != "" and rec.date
+    assert rec.files == ["rl_vs_sft.json", "rl_vs_sft.png"]
+    assert json.loads((tmp_path / "run" / "rl_vs_sft.json").read_text()) == result
+    assert (tmp_path / "run" / "rl_vs_sft.png").read_bytes() == (src / "rl_vs_sft.png").read_bytes()
+
+    kept = records.keep_dir(tmp_path / "run", "gpu_rvs", results=tmp_path / "results")
+    loaded = records.load_all(tmp_path / "results")
+    assert list(loaded) == ["gpu_rvs"] and kept == tmp_path / "results" / "gpu_rvs"
+    index = records.index_markdown(loaded)
+    assert "[gpu_rvs](gpu_rvs/)" in index and "−0.5 [−4.0, +3.0] (1 seed)" in index
+    assert "![rl_vs_sft.png](rl_vs_sft.png)" in records.card(loaded["gpu_rvs"])
+
+
+def test_a_record_in_the_wrong_directory_is_refused(tmp_path):
+    d = tmp_path / "results" / "one"
+    d.mkdir(parents=True)
+    rec = json.loads((records.RESULTS / "make_test_2core_avx2" / "record.json").read_text())
+    (d / "record.json").write_text(json.dumps({**rec, "experiment": "another"}))
+    with pytest.raises(ValueError, match="is not its directory's name"):
+        records.load_all(tmp_path / "results")
+
+
+def test_numbers_reads_signs_and_true_minus():
+    assert records.numbers("−5.0 [−10.2, +0.2] (1 seed), 1,589 steps") == [-5.0, -10.2, 0.2, 1, 1589]
+
+
+def test_the_figure_check_sees_results_and_not_settings():
+    """The check above can fail: it finds each kind of quoted result, and leaves settings alone."""
+    found = FIGURE.findall(prose("GRPO gained +4.0 and lost −5.0 (was -2.5); 12% of samples; 0.93× plain. "
+                                 "`+9.0` in code, [a record](docs/run+1.0/)."))
+    assert found == ["+4.0", "−5.0", "-2.5", "12%", "0.93×"]
+    assert not FIGURE.findall(prose("a paired 95% interval, lr 7e-6, a 2-core CPU, KB 101, 8 prompts × 4 samples"))
