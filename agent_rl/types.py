@@ -20,6 +20,9 @@ class Trajectory:
     loss_mask: list[int]
     rollout_logprobs: list[float]
     reward: float = 0.0
+    acc: float = 0.0
+    """The task metric of its answer (reward.kind's EM / subEM / F1), without the reward's format
+    terms and search cost; set with `reward` (rejection sampling keeps on it)."""
     group_id: int = 0
     num_turns: int = 0
     num_searches: int = 0

@@ -66,6 +66,7 @@ RANGES: dict[str, tuple] = {
     "actor_rollout_ref.actor.clip_ratio": (0, None, False), "actor_rollout_ref.actor.clip_ratio_c": (1, None, False),
     "actor_rollout_ref.actor.grad_clip": (0, None, False), "critic.grad_clip": (0, None, False),
     "algorithm.gamma": (0, 1, True), "algorithm.lam": (0, 1, True), "algorithm.max_filter_rounds": (0, None, True),
+    "algorithm.rft_min_acc": (0, 1, False),  # 0 would keep every trajectory, answered or not
     "retriever.topk": (1, None, True), "retriever.timeout_s": (0, None, False), "retriever.max_retries": (0, None, True),
     "retriever.outage_share": (0, 1, True), "max_turns": (0, None, True),
     "trainer.total_epochs": (1, None, True), "trainer.nnodes": (1, None, True),

@@ -92,7 +92,8 @@ class ActorConfig:
     ppo_epochs: int = 1
     """Passes over each rollout batch."""
     policy_loss: str = "vanilla"
-    """Policy loss registered in agent_rl.training.algos (veRL: policy_loss.loss_mode); vanilla = PPO clip."""
+    """Policy loss registered in agent_rl.training.algos (veRL: policy_loss.loss_mode); vanilla = PPO clip,
+    rft = NLL of rejection_sampling's kept trajectories (that estimator selects it itself)."""
     clip_ratio: float = 0.2
     """PPO clip epsilon (used for low and high when those are unset)."""
     clip_ratio_low: float | None = None
@@ -269,7 +270,11 @@ class KLCtrlConfig:
 @dataclass
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
-    """grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | gae."""
+    """grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | gae | rejection_sampling
+    (RFT: the samples whose answer is right, trained by their NLL; it brings policy loss rft)."""
+    rft_min_acc: float = 1.0
+    """rejection_sampling keeps a trajectory whose task metric (reward.kind's EM / subEM / F1 of its
+    answer; format terms and search cost left out) is at least this: 1.0 with em = a right answer."""
     gamma: float = 1.0
     """Discount (GAE)."""
     lam: float = 1.0

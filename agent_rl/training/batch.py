@@ -11,9 +11,10 @@ response):
   `loss_mask` (1 = sampled token, 0 = observation or padding) and `rollout_logprobs` always
   exist; `old_logprobs`, `ref_logprobs`, `advantages`, `returns`, `values` are None until the
   driver sets them.
-- `rewards` (B,) float32, `group_ids` (B,) long, `index` (B,) long: position in the batch
-  built by `from_trajectories` (kept through `select`, so results of shards and micro-batches
-  can be put back in order).
+- `rewards` (B,) float32, `acc` (B,) float32 (the task metric alone: `Trajectory.acc`),
+  `group_ids` (B,) long, `index` (B,) long: position in the batch built by
+  `from_trajectories` (kept through `select`, so results of shards and micro-batches can be
+  put back in order).
 
 `split_mini_batches`, `micro_batches` and `shard` return sub-batches (views re-trimmed to their
 own L and R); with packing, how sequences are grouped changes memory and balance, never the
@@ -43,6 +44,7 @@ class TokenBatch:
     loss_mask: torch.Tensor
     rollout_logprobs: torch.Tensor
     rewards: torch.Tensor
+    acc: torch.Tensor
     group_ids: torch.Tensor
     index: torch.Tensor
     old_logprobs: torch.Tensor | None = None
@@ -81,6 +83,7 @@ class TokenBatch:
             loss_mask=mask,
             rollout_logprobs=rlp,
             rewards=torch.tensor([float(t.reward) for t in trajs], dtype=torch.float32),
+            acc=torch.tensor([float(t.acc) for t in trajs], dtype=torch.float32),
             group_ids=torch.tensor([t.group_id for t in trajs], dtype=torch.long),
             index=torch.arange(b),
         )

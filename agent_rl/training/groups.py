@@ -103,15 +103,15 @@ class Sifted:
 
 
 def score_trajectories(trajs: list[Trajectory], prompts: list, reward_cfg: Any) -> list:
-    """Set each trajectory's `reward` from its response text (response only, never the
-    prompt); returns the `RewardResult`s (answer, EM/F1 metric, format flags). A trajectory
-    without its own golden answers takes those of `prompts[group_id]`."""
+    """Set each trajectory's `reward` and `acc` (the task metric alone) from its response text
+    (response only, never the prompt); returns the `RewardResult`s (answer, EM/F1 metric, format
+    flags). A trajectory without its own golden answers takes those of `prompts[group_id]`."""
     results = [
         score_trajectory(tr, tr.golden_answers or prompts[tr.group_id].golden_answers, reward_cfg)
         for tr in trajs
     ]
     for tr, r in zip(trajs, results):
-        tr.reward = r.score
+        tr.reward, tr.acc = r.score, r.metric
     return results
 
 

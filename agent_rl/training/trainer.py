@@ -15,6 +15,7 @@ for truncated importance sampling (`actor.tis_cap`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 
-from agent_rl.config import TrainConfig, to_dict
+from agent_rl.config import ActorRolloutRefConfig, TrainConfig, to_dict
 from agent_rl.training import algos
 from agent_rl.training.batch import TokenBatch
 from agent_rl.training.checkpoint import STATE, CheckpointManager
@@ -99,7 +100,7 @@ class RayTrainer:
 
         self.rollout = make_rollout_worker(cfg, retriever)
         n_workers = cfg.trainer.num_actor_workers
-        actor_factory = functools.partial(ActorWorker, cfg.actor_rollout_ref, self.total_steps)
+        actor_factory = functools.partial(ActorWorker, actor_settings(cfg), self.total_steps)
         self.actor = WorkerGroup(cfg, actor_factory, n_workers)
         self.critic = None
         if self.use_critic:
@@ -230,7 +231,9 @@ class RayTrainer:
         """Token rewards -> (optional in-reward KL) -> advantages and returns, all on `mask`."""
         cfg = self.cfg.algorithm
         metrics: dict[str, float] = {}
-        token_rewards = algos.place_outcome_reward(batch.rewards, mask)
+        # the reward, or the task metric alone for an estimator registered to read it (rejection sampling)
+        outcome = {"score": batch.rewards, "acc": batch.acc}[algos.outcome_of(cfg.adv_estimator)]
+        token_rewards = algos.place_outcome_reward(outcome, mask)
         if cfg.use_kl_in_reward:
             token_rewards, kl_metrics = algos.apply_kl_penalty(
                 token_rewards, batch.old_logprobs, batch.ref_logprobs, mask, self.kl_ctrl.value, cfg.kl_penalty
@@ -532,6 +535,14 @@ def tool_error_shares(metrics: dict[str, float]) -> dict[str, float]:
     return out
 
 
+def actor_settings(cfg: TrainConfig) -> ActorRolloutRefConfig:
+    """cfg.actor_rollout_ref with the policy loss the run trains with: the estimator's own where
+    it was registered with one (rejection_sampling: rft), else actor.policy_loss."""
+    arr = cfg.actor_rollout_ref
+    loss = algos.policy_loss_for(cfg.algorithm.adv_estimator, arr.actor.policy_loss)
+    return dataclasses.replace(arr, actor=dataclasses.replace(arr.actor, policy_loss=loss))
+
+
 def batch_metrics(batch: TokenBatch, mask: torch.Tensor) -> dict[str, float]:
     """Data statistics of the trained batch (veRL's compute_data_metrics, our names)."""
     m = mask.bool()
@@ -543,6 +554,8 @@ def batch_metrics(batch: TokenBatch, mask: torch.Tensor) -> dict[str, float]:
         "batch/response_length": batch.response_lens.float().mean().item(),
         "adv/mean": adv.mean().item() if adv.numel() else 0.0,
         "adv/abs_max": adv.abs().max().item() if adv.numel() else 0.0,
+        # sequences with a nonzero advantage (the others add no policy gradient): rejection sampling's kept share
+        "adv/nonzero_frac": (torch.where(m, batch.advantages, 0.0) != 0).any(dim=1).float().mean().item(),
     }
     if batch.old_logprobs is not None and m.any():  # bf16 engine vs trainer: what TIS corrects
         out["rollout/logprob_abs_diff"] = (batch.old_logprobs - batch.rollout_logprobs)[m].abs().mean().item()

@@ -134,7 +134,7 @@ def test_train_cli_refuses_bad_settings_in_one_line_before_anything_starts(tmp_p
     paths = [f"actor_rollout_ref.model.path={tmp_path / 'model'}", f"data.train_files=[{tmp_path / 'qa.parquet'}]",
              f"data.val_files=[{tmp_path / 'qa.parquet'}]"]
     for args, said in ((["algorithm.adv_estimator=grpoo"], "algorithm.adv_estimator='grpoo' is not one of gae, grpo"),
-                       (["actor_rollout_ref.actor.policy_loss=clip"], "policy_loss='clip' is not one of vanilla"),
+                       (["actor_rollout_ref.actor.policy_loss=clip"], "policy_loss='clip' is not one of rft, vanilla"),
                        (["trainer.resume_mode=resume"], "trainer.resume_mode='resume' is not one of auto, disable"),
                        ([f"actor_rollout_ref.model.path={tmp_path / 'nope'}"], f"{tmp_path / 'nope'} does not exist")):
         t0 = time.monotonic()
