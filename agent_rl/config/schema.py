@@ -383,7 +383,9 @@ class RunConfig:
     checkpoints are neither rewritten nor mixed with the new run's (veRL would write over them)."""
     resume_from_path: str | None = None
     """Resume from this checkpoint directory (global_step_K) instead of the run's latest (checked
-    as with auto)."""
+    as with auto). Where the run saved past step K, those later steps (checkpoints, validations,
+    SFT's model, with a copy of the metrics and TensorBoard events) are first moved whole to
+    `<dir>.prev-<YYYYmmdd-HHMMSS>` (said in one line): the run goes on as one story from K."""
     max_ckpt_to_keep: int | None = 2
     """Keep only the newest K run checkpoints (None: keep all). veRL: max_actor_ckpt_to_keep."""
     n_gpus_per_node: int = 0

@@ -31,7 +31,10 @@ ValueError naming the file. Saving, pruning and clearing a killed save touch onl
 the manager writes (`global_step_7`, not `global_step_07` or `global_step_7.bak`).
 Checkpoints written before manifests existed count as complete when their
 trainer_state.json parses. Only the newest `keep` complete ones are kept; a damaged one never
-counts towards `keep`, so pruning never leaves nothing to resume from.
+counts towards `keep`, so pruning never leaves nothing to resume from. A resume from an
+earlier step first moves every trace of the steps past it away (`move_after`: their
+directories, `.old` and `.tmp` ones included, and `latest`), so pruning and the next resume
+see one line of steps (agent_rl.training.run.set_branch_aside).
 """
 
 from __future__ import annotations
@@ -196,6 +199,38 @@ class CheckpointManager:
                 if m and p.is_dir():
                     found.setdefault(int(m.group(1)), p)  # the step's own name first
         return [found[k] for k in sorted(found)]
+
+    def after(self, step: int) -> list[Path]:
+        """Every checkpoint directory of a step past `step`, oldest first: complete or damaged,
+        a re-save's `.global_step_K.old`, a killed save's `global_step_K.tmp`."""
+        found = []
+        for p in self.root.glob("*global_step_*"):
+            m = _STEP_DIR.fullmatch(p.name) or _ASIDE.fullmatch(p.name) or _TMP.fullmatch(p.name)
+            if m and p.is_dir() and int(m.group(1)) > step:
+                found.append((int(m.group(1)), p.name, p))
+        return [p for _, _, p in sorted(found)]
+
+    def move_after(self, step: int, dest: Path) -> list[Path]:
+        """Move every checkpoint directory past `step` (`after`) into `dest` under its own name
+        (renames: nothing is copied), and point `latest` at the newest complete checkpoint left
+        (none: no pointer). Returns where they went, oldest first."""
+        later = self.after(step)
+        if not later:
+            return []
+        dest.mkdir(parents=True, exist_ok=True)
+        moved = []
+        for p in later:
+            os.replace(p, dest / p.name)
+            moved.append(dest / p.name)
+        fsync(dest)
+        fsync(self.root)
+        newest = self._newest_complete()
+        if newest is None:
+            (self.root / LATEST).unlink(missing_ok=True)
+        else:
+            with atomic_write(self.root / LATEST) as f:
+                f.write(step_dir_name(int(json.loads((newest / STATE).read_text())["step"])))
+        return moved
 
     def _clear_killed_save(self) -> None:
         """What a killed save left: a step aside (`.global_step_K.old`) is renamed back when

@@ -10,8 +10,12 @@ A resume continues the checkpoint's run: each checkpoint records the run's `iden
 its state is shaped by: the model, the tokenizer, the train files' content, the settings that
 make a batch, rollout.n, trainer.mode; agent_rl.training.identity), and a resume under another
 one is refused in one line before anything starts (agent_rl.training.trainer.check_resume). A
-new run never rewrites an earlier one: with trainer.resume_mode=disable an earlier run in the directory is moved aside whole
-(`set_aside`), its metrics, TensorBoard events and checkpoints kept as they were.
+new run never rewrites an earlier one: with trainer.resume_mode=disable an earlier run in the
+directory is moved aside whole (`set_aside`), its metrics, TensorBoard events and checkpoints
+kept as they were. Nor does a resume lose a branch: one from an earlier checkpoint
+(trainer.resume_from_path at step 10 of a run that saved 15 and 20) first moves the later
+steps aside the same way (`set_branch_aside`), so the run's checkpoints and metrics tell one
+story, and neither keep=N pruning nor the next automatic resume meets the old branch.
 
 The time budget: the next step is not started when it would end past the budget, judged by
 the run's mean step time or by the longest step of this attempt if longer (GRPO's steps vary
@@ -22,13 +26,14 @@ past a 60-minute budget).
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from agent_rl.training.checkpoint import CheckpointManager
-from data_prep.atomic import fsync
+from data_prep.atomic import fsync, fsync_tree
 
 
 def out_of_time(trained_s: float, step: int, budget: float | None, longest_step_s: float = 0.0) -> bool:
@@ -78,13 +83,71 @@ def set_aside(run_dir: Path, inputs: Mapping[str, str] | None = None) -> Path | 
     if held:
         raise ValueError(f"trainer.resume_mode=disable would move the earlier run in {run_dir} aside, but "
                          f"{', '.join(held)} is inside it: choose another trainer.default_local_dir")
+    aside = aside_name(run_dir)
+    os.replace(run_dir, aside)
+    fsync(run_dir.parent)
+    return aside
+
+
+def aside_name(run_dir: Path) -> Path:
+    """A free `<run_dir>.prev-<YYYYmmdd-HHMMSS>` (`-1`, `-2`, ... after it when taken)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     aside = run_dir.with_name(f"{run_dir.name}.prev-{stamp}")
     n = 1
     while aside.exists():
         aside, n = run_dir.with_name(f"{run_dir.name}.prev-{stamp}-{n}"), n + 1
-    os.replace(run_dir, aside)
-    fsync(run_dir.parent)
+    return aside
+
+
+def set_branch_aside(run_dir: Path, checkpoints: CheckpointManager, step: int, validation_dir: str | None = None,
+                     inputs: Mapping[str, str] | None = None) -> Path | None:
+    """Before a resume from `step` in a run that went past it and saved there (a
+    trainer.resume_from_path to an earlier checkpoint): move that later branch to
+    `<run_dir>.prev-<YYYYmmdd-HHMMSS>`, laid out as a run directory: its checkpoints past
+    `step` and SFT's final `model/` (renamed), the validations past `step` in `validation_dir`
+    (`<aside>/validation/` when that is outside the run), and a copy of the run's
+    metrics.jsonl and TensorBoard events whole, from step 1 (the resumed run cuts its own at
+    `step`). Left in place, the branch's checkpoints outlived the branch point (keep=N pruned
+    it first) and the next automatic resume took the old branch's last step under the new
+    branch's metrics. Returns where the branch went; None when no checkpoint is past `step`
+    (a killed run's logged steps past its last checkpoint are cut as on any resume). Refused
+    (ValueError) when one of `inputs` (config key -> path) is inside what would move."""
+    later = checkpoints.after(step)
+    if not later:
+        return None
+    inputs = [(key, Path(path).resolve()) for key, path in (inputs or {}).items() if path]
+    model = run_dir / "model"  # SFT's final model; an RL run's model kept there is its input, not history
+    if not model.exists() or any(path.is_relative_to(model.resolve()) for _, path in inputs):
+        model = None
+    validations = []
+    if validation_dir is not None and Path(validation_dir).is_dir():
+        validations = [p for p in Path(validation_dir).glob("*.jsonl") if p.stem.isdigit() and int(p.stem) > step]
+    held = [f"{key} {path}" for key, path in inputs if any(path.is_relative_to(p.resolve()) for p in later + validations)]
+    if held:
+        raise ValueError(f"resuming from step {step} would move the later steps of {run_dir} aside, but "
+                         f"{', '.join(held)} is among them: resume from another checkpoint or copy it elsewhere first")
+    aside = aside_name(run_dir)
+    aside.mkdir()
+    # the copies first: a kill before the moves leaves the run as it was, beside a partial copy
+    for name in ("metrics.jsonl", "tensorboard"):
+        if (run_dir / name).is_file():
+            shutil.copy2(run_dir / name, aside / name)
+        elif (run_dir / name).is_dir():
+            shutil.copytree(run_dir / name, aside / name)
+    fsync_tree(aside)
+    checkpoints.move_after(step, aside / "checkpoints")
+    if model is not None:
+        os.replace(model, aside / "model")
+    if validations:
+        here = Path(validation_dir).resolve()
+        dest = aside / (here.relative_to(run_dir.resolve()) if here.is_relative_to(run_dir.resolve()) else "validation")
+        dest.mkdir(parents=True, exist_ok=True)
+        for p in validations:
+            os.replace(p, dest / p.name)
+        fsync(dest)
+        fsync(here)
+    fsync(aside)
+    fsync(run_dir)
     return aside
 
 
@@ -111,14 +174,24 @@ class Run:
     # ------------------------------------------------------------------ resume
     def start(self) -> Path | None:
         """The checkpoint this run resumes, or None: it starts from scratch. With
-        trainer.resume_mode=disable an earlier run in the directory is moved aside first, and
-        the move said in one line."""
+        trainer.resume_mode=disable an earlier run in the directory is moved aside first; with
+        trainer.resume_from_path at a step the run went past and saved after, that later branch
+        is (`set_branch_aside`); either move said in one line."""
         if self.tr.resume_mode == "disable":
             aside = set_aside(self.run_dir, self.inputs)
             if aside is not None:
                 print(f"[{self.name}] trainer.resume_mode=disable: moved the earlier run in {self.run_dir} to {aside} "
                       f"(its metrics, TensorBoard events and checkpoints, unchanged)", flush=True)
-        return resume_checkpoint(self.tr, self.checkpoints)
+        path = resume_checkpoint(self.tr, self.checkpoints)
+        if path is not None and self.tr.resume_from_path:
+            step = int(self.checkpoints.read_state(path)["step"])
+            aside = set_branch_aside(self.run_dir, self.checkpoints, step, getattr(self.tr, "validation_data_dir", None),
+                                     self.inputs)
+            if aside is not None:
+                print(f"[{self.name}] resuming from {path} at step {step}: moved the run's later steps in "
+                      f"{self.run_dir} to {aside} (their checkpoints, and its metrics and TensorBoard events whole)",
+                      flush=True)
+        return path
 
     def finished(self, state: dict) -> str | None:
         return finished_reason(state, self.tr, self.total_steps)

@@ -353,3 +353,22 @@ def test_a_planted_pickle_payload_is_refused_not_run(tmp_path):
         mgr.load(path)
     assert not marker.exists()
     assert safe_torch_load(_save(mgr, 3) / "rng.pt")["numpy"][0] == "MT19937"  # a real one loads
+
+
+def test_moving_the_steps_past_a_branch_point_takes_every_trace_of_them(tmp_path):
+    """A re-save's `.global_step_K.old` left behind would be renamed back by the next save and
+    bring the old branch's step K back; `latest` must not name a step that moved."""
+    mgr = CheckpointManager(tmp_path / "ckpt")
+    for step in (5, 10, 15, 20):
+        _save(mgr, step)
+    os.replace(tmp_path / "ckpt" / "global_step_20", tmp_path / "ckpt" / ".global_step_20.old")  # a kill mid re-save
+    (tmp_path / "ckpt" / "global_step_25.tmp").mkdir()  # a kill mid save
+    (tmp_path / "ckpt" / "global_step_30.bak").mkdir()  # someone else's: not the manager's
+    assert [p.name for p in mgr.after(10)] == ["global_step_15", ".global_step_20.old", "global_step_25.tmp"]
+    moved = mgr.move_after(10, tmp_path / "aside")
+    assert [p.parent for p in moved] == [tmp_path / "aside"] * 3 and mgr.after(10) == []
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["global_step_10", "global_step_30.bak",
+                                                                    "global_step_5", "latest"]
+    assert (tmp_path / "ckpt" / "latest").read_text() == "global_step_10" and mgr.latest().name == "global_step_10"
+    _save(mgr, 11)
+    assert mgr.latest().name == "global_step_11" and not (tmp_path / "ckpt" / "global_step_20").exists()

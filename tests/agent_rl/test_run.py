@@ -252,3 +252,91 @@ def test_a_new_run_in_an_empty_or_absent_directory_moves_nothing(tmp_path, capsy
             run_dir.mkdir()
         Run(TrainerConfig(default_local_dir=str(run_dir), resume_mode="disable"), run_dir, 2, "train").start()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"] and capsys.readouterr().out == ""
+
+
+# ----------------------------------------------------------------------------- a resume from an earlier step: no lost branch
+def _run_to(run_dir: Path, last: int, saves: tuple[int, ...], keep: int | None = None) -> None:
+    """Steps 1..last logged (jsonl, TensorBoard, one validation file each), checkpoints at `saves`."""
+    logger = MetricsLogger(run_dir, ["jsonl", "tensorboard"])
+    ckpts = CheckpointManager(run_dir / "checkpoints", keep)
+    for step in range(1, last + 1):
+        logger.log({"reward/mean": float(step)}, step)
+        (run_dir / "validation").mkdir(exist_ok=True)
+        (run_dir / "validation" / f"{step}.jsonl").write_text(f'{{"id": "q", "metric": {step}}}\n')
+        if step in saves:
+            ckpts.save(step, {"data": {}, "branch": "old"}, {})
+    logger.close()
+
+
+def _resume_and_train(run_dir: Path, tr: TrainerConfig, steps: int) -> Run:
+    """What the trainer does on a resume: start, restore, its logger, `steps` steps each saved."""
+    run = Run(tr, run_dir, 100, "train")
+    path = run.start()
+    if path is not None:
+        run.restore(path)
+    logger = MetricsLogger(run_dir, ["jsonl", "tensorboard"], resume_step=run.step)
+    for _ in range(steps):
+        run.begin_step()
+        logger.log({"reward/mean": -1.0}, run.step)
+        run.end_step()
+        run.save({"data": {}, "branch": "new"}, {}, None)
+    logger.close()
+    return run
+
+
+def test_a_resume_from_an_earlier_checkpoint_moves_the_later_branch_aside(tmp_path, capsys):
+    """Resumed from step 10 with checkpoints 15 and 20 saved: metrics rows 11-20 were cut but
+    checkpoints 15 and 20 kept; keep=2 then pruned the branch point, and the next automatic
+    resume took the old branch's step 20 under the new branch's metrics."""
+    run_dir = tmp_path / "run"
+    _run_to(run_dir, 20, (5, 10, 15, 20))
+    (run_dir / "model").mkdir()  # SFT's final model of the old branch
+    (run_dir / "model" / ".complete").write_text("")
+    old_rows = (run_dir / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    tr = TrainerConfig(default_local_dir=str(run_dir), max_ckpt_to_keep=2, validation_data_dir=str(run_dir / "validation"),
+                       resume_from_path=str(run_dir / "checkpoints" / "global_step_10"))
+    run = _resume_and_train(run_dir, tr, 2)
+    assert run.step == 12
+    (aside,) = [p for p in tmp_path.iterdir() if p.name.startswith("run.prev-")]
+    out = capsys.readouterr().out
+    assert f"resuming from {run_dir / 'checkpoints' / 'global_step_10'} at step 10: moved the run's later steps in " \
+           f"{run_dir} to {aside}" in out, out
+    # the old branch, whole, aside: its checkpoints past 10, its metrics from step 1, its validations past 10
+    assert sorted(p.name for p in (aside / "checkpoints").iterdir()) == ["global_step_15", "global_step_20"]
+    assert (aside / "metrics.jsonl").read_text() == old_rows
+    assert sorted(int(p.stem) for p in (aside / "validation").iterdir()) == list(range(11, 21))
+    assert (aside / "tensorboard").is_dir() and (aside / "model" / ".complete").is_file()
+    assert not (run_dir / "model").exists()
+    # the run: one story, the new branch on top of steps 1-10
+    assert [r["step"] for r in read_jsonl(run_dir)] == list(range(1, 13))
+    assert [r["reward/mean"] for r in read_jsonl(run_dir)][9:] == [10.0, -1.0, -1.0]
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("global_step_*")) == ["global_step_11", "global_step_12"]
+    assert (run_dir / "checkpoints" / "latest").read_text() == "global_step_12"
+    assert sorted(int(p.stem) for p in (run_dir / "validation").iterdir()) == list(range(1, 11))
+    # the next automatic resume takes the new branch
+    later = Run(TrainerConfig(default_local_dir=str(run_dir)), run_dir, 100, "train")
+    assert later.start() == run_dir / "checkpoints" / "global_step_12"
+    assert later.restore(later.start())["branch"] == "new"
+
+
+def test_a_resume_from_the_last_checkpoint_moves_nothing(tmp_path, capsys):
+    """A killed run's steps logged past its last checkpoint are cut as on any resume: no branch was saved."""
+    run_dir = tmp_path / "run"
+    _run_to(run_dir, 12, (5, 10))
+    tr = TrainerConfig(default_local_dir=str(run_dir), resume_from_path=str(run_dir / "checkpoints" / "global_step_10"))
+    _resume_and_train(run_dir, tr, 1)
+    assert [p.name for p in tmp_path.iterdir()] == ["run"] and "moved" not in capsys.readouterr().out
+    assert [r["step"] for r in read_jsonl(run_dir)] == list(range(1, 12))
+
+
+def test_a_branch_holding_the_runs_model_is_refused_not_moved(tmp_path):
+    run_dir = tmp_path / "run"
+    _run_to(run_dir, 20, (10, 20))
+    before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
+    tr = TrainerConfig(default_local_dir=str(run_dir), resume_from_path=str(run_dir / "checkpoints" / "global_step_10"))
+    model = run_dir / "checkpoints" / "global_step_20" / "actor"
+    with pytest.raises(ValueError, match="actor_rollout_ref.model.path .* is among them"):
+        Run(tr, run_dir, 100, "train", inputs={"actor_rollout_ref.model.path": str(model)}).start()
+    assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["run"]
