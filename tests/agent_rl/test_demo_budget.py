@@ -166,6 +166,13 @@ def test_report_leads_with_what_grpo_adds(tmp_path):
     chosen.update(rl_em=0.6, wins=7, losses=3, p=0.344, chosen="SFT+RL")
     write_report(tmp_path, evals, rl, plan, tmp_path / "test.parquet", chosen=chosen)
     assert json.loads((tmp_path / "plan.json").read_text())["selection"]["handed_over_minus_sft"] == 0.5
+    from agent_rl.demo.records import read_record
+
+    rec = read_record(tmp_path)  # the run's record beside its report, its figures plan.json's
+    assert rec.benchmark == "make demo" and rec.headline["the model handed over − its SFT model"] == "+50.0"
+    assert rec.headline["GRPO's own model − its SFT model"].startswith("+50.0 [") and "(4 questions)" in \
+        rec.headline["GRPO's own model − its SFT model"]
+    assert {"plan.json", "report.md", "grpo_curves.png"} <= set(rec.files) and rec.settings["plan"]["budget_minutes"] == 18
 
 
 # ----------------------------------------------------------------------------- stopping a stage
