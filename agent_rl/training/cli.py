@@ -52,6 +52,11 @@ def check_registered(cfg: TrainConfig) -> None:
                                             ("actor_rollout_ref.actor.policy_loss",
                                              cfg.actor_rollout_ref.actor.policy_loss, algos.POLICY_LOSSES))
                 if name not in registry.names()]
+    if not problems:
+        try:  # an estimator that brings its own policy loss (rejection_sampling: rft) and another one set
+            algos.policy_loss_for(cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.actor.policy_loss)
+        except ValueError as e:
+            problems.append(str(e))
     if problems:
         raise ConfigError("; ".join(problems))
 

@@ -107,7 +107,7 @@ def test_rft_on_a_hand_computed_batch():
     assert adv[1].abs().sum() > 0 and adv[5].abs().sum() > 0
 
 
-def test_rft_settings_are_checked_at_load():
+def test_rft_settings_are_checked_at_load(monkeypatch):
     from agent_rl.config import ConfigError
     from agent_rl.config.checks import check_settings
 
@@ -116,10 +116,19 @@ def test_rft_settings_are_checked_at_load():
     cfg.algorithm.rft_min_acc = 0.0
     with pytest.raises(ConfigError, match="algorithm.rft_min_acc"):
         check_settings(cfg)
+    # a policy loss set beside it that is not the one it brings: refused by the command, in
+    # one line, before anything starts (and by the trainer)
+    from agent_rl.training.cli import check_registered
+
     cfg = rft_config()
+    check_registered(cfg)
     cfg.actor_rollout_ref.actor.policy_loss = "another_loss"
     with pytest.raises(ValueError, match="conflicts"):
         actor_settings(cfg)
+    monkeypatch.setitem(algos.POLICY_LOSSES._fns, "another_loss", algos.rft_loss)  # registered for this test only
+    monkeypatch.setitem(algos.POLICY_LOSSES._info, "another_loss", {})
+    with pytest.raises(ConfigError, match="adv_estimator=rejection_sampling trains with policy loss 'rft'"):
+        check_registered(cfg)
 
 
 def test_rft_update_through_the_actor_is_sft_on_the_kept_trajectories(tiny_policy):
