@@ -331,7 +331,7 @@ def test_finished_evaluation_loads_no_engine(aio, tmp_path, model_dir, monkeypat
 
 @pytest.mark.slow
 def test_rag_and_agent_modes_with_real_retriever(aio, engine, tiny_kb, dense_retriever_url, tmp_path, spy_rollout):
-    from agent_rl.rollout.observation import format_passages
+    from agent_rl.rollout.observation import format_passages, tool_observation
     from agent_rl.rollout.retrieval_client import RetrieverClient, SyncRetrieverClient
 
     prompts = ev.load_questions([tiny_kb / "test.parquet"], limit=2, seed=1)
@@ -351,8 +351,10 @@ def test_rag_and_agent_modes_with_real_retriever(aio, engine, tiny_kb, dense_ret
     by = {(r["mode"], r["id"]): r for r in recs}
     with SyncRetrieverClient([dense_retriever_url]) as sync:
         for p in prompts:
-            # rag: the prompt holds exactly the top-k passages the server returns for the question
-            docs = format_passages(sync.search([p.question], topk=2)[0]).strip()
+            # rag: the prompt holds exactly the top-k passages the server returns for the question,
+            # as a search's observation holds them (neutralised, cut to data.max_obs_length=128)
+            passages = format_passages(sync.search([p.question], topk=2)[0])
+            docs = tool_observation(engine.get_tokenizer(), passages, 128, ("", "")).text
             rag = by[("rag", p.id)]
             assert docs in rag["prompt"] and p.question in rag["prompt"] and rag["turns"] == 1
             agent = by[("agent", p.id)]
