@@ -5,7 +5,8 @@ held-out QA in three modes, resumable.
         --data artifacts/kb/test.parquet --mode agent rag direct --out runs/eval/base --limit 100
 
 Modes (Search-R1's baselines, same model): `agent` (the model may search, up to `max_turns`),
-`rag` (the top-k passages for the question are retrieved once and put in the prompt, one
+`rag` (the top-k passages for the question are retrieved once and put in the prompt as a
+search's observation holds them: neutralised, at most `data.max_obs_length` tokens; one
 answer), `direct` (no retrieval). Every question runs through the training rollout manager
 (`RolloutManager.rollout(..., greedy=True, mode=...)`: same templates, tokenization, turn
 loop and observation formatting) and is scored with the training reward functions
@@ -15,13 +16,17 @@ Writes into --out:
 - `predictions.jsonl`: one record per (mode, data_source, question id), appended and flushed
   as soon as the question finishes: question, gold answers, prediction, em / subem / f1,
   reward, format flags, turns, searches, the prompt and the full trajectory text;
-- `eval_config.json`: what produced the records (model weights identity, turn and length
-  limits, topk, dtype, template, reward); a rerun with other settings refuses to mix results;
+- `eval_config.json`: what produced the records (`eval_settings`: the model and tokenizer by
+  content, protocol, tools, template, greedy sampling, turn and length limits, topk, dtype,
+  reward); a rerun with other settings refuses to mix results;
 - `summary.json` / `summary.md` (`agent_rl.evaluation.report`): per mode, overall and per data_source,
   EM with a Wilson 95% interval, SubEM, F1, mean searches and turns, invalid-format rate.
 
 Resume: rerun the same command. Finished records are kept (a partial last line from a kill
-mid-write is dropped), only missing questions run, and the summary covers all of them.
+mid-write is dropped), only missing questions run, and the summary covers all of them. A
+record is reused only for the question it answered: one whose question text or gold answers
+differ from the data's (a knowledge base generated again reuses its ids) is refused in one line
+(`check_records`), as are other settings, never mixed.
 Greedy decoding is deterministic per request, but batched kernels (bf16 especially) are not
 batch-invariant, so a rerun from scratch can differ on a few questions.
 """
@@ -275,19 +280,25 @@ class PredictionsFile:
             self._fh = None
 
 
-def _weights_identity(model_dir: Path) -> list:
-    """Names, sizes and mtimes of the weight files: retraining into the same directory changes them."""
-    return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(model_dir.glob("*.safetensors"))]
-
-
 def eval_settings(cfg: TrainConfig, model_dir: Path, dtype: str) -> dict:
-    """Everything that changes a record: records made with other settings must not be mixed."""
+    """Everything that changes a record: records made with other settings must not be mixed.
+    The model and tokenizer are known by content as a training resume knows them
+    (`training.identity`): retraining into the same directory changes them. Sampling is greedy
+    whatever the config's temperature; the protocol sets the stop strings."""
+    from agent_rl.training.identity import model_fingerprint, tokenizer_fingerprint
+
     r = cfg.actor_rollout_ref.rollout
     return {
         "model": str(model_dir),
-        "weights": _weights_identity(model_dir),
+        "model_fingerprint": model_fingerprint(model_dir),
+        "tokenizer_fingerprint": tokenizer_fingerprint(model_dir),
         "dtype": dtype,
+        "protocol": r.protocol,
+        "tool_chat_template": r.tool_chat_template,
+        "tools": [{"name": t.name, "mcp_command": t.mcp_command, "mcp_url": t.mcp_url, "include": t.include}
+                  for t in r.tools],
         "chat_template": r.chat_template,
+        "sampling": "greedy",
         "max_turns": cfg.max_turns,
         "topk": cfg.retriever.topk,
         "max_tokens_per_turn": r.max_tokens_per_turn,
@@ -301,6 +312,9 @@ def check_settings(out_dir: Path, settings: dict, has_records: bool, overwrite: 
     """Write eval_config.json, or refuse when the directory holds records made with other
     settings (unless `overwrite`: the caller then discards them)."""
     path = out_dir / EVAL_CONFIG
+    if has_records and not overwrite and not path.is_file():
+        raise EvalInputError(f"--out {out_dir} holds results but no {EVAL_CONFIG}: their settings are unknown; "
+                             "use another --out, or --overwrite to discard them")
     if path.is_file() and has_records and not overwrite:
         old = json.loads(path.read_text())
         diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
@@ -312,6 +326,29 @@ def check_settings(out_dir: Path, settings: dict, has_records: bool, overwrite: 
             )
     with atomic_write(path) as f:
         f.write(json.dumps(settings, indent=1) + "\n")
+
+
+def check_records(out_dir: Path, done: dict[str, dict], prompts: Sequence[Prompt]) -> None:
+    """Refuse, in one line, records of `done` made for another question under one of these
+    prompts' (data_source, id), in any mode (the summary covers them all): ids are positions
+    (`kb_test_N` in every generated KB, FlashRAG's `test_0`), so only the question text and
+    the gold answers tell a record's question from this one."""
+    want = {(p.data_source, p.id): (p.question, list(p.golden_answers)) for p in prompts}
+    bad = []
+    for rec in done.values():
+        key = (rec.get("data_source"), rec.get("id"))
+        if key in want and (rec.get("question"), rec.get("golden_answers")) != want[key]:
+            bad.append(rec)
+    if bad:
+        rec = bad[0]
+        q, golds = want[(rec["data_source"], rec["id"])]
+        what = (f"question {rec.get('question')!r} -> {q!r}" if rec.get("question") != q
+                else f"golden_answers {rec.get('golden_answers')!r} -> {golds!r}")
+        more = f" (and {len(bad) - 1} more record(s))" if len(bad) > 1 else ""
+        raise EvalInputError(
+            f"--out {out_dir} holds a {rec.get('mode')} record of {rec['data_source']}/{rec['id']} for another "
+            f"question ({what}){more}; use another --out, or --overwrite to discard them"
+        )
 
 
 # ----------------------------------------------------------------------------- running
@@ -400,6 +437,7 @@ async def run_evaluation(cfg: TrainConfig, prompts: Sequence[Prompt], modes: Seq
         if overwrite:
             sink.clear()
             done = {}
+        check_records(out, done, prompts)
         missing = sum(not finished(done, record_key(m, p.data_source, p.id)) for m in modes for p in prompts)
         if engine is None and missing:  # a finished evaluation only rewrites its summary
             from agent_rl.rollout.engine import RolloutEngine

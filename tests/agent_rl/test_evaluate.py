@@ -237,6 +237,78 @@ def test_mismatch_refused_before_the_engine_loads(tmp_path, aio, model_dir):
     assert (out / ev.PREDICTIONS).read_text().count("\n") == 1
 
 
+def test_record_of_another_question_is_not_reused(aio, tmp_path, model_dir, monkeypatch):
+    """Issue 83 case 5: ids are positions (`kb_test_N` in every generated KB), so a record is
+    reused only for the question and gold answers it answered; another is refused in one line
+    before the engine loads, the records untouched (EM 1.0 of France/Paris was counted for
+    Germany/Berlin)."""
+    from agent_rl.rollout.engine import RolloutEngine
+
+    async def refuse(*a, **k):
+        raise AssertionError("engine loaded")
+
+    monkeypatch.setattr(RolloutEngine, "create", refuse)
+    cfg = small_cfg(**{"actor_rollout_ref.model.path": str(model_dir)})
+    out = tmp_path / "ev"
+    ev.check_settings(out, ev.eval_settings(cfg, Path(model_dir).resolve(), "float32"), False, False)
+    france = Prompt(id="kb_test_0", question="What is the capital of France?", golden_answers=["Paris"], data_source="kb")
+    rec = ev.make_record(traj("<answer>Paris</answer>"), france, "direct", cfg.reward, "", 0.0)
+    (out / ev.PREDICTIONS).write_text(json.dumps(rec) + "\n")
+    before = (out / ev.PREDICTIONS).read_bytes()
+    germany = Prompt(id="kb_test_0", question="What is the capital of Germany?", golden_answers=["Berlin"], data_source="kb")
+    with pytest.raises(ev.EvalInputError, match=r"direct record of kb/kb_test_0 for another question \(question "
+                                                r"'What is the capital of France\?' -> 'What is the capital of Germany\?'\)"):
+        aio(ev.run_evaluation(cfg, [germany], ["direct"], out, progress=False))
+    france_lyon = Prompt(id="kb_test_0", question=france.question, golden_answers=["Lyon"], data_source="kb")
+    with pytest.raises(ev.EvalInputError, match=r"golden_answers \['Paris'\] -> \['Lyon'\]"):
+        aio(ev.run_evaluation(cfg, [france_lyon], ["agent"], out, progress=False))  # any mode: the summary covers all
+    assert (out / ev.PREDICTIONS).read_bytes() == before
+    res = aio(ev.run_evaluation(cfg, [france], ["direct"], out, progress=False))  # its own question: reused
+    assert res.reused == {"direct": 1} and res.summary["modes"]["direct"]["all"]["em"] == 1.0
+    (out / ev.EVAL_CONFIG).unlink()  # records whose settings are unknown are not reused either
+    with pytest.raises(ev.EvalInputError, match=f"no {ev.EVAL_CONFIG}"):
+        aio(ev.run_evaluation(cfg, [france], ["direct"], out, progress=False))
+
+
+@pytest.mark.parametrize("case", ["regenerated_kb", "hermes"])
+def test_cli_refuses_to_mix_evaluations(case, tmp_path, model_dir):
+    """Issue 83 case 5 through `agent-rl-eval`: an --out holding a finished evaluation of KB
+    seed 0 under search_r1, rerun on KB seed 1 (the same ids, other questions) or with
+    protocol=hermes, exits 2 with one line naming what differs, and changes no record."""
+    from agent_rl.rollout.engine import engine_dtype
+    from data_prep.synthetic import generate_kb
+
+    generate_kb(tmp_path / "kb0", seed=0, n_entities=60)
+    out = tmp_path / "ev"
+    first = ["--model", str(model_dir), "--data", str(tmp_path / "kb0" / "test.parquet"), "--mode", "direct",
+             "--dtype", "float32", "--out", str(out), "--no-progress"]
+    cfg = cli.config_from_args(cli.eval_parser().parse_args(first))
+    ev.check_settings(out, ev.eval_settings(cfg, ev.resolve_model_dir(model_dir), engine_dtype("float32")[0]), False, False)
+    prompts = ev.load_questions([tmp_path / "kb0" / "test.parquet"])
+    sink = ev.PredictionsFile(out / ev.PREDICTIONS)  # the first run, every question answered right
+    sink.open()
+    for p in prompts:
+        sink.append(ev.make_record(traj(f"<answer>{p.golden_answers[0]}</answer>"), p, "direct", cfg.reward, "", 0.0))
+    sink.close()
+    before = (out / ev.PREDICTIONS).read_bytes()
+    if case == "regenerated_kb":
+        generate_kb(tmp_path / "kb1", seed=1, n_entities=60)
+        again = [*first, "--data", str(tmp_path / "kb1" / "test.parquet")]
+        regenerated = ev.load_questions([tmp_path / "kb1" / "test.parquet"])
+        old = {p.id: p.question for p in prompts}
+        assert all(p.id in old for p in regenerated) and any(old[p.id] != p.question for p in regenerated)
+        want = "for another question (question "
+    else:
+        again = [*first, "--", "actor_rollout_ref.rollout.protocol=hermes"]
+        want = "protocol: 'search_r1' -> 'hermes'"
+    r = _cli(*again)
+    assert r.returncode == 2, r.stdout + r.stderr
+    errors = [line for line in r.stderr.splitlines() if "agent-rl-eval: error:" in line]
+    assert len(errors) == 1 and want in errors[0] and "--overwrite" in errors[0], r.stderr
+    assert "Traceback" not in r.stderr
+    assert (out / ev.PREDICTIONS).read_bytes() == before
+
+
 # ----------------------------------------------------------------------------- CLI, bad input
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "agent_rl.evaluation.cli", "eval", *args], cwd=ROOT, capture_output=True,
