@@ -2,10 +2,14 @@
 
 Speaks Search-R1's API (POST /retrieve) to one or more servers: round-robin across URLs,
 exponential backoff on connection errors, timeouts, 5xx, 408/429 and answers it cannot use
-(not JSON, the wrong shape, a redirect, a body over `max_response_bytes`; a 4xx is the caller's
-bug and is raised at once), and `RetrieverUnavailable` once every attempt failed, which the
-rollout turns into an error observation. Each attempt has `timeout` in all: httpx's read
-timeout is per chunk, and a server dripping its body would hold a search forever. A 401/403 is
+(not JSON, the wrong shape, more than topk passages for a query, a redirect, a body over
+`max_response_bytes`; a 4xx is the caller's bug and is raised at once), and
+`RetrieverUnavailable` once every attempt failed, which the rollout turns into an error
+observation. Each attempt has `timeout` in all, reading the answer included: httpx's read
+timeout is per chunk, and a server dripping its body would hold a search forever. The answer is
+parsed in a worker thread, in Python steps and up to a bounded number of JSON values
+(`loads_bounded`), so no answer holds the rollout's event loop: 8 MiB of tiny passages held it
+for 2.2 s when json and pydantic read it there (issue 83). A 401/403 is
 `RetrieverAuthError`: no retry, no outage — the command stops, and `wait_healthy` finds it at
 start-up. The API key comes from the config,
 a key file or env RETRIEVER_API_KEY (`resolve_api_key`). Imports only `data_prep.io` and
@@ -15,12 +19,16 @@ a key file or env RETRIEVER_API_KEY (`resolve_api_key`). Imports only `data_prep
 from __future__ import annotations
 
 import asyncio
+import codecs
+import functools
 import itertools
 import json
+import json.decoder
+import json.scanner
 import logging
 import math
 import os
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import httpx
 
@@ -37,6 +45,10 @@ class RetrieverUnavailable(RuntimeError):
 
 class ResponseTooLarge(RuntimeError):
     """A response body longer than the client's `max_response_bytes` (one failed attempt)."""
+
+
+class MalformedResponse(RuntimeError):
+    """A 200 whose body is not a usable answer (one failed attempt)."""
 
 
 class RetrieverRequestError(ValueError):
@@ -64,34 +76,91 @@ would exhaust a rollout worker's memory."""
 MAX_DETAIL_CHARS = 1000
 """An error's detail is cut to this: an HTML error page can be megabytes, and the detail goes
 into the exception, the tool's log line and (a refused query) the policy's observation."""
+DECODE_PIECE_BYTES = 1 << 20
+MAX_DETAIL_JSON_BYTES = 64 << 10
+"""An error body longer than this is not read as JSON (`_detail`)."""
+VALUES_PER_PASSAGE = 256
+"""JSON values one passage of an answer may hold (its document's extra fields included; a
+passage is 5: the item, its document, id, contents and score): with topk, what bounds the work
+of reading an answer, whatever its bytes."""
 
 
 def _text(body: bytes) -> str:
     return body.decode("utf-8", "replace")
 
 
+def _decoded(body: bytes | bytearray) -> str:
+    """`_text(body)` a MiB at a time: in a worker thread, the event loop's thread can take the
+    GIL between pieces (64 MiB in one call would hold it for a tenth of a second or more)."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    view = memoryview(body)
+    parts = [decoder.decode(view[i:i + DECODE_PIECE_BYTES]) for i in range(0, len(view), DECODE_PIECE_BYTES)]
+    return "".join([*parts, decoder.decode(b"", final=True)])
+
+
 def _detail(body: bytes) -> str:
     """An error response's `detail` (FastAPI's error body), else its text; at most
-    MAX_DETAIL_CHARS."""
-    text = _text(body)
+    MAX_DETAIL_CHARS. Only a body of at most MAX_DETAIL_JSON_BYTES is read as JSON (on the event
+    loop: FastAPI's are a few hundred bytes), a longer one is cut as text."""
+    text = _text(body[:MAX_DETAIL_JSON_BYTES + 1])
     try:
-        data = json.loads(text)
+        data = json.loads(text) if len(body) <= MAX_DETAIL_JSON_BYTES else None
     except (ValueError, RecursionError):
         data = None
     return str(data.get("detail", text) if isinstance(data, dict) else text)[:MAX_DETAIL_CHARS]
 
 
-def _results(body: bytes, n: int) -> list[list[ScoredDocument]]:
-    """The `n` result lists of a /retrieve answer; ValueError saying what is wrong with it. Bytes
-    that are not UTF-8 become U+FFFD and a score that is not finite None: the passages stay
-    readable."""
+class TooManyValues(ValueError):
+    """A JSON document holds more values than its reader allows (`loads_bounded`)."""
+
+
+def loads_bounded(text: str, max_values: int) -> Any:
+    """`json.loads(text)`, or ValueError once it holds more than `max_values` values (each item of
+    an array, each value of an object). Parsed by json's Python scanner, whose C calls are one
+    string or number each: run in a thread, it lets the event loop's thread take the GIL between
+    them, where json's C parser holds it for the whole document (~2.8 M empty strings in 8 MiB),
+    and it stops at the limit instead of building everything first."""
+    left = max_values
+
+    def counted(scan_once: Callable) -> Callable:
+        def scan(string: str, idx: int) -> Any:
+            nonlocal left
+            left -= 1
+            if left < 0:
+                raise TooManyValues(f"more than {max_values} JSON values")
+            return scan_once(string, idx)
+        return scan
+
+    decoder = json.JSONDecoder()
+    decoder.parse_object = lambda s_end, strict, scan_once, *hooks: json.decoder.JSONObject(
+        s_end, strict, counted(scan_once), *hooks)
+    decoder.parse_array = lambda s_end, scan_once: json.decoder.JSONArray(s_end, counted(scan_once))
+    decoder.scan_once = json.scanner.py_make_scanner(decoder)
     try:
-        data = json.loads(_text(body))
+        return decoder.decode(text)
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
+
+
+def _results(body: bytes | bytearray, n: int, topk: int) -> list[list[ScoredDocument]]:
+    """The `n` result lists of a /retrieve answer, at most `topk` passages each; ValueError
+    saying what is wrong with it. Bytes that are not UTF-8 become U+FFFD and a score that is not
+    finite None: the passages stay readable. Its work is bounded by n and topk, not by the
+    body's bytes (`loads_bounded`); the event loop runs it in a thread."""
+    limit = 16 + n * (1 + topk * VALUES_PER_PASSAGE)
+    try:
+        data = loads_bounded(_decoded(body), limit)
+    except TooManyValues:
+        raise ValueError(f"more than {limit} JSON values, the most {n} result list(s) of at most topk={topk} "
+                         f"passages may hold") from None
+    lists = data.get("result") if isinstance(data, dict) else None
+    if isinstance(lists, list):  # counted before pydantic reads them, which it does holding the GIL
+        if len(lists) != n:
+            raise ValueError(f"{len(lists)} result lists for {n} queries")
+        for i, docs in enumerate(lists):
+            if isinstance(docs, list) and len(docs) > topk:
+                raise ValueError(f"{len(docs)} passages for query {i}, more than topk={topk}")
     result = RetrieveResponse.model_validate(data).result  # pydantic's ValidationError is a ValueError
-    if len(result) != n:
-        raise ValueError(f"{len(result)} result lists for {n} queries")
     for docs in result:
         for d in docs:
             if d.score is not None and not math.isfinite(d.score):
@@ -173,31 +242,42 @@ class RetrieverClient:
         start = next(self._rr) % len(self.urls)
         return self.urls[start:] + self.urls[:start]
 
-    async def _fetch(self, method: str, url: str, timeout: float | None = None, **kwargs: Any) -> tuple[int, bytes]:
+    async def _fetch(self, method: str, url: str, timeout: float | None = None,
+                     read: Callable[[bytes], Any] | None = None, **kwargs: Any) -> tuple[int, Any]:
         """(status, body) of one request, within `timeout` (default: the client's) in all and at
         most `max_response_bytes` of body (ResponseTooLarge); raises httpx.HTTPError or
-        TimeoutError when the exchange fails."""
+        TimeoutError when the exchange fails. `read`: a 200's body is `read(body)` instead, run
+        in a thread within the same timeout (its ValueError is raised as MalformedResponse)."""
 
-        async def exchange() -> tuple[int, bytes]:
+        async def exchange() -> tuple[int, Any]:
             async with self._client.stream(method, url, **kwargs) as r:
                 body = bytearray()
                 async for chunk in r.aiter_bytes():
                     body += chunk
                     if len(body) > self.max_response_bytes:
                         raise ResponseTooLarge(f"more than {self.max_response_bytes} bytes")
-                return r.status_code, bytes(body)
+            if read is not None and r.status_code == 200:
+                try:
+                    return 200, await asyncio.to_thread(read, body)  # not copied: only the thread reads it
+                except ValueError as e:  # pydantic's ValidationError is one too
+                    raise MalformedResponse(" ".join(str(e).split())[:200]) from None
+            return r.status_code, bytes(body)
 
         return await asyncio.wait_for(exchange(), self.timeout if timeout is None else timeout)
 
-    async def _post(self, payload: dict, n: int) -> list[list[ScoredDocument]]:
+    async def _post(self, payload: dict, n: int, topk: int) -> list[list[ScoredDocument]]:
         errors: list[str] = []
         order = self._order()
+        read = functools.partial(_results, n=n, topk=topk)  # in a thread, within the attempt's timeout
         for attempt in range(self.max_retries + 1):
             for url in order:  # each attempt tries every server once before backing off
                 try:
-                    status, body = await self._fetch("POST", f"{url}/retrieve", json=payload)
+                    status, body = await self._fetch("POST", f"{url}/retrieve", read=read, json=payload)
                 except (httpx.HTTPError, TimeoutError, ResponseTooLarge) as e:
                     errors.append(f"{url}: {type(e).__name__}")
+                    continue
+                except MalformedResponse as e:
+                    errors.append(f"{url}: malformed response ({e})")
                     continue
                 if status >= 500 or status in RETRY_STATUS:
                     errors.append(f"{url}: HTTP {status}")
@@ -209,10 +289,7 @@ class RetrieverClient:
                 if status != 200:  # a redirect is not followed: the URL is wrong, or a proxy answered
                     errors.append(f"{url}: HTTP {status}")
                     continue
-                try:
-                    return _results(body, n)
-                except ValueError as e:
-                    errors.append(f"{url}: malformed response ({' '.join(str(e).split())[:200]})")
+                return body  # read by `_results`
             if attempt < self.max_retries:
                 await asyncio.sleep(min(self.max_backoff, self.backoff * 2 ** attempt))
         raise RetrieverUnavailable(f"no retriever answered after {self.max_retries + 1} rounds over "
@@ -222,7 +299,7 @@ class RetrieverClient:
         if not queries:
             return []
         payload = RetrieveRequest(queries=list(queries), topk=topk, return_scores=True).model_dump()
-        return await self._post(payload, len(queries))
+        return await self._post(payload, len(queries), topk)
 
     async def wait_healthy(self, timeout: float = 120.0, interval: float = 0.5) -> None:
         """Until at least one server says ok (raises RetrieverUnavailable after `timeout`), then

@@ -42,6 +42,7 @@ from agent_rl.rollout.retrieval_client import (RetrieverClient, RetrieverRequest
 from agent_rl.rollout.reward import score_trajectory
 from agent_rl.rollout.tools import Tool, ToolInputError
 from retriever_server.schemas import ScoredDocument
+from loop_stall import LoopStall
 from loop_thread import LoopThread
 from rollout_fakes import CountingTokenizer, Q, ScriptedEngine, make_cfg
 
@@ -397,6 +398,43 @@ def test_a_body_over_the_limit_is_refused_unread(server):
     out, took = search(server, Reply(body=_big_body()), max_response_bytes=1 << 20)
     assert isinstance(out, RetrieverUnavailable) and "ResponseTooLarge" in str(out), out
     assert took < BOUND
+
+
+def tiny_passages(size: int) -> bytes:
+    """A body of about `size` bytes: one query's list of empty passages, some 50 bytes each."""
+    one = json.dumps(_doc("")).encode()
+    return b'{"result": [[' + b", ".join([one] * (size // (len(one) + 2))) + b"]]}"
+
+
+@pytest.mark.timeout(60)
+def test_an_answer_of_many_tiny_passages_neither_stalls_the_loop_nor_outlives_its_timeout(server):
+    """Issue 83 case 3: 8 MiB of tiny passages, under the byte cap, was parsed and validated on
+    the event loop outside every timeout: 2.2 s with a 1 s timeout, every other trajectory of
+    the batch stalled with it. Now an answer is read within the attempt's timeout, off the
+    loop, and at most topk passages per query are accepted (more is a malformed answer)."""
+    async def go(reply: Reply, timeout: float):
+        async with client(server, timeout=timeout, max_retries=0) as c:
+            await c.search([server.script(GOOD)], 3)  # the client's first request imports what it needs
+            async with LoopStall() as stall:
+                t0 = time.perf_counter()
+                try:
+                    out = await c.search([server.script(reply)], 3)
+                except RetrieverUnavailable as e:
+                    out = e
+                took = time.perf_counter() - t0
+        return out, took, stall.longest_s  # read once the block is left: a stall at its end counts
+
+    out, took, stall = asyncio.run(go(Reply(body=tiny_passages(8 << 20)), 1.0))
+    print(f"8 MiB of tiny passages: {took:.3f} s, longest loop stall {stall:.3f} s")
+    assert isinstance(out, RetrieverUnavailable) and "malformed response" in str(out), out
+    assert stall < 0.1 and took < 1.0 + 0.5
+    ten = body_of({"result": [[_doc(f'"T"\npassage {i}') for i in range(10)]]})
+    out, _, _ = asyncio.run(go(ten, 5.0))
+    assert isinstance(out, RetrieverUnavailable) and "10 passages for query 0, more than topk=3" in str(out), out
+    three = body_of({"result": [[_doc(f'"T"\npassage {i}') for i in range(3)]]})
+    out, _, _ = asyncio.run(go(three, 5.0))
+    assert_well_formed(out)
+    assert [d.document.contents for d in out[0]] == [f'"T"\npassage {i}' for i in range(3)]
 
 
 # ----------------------------------------------------------------------------- rollouts
