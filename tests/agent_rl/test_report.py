@@ -228,10 +228,16 @@ def test_the_report_quotes_its_figures_from_an_installed_package(tmp_path):
     import subprocess
     import sys
 
+    import shutil
+
     root = Path(__file__).resolve().parents[2]
-    target = tmp_path / "site"
+    src, target = tmp_path / "src", tmp_path / "site"  # built from a copy: no build/ left in the checkout
+    for name in ("agent_rl", "data_prep", "retriever_server"):
+        shutil.copytree(root / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(root / name, src / name)
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
-                          "--quiet", "--target", str(target), str(root)], capture_output=True, text=True, timeout=600)
+                          "--quiet", "--target", str(target), str(src)], capture_output=True, text=True, timeout=600)
     assert pip.returncode == 0, pip.stdout[-2000:] + pip.stderr[-3000:]
     assert (target / "agent_rl" / "demo" / "expectations.json").is_file()
     code = ("import agent_rl.demo.report as r, json; "
