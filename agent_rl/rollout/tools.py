@@ -8,7 +8,9 @@ timeout and counts calls, errors and latency (`tool/<name>/...` metrics). What c
 - the arguments are wrong (unknown or missing keys, wrong JSON types): `ToolArgumentError`,
   the policy's mistake, shown to it as feedback and counted as `bad_args`;
 - the tool raised `ToolInputError` (e.g. the calculator got `1/0`, the retriever refused a
-  query): also the policy's mistake, shown as feedback, counted as `rejected`;
+  query), or an argument is not text that can be sent (a lone surrogate: JSON's "\\ud800"
+  decodes to one, and no UTF-8 encoder takes it): also the policy's mistake, shown as
+  feedback, counted as `rejected`;
 - the tool failed (an outage, a timeout, any other exception): `ok=False`, counted as an
   `error` (a timeout also as `timeout`); the trainer's failed-search rule applies to it;
 - `ToolFatalError` (e.g. the retriever refused our API key) is raised: every call would fail.
@@ -80,6 +82,28 @@ JSON_TYPES: dict[str, tuple[type, ...]] = {
 
 def _as_dict(value: Any) -> dict:
     return value if isinstance(value, dict) else {}
+
+
+def unencodable(arguments: dict) -> str | None:
+    """The name of the first argument holding a string (a key or a value, at any depth) that is
+    not valid Unicode text, else None. Such a string has a lone surrogate: JSON's "\\ud800"
+    escape decodes to one, and no UTF-8 encoder (an HTTP body, an MCP message) takes it."""
+    for name, value in arguments.items():
+        stack = [name, value]
+        while stack:
+            v = stack.pop()
+            if isinstance(v, str):
+                if not v.isascii():
+                    try:
+                        v.encode("utf-8")
+                    except UnicodeEncodeError:
+                        return name
+            elif isinstance(v, dict):
+                stack.extend(v)
+                stack.extend(v.values())
+            elif isinstance(v, (list, tuple)):
+                stack.extend(v)
+    return None
 
 
 def check_arguments(schema: Any, arguments: Any) -> dict:
@@ -156,6 +180,11 @@ class Tool:
         except ToolArgumentError as e:
             self.stats.bad_args += 1
             return ToolResult(f"Invalid arguments for tool {self.name}: {e}", ok=True, error="bad_args")
+        bad = unencodable(args)
+        if bad is not None:  # the model's input, refused before it reaches the tool (issue 83)
+            self.stats.rejected += 1
+            return ToolResult(f"Invalid input for tool {self.name}: argument {bad!r} is not valid text (it holds "
+                              f"a lone surrogate such as \\ud800, half of a UTF-16 pair).", ok=True, error="rejected")
         async with self._semaphore():
             t0 = time.perf_counter()
             try:

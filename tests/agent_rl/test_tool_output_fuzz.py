@@ -500,6 +500,34 @@ def test_a_failing_retriever_is_an_error_observation_and_the_batch_goes_on(serve
 
 
 @pytest.mark.timeout(120)
+def test_a_query_that_is_not_text_is_the_models_mistake_not_an_outage(server, tok):
+    """Issue 83 case 7: a hermes call's JSON may hold "\\ud800", which decodes to a lone surrogate
+    that no UTF-8 encoder takes: the HTTP client raised UnicodeEncodeError, counted as a search
+    outage (the group dropped by the failed-search rule; repeated, the run stopped). Now it is a
+    rejection of the model's input, shown to it, and the retriever is never asked."""
+    cfg = make_cfg(max_turns=2, max_obs_length=64, protocol="hermes", chat_template=True)
+    bad = '<tool_call>\n{"name": "search", "arguments": {"query": "louvre \\ud800 paris"}}\n</tool_call>'
+    good = PR.HermesToolCalls().write_call("search", {"query": "good"})
+    script = lambda ctx: ("<answer> x </answer>" if "<tool_response>" in ctx[ctx.rindex("zebra-"):]
+                          else bad if "zebra-bad" in ctx else good)
+
+    async def go():
+        async with client(server) as c:
+            mgr = RolloutManager(ScriptedEngine(tok, script), c, cfg, tokenizer=tok)
+            return await asyncio.wait_for(mgr.rollout([Q("zebra-bad"), Q("zebra-good")], n=1), 60)
+
+    asked = len(server.requests)
+    (t_bad, t_good), m = asyncio.run(go())
+    assert (t_bad.num_searches, t_bad.num_rejected_queries, t_bad.num_tool_failures) == (1, 1, 0)
+    assert (t_good.num_searches, t_good.num_rejected_queries, t_good.num_tool_failures) == (1, 0, 0)
+    assert (m["tool/search/rejected"], m["tool/search/errors"]) == (1, 0)
+    (obs,) = observations(tok, t_bad)
+    assert "not valid text" in obs and "\\ud800" in obs
+    assert t_bad.finish_reason == t_good.finish_reason == "answer"
+    assert server.requests[asked:] == ["good"]  # the bad query never left the process
+
+
+@pytest.mark.timeout(120)
 def test_a_50mb_passage_is_a_capped_observation(server, tok):
     counting = CountingTokenizer(tok)
     trajs, _, _ = rollout(server, tok, server.script(Reply(body=_big_body())), tokenizer=counting,
