@@ -169,8 +169,9 @@ def chain_candidates(question: str, observation: str, titles: Sequence[str] = ()
 
 # ----------------------------------------------------------------------------- grounding
 def _words(text: str) -> str:
-    # SQuAD normalisation keeps non-ASCII punctuation ("(1940–1999)"): split on it too
-    return " ".join(re.sub(r"[^\w\s]", " ", normalize_answer(text)).split())
+    # SQuAD normalisation keeps non-ASCII punctuation ("(1940–1999)"): split on it too (the
+    # reward's default, unicode, would map the dash to "-" and drop it, joining the years)
+    return " ".join(re.sub(r"[^\w\s]", " ", normalize_answer(text, "squad")).split())
 
 
 def contains(text: str, answer: str) -> bool:

@@ -343,6 +343,13 @@ class RewardConfig:
     while unsure costs nothing. Not in Search-R1 (0: its reward). Keep it below
     (1 - structure_format_score - retrieval_score) / max_turns, so that a right answer still
     beats every wrong one."""
+    normalize: str = "unicode"
+    """How answers are normalised before em / subem / f1 and the retrieval check (one function,
+    `data_prep.normalize`, also the QA readers' and the overlap check's): unicode (NFKC, typographic
+    quotes and dashes as ASCII, then SQuAD's lower case / punctuation / articles / spaces; ASCII
+    text scores exactly as under squad) | squad (SQuAD v1.1 and Search-R1 bit for bit: an NFD
+    "Beyoncé" or "N’ Roses" misses its plain form). A gold answer that normalises to "" never
+    matches in either."""
 
 
 @dataclass

@@ -14,6 +14,11 @@ official SQuAD v1.1 evaluation script, with these deliberate differences:
    the same tags in the model's own text are quoted; an invalid turn breaks the structure.
    So retrieval and format credit cannot be earned without a search (`score_trajectory`).
 4. More than one `<answer>` tag is answer spam: a right answer counts a quarter.
+5. Normalisation (`normalize`, `data_prep.normalize`): by default Unicode forms match their
+   plain forms (NFKC, typographic quotes and dashes as ASCII, then SQuAD's steps);
+   `normalize="squad"` is SQuAD's / Search-R1's bit for bit. In both, a gold answer that
+   normalises to "" ("The", ".") matches nothing; Search-R1 matches it with an empty answer
+   (em) or with any text (subem, retrieval).
 
 Entry point: `score(response_text, golden_answers, cfg)` with a `RewardConfig` (or
 keyword overrides); `evaluate_response` returns the breakdown for metrics.
@@ -22,26 +27,19 @@ keyword overrides); `evaluate_response` returns the breakdown for metrics.
 from __future__ import annotations
 
 import re
-import string
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 from agent_rl.rollout.protocol import (ANSWER_OPEN, INFO_CLOSE, INFO_OPEN, INVALID_TURN, REWARD_TAGS, SEARCH_R1,
                                        ActionProtocol, tag_blocks)
+from data_prep.normalize import DEFAULT as DEFAULT_NORMALIZE, normalize_answer
 
 # ----------------------------------------------------------------------------- normalisation
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCT = set(string.punctuation)
-
-
-def normalize_answer(s: str) -> str:
-    """SQuAD v1.1 normalisation: lower case, drop ASCII punctuation, drop the articles
-    a/an/the, collapse whitespace (same order as the official script and Search-R1)."""
-    s = s.lower()
-    s = "".join(ch for ch in s if ch not in _PUNCT)
-    s = _ARTICLES.sub(" ", s)
-    return " ".join(s.split())
+# `normalize_answer` (data_prep.normalize) is the one normalisation of the metrics, the QA
+# readers and the train/test overlap check. `reward.normalize`: ``unicode`` (default: NFKC,
+# typographic quotes and dashes as ASCII, then SQuAD's steps; ASCII text normalises as in
+# SQuAD) or ``squad`` (SQuAD v1.1 / Search-R1 bit for bit, to reproduce their scores).
 
 
 def _golds(golden_answers: str | Iterable[str]) -> list[str]:
@@ -51,12 +49,20 @@ def _golds(golden_answers: str | Iterable[str]) -> list[str]:
     return golds
 
 
+def _gold_forms(golden_answers: str | Iterable[str], normalize: str) -> list[str]:
+    """The normalised gold answers, less those that normalise to "": such a gold ("The", ".",
+    "") equals an empty answer and is inside any text, so it never matches (the QA readers
+    drop them already; this holds for rows built by hand too). None left scores 0."""
+    return [form for form in (normalize_answer(g, normalize) for g in _golds(golden_answers)) if form]
+
+
 # ----------------------------------------------------------------------------- metrics
-METRICS: dict[str, Callable[[str, Iterable[str]], float]] = {}
+METRICS: dict[str, Callable[..., float]] = {}
 
 
 def register_metric(name: str):
-    """Decorator: register an outcome metric `fn(prediction, golden_answers) -> float in [0,1]`."""
+    """Decorator: register an outcome metric `fn(prediction, golden_answers, normalize=...) ->
+    float in [0,1]` (`normalize`: a `data_prep.normalize` mode)."""
 
     def decorator(fn):
         METRICS[name] = fn
@@ -65,7 +71,7 @@ def register_metric(name: str):
     return decorator
 
 
-def get_metric(name: str) -> Callable[[str, Iterable[str]], float]:
+def get_metric(name: str) -> Callable[..., float]:
     try:
         return METRICS[name]
     except KeyError:
@@ -73,26 +79,27 @@ def get_metric(name: str) -> Callable[[str, Iterable[str]], float]:
 
 
 @register_metric("em")
-def em(prediction: str, golden_answers: str | Iterable[str]) -> float:
-    """1.0 if the normalised prediction equals a normalised gold answer."""
-    pred = normalize_answer(prediction)
-    return float(any(normalize_answer(g) == pred for g in _golds(golden_answers)))
+def em(prediction: str, golden_answers: str | Iterable[str], normalize: str = DEFAULT_NORMALIZE) -> float:
+    """1.0 if the normalised prediction equals a normalised gold answer (never one that
+    normalises to "")."""
+    return float(normalize_answer(prediction, normalize) in _gold_forms(golden_answers, normalize))
 
 
 @register_metric("subem")
-def subem(prediction: str, golden_answers: str | Iterable[str]) -> float:
-    """1.0 if a normalised gold answer is a substring of the normalised prediction."""
-    pred = normalize_answer(prediction)
-    return float(any(normalize_answer(g) in pred for g in _golds(golden_answers)))
+def subem(prediction: str, golden_answers: str | Iterable[str], normalize: str = DEFAULT_NORMALIZE) -> float:
+    """1.0 if a normalised gold answer is a substring of the normalised prediction (never
+    one that normalises to "", which every text contains)."""
+    pred = normalize_answer(prediction, normalize)
+    return float(any(gold in pred for gold in _gold_forms(golden_answers, normalize)))
 
 
 @register_metric("f1")
-def f1(prediction: str, golden_answers: str | Iterable[str]) -> float:
+def f1(prediction: str, golden_answers: str | Iterable[str], normalize: str = DEFAULT_NORMALIZE) -> float:
     """SQuAD v1.1 token F1 between normalised prediction and gold, max over gold answers."""
-    pred = normalize_answer(prediction).split()
+    pred = normalize_answer(prediction, normalize).split()
     best = 0.0
-    for gold in _golds(golden_answers):
-        ref = normalize_answer(gold).split()
+    for gold in _gold_forms(golden_answers, normalize):
+        ref = gold.split()
         same = sum((Counter(pred) & Counter(ref)).values())
         if same == 0:
             continue
@@ -171,11 +178,11 @@ def is_valid_format(response_text: str) -> bool:
     return format_error(response_text) is None
 
 
-def retrieval_hit(response_text: str, golden_answers: str | Iterable[str]) -> bool:
+def retrieval_hit(response_text: str, golden_answers: str | Iterable[str], normalize: str = DEFAULT_NORMALIZE) -> bool:
     """A normalised gold answer occurs in a normalised `<information>` block (Search-R1's
     `is_retrieval_correct`)."""
-    golds = [normalize_answer(g) for g in _golds(golden_answers)]
-    return any(g in normalize_answer(block) for block in information_blocks(response_text) for g in golds)
+    golds = _gold_forms(golden_answers, normalize)
+    return any(g in normalize_answer(block, normalize) for block in information_blocks(response_text) for g in golds)
 
 
 # ----------------------------------------------------------------------------- score
@@ -202,6 +209,7 @@ _SETTINGS = {
     "final_format_score": 0.0,
     "retrieval_score": 0.0,
     "search_cost": 0.0,
+    "normalize": DEFAULT_NORMALIZE,
 }
 
 
@@ -245,12 +253,12 @@ def evaluate_response(response_text: str, golden_answers: str | Iterable[str], c
     metric_fn = get_metric(st["kind"])
     golds = _golds(golden_answers)
     answer = extract_answer(response_text)
-    s = metric_fn(answer, golds) if answer is not None else 0.0
+    s = metric_fn(answer, golds, normalize=st["normalize"]) if answer is not None else 0.0
     answer_tags = strip_information(response_text).count(ANSWER_OPEN)
     if answer_tags > 1:
         s /= ANSWER_SPAM_DIVISOR
     valid = is_valid_format(response_text)
-    hit = retrieval_hit(response_text, golds)
+    hit = retrieval_hit(response_text, golds, st["normalize"])
 
     sfs, ffs, rs = st["structure_format_score"], st["final_format_score"], st["retrieval_score"]
     if not (sfs or ffs or rs):
