@@ -23,6 +23,11 @@ UTF-8 is one reported row, the rest of the file is kept; a UTF-8 BOM at the star
 dropped and CRLF line ends read as LF. In parquet, arrow and ``datasets`` inputs, a row with
 invalid UTF-8 in a string column is one reported row.
 
+Gold answers that normalise to nothing (``"The"``, ``"."``, ``"a"``, ``""``; see
+data_prep.normalize) are dropped and noted as ``file:line: gold answer 'The' dropped ...``:
+an empty answer would match them exactly, and any text contain them. A row left with no
+gold answer is reported and skipped, by `read_qa` for training too (`NoGoldAnswer`).
+
 Ids: the row's ``id`` / ``_id`` when present; verl rows use ``{split}_{extra_info.index}``;
 otherwise ``{split}_{n}`` with n the row's 0-based position in the input (FlashRAG's own
 convention, e.g. NQ-open dev line 1 -> ``test_0`` when converted with ``--split test``).
@@ -33,7 +38,7 @@ from __future__ import annotations
 import json
 import random
 import re
-import string
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -48,6 +53,7 @@ from data_prep.io import (
     iter_parquet,
     looks_like_jsonl,
 )
+from data_prep.normalize import normalize_answer
 
 STANDARD = ("id", "question", "golden_answers", "data_source", "split")
 # verl plumbing that is rebuilt by our own trainer; not worth carrying into the output.
@@ -57,6 +63,12 @@ _SPLIT_WORDS = {"train": "train", "dev": "dev", "validation": "dev", "val": "dev
 
 class RowError(ValueError):
     """A row that cannot be used; the message says why."""
+
+
+class NoGoldAnswer(RowError):
+    """A row whose gold answers are text that all normalise to "" ("The The", "!!!"): it is
+    well-formed but can never be scored, so every reader (training's included) reports and
+    skips it rather than failing. Blank answers only are a broken row (a plain RowError)."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -81,7 +93,9 @@ def question_from_prompt(prompt: Any) -> str:
     return (after if marker else content).strip()
 
 
-def _answers(value: Any, field_name: str) -> list[str]:
+def _answers(value: Any, field_name: str, dropped: list[str] | None = None) -> list[str]:
+    """The row's gold answers as stripped strings, without those that normalise to "" (each
+    appended to `dropped`, for the reader to note); a RowError when none is left."""
     if isinstance(value, str):
         value = [value]
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -94,36 +108,52 @@ def _answers(value: Any, field_name: str) -> list[str]:
             a = str(a)
         if not isinstance(a, str):
             raise RowError(f"'{field_name}' contains a {type(a).__name__}, expected strings")
-        if a.strip():
-            out.append(a.strip())
-    if not out:
-        raise RowError(f"'{field_name}' has no non-empty answer")
-    return out
+        out.append(a.strip())
+    kept, empty = _usable_answers(out)
+    if not kept:
+        if not any(empty):  # [] or blank strings only: a broken row, as a missing field
+            raise RowError(f"'{field_name}' has no non-empty answer")
+        raise NoGoldAnswer(f"'{field_name}' has no usable answer: {', '.join(map(repr, empty))} "
+                           f"normalise{'s' if len(empty) == 1 else ''} to \"\"")
+    if dropped is not None:
+        dropped += empty
+    return kept
 
 
-def _verl_answers(row: dict) -> list[str]:
+def _usable_answers(answers: list[str]) -> tuple[list[str], list[str]]:
+    """(answers that normalise to something, the others). One that normalises to "" would be
+    matched by an empty prediction (em) or by any text (subem, retrieval): issue 83."""
+    kept, empty = [], []
+    for a in answers:
+        (kept if normalize_answer(a) else empty).append(a)
+    return kept, empty
+
+
+def _verl_answers(row: dict, dropped: list[str] | None = None) -> list[str]:
     """Gold answers of a verl row: ground_truth.target (Search-R1), else the answer list in
     extra_info (AmbigQA-style rows, whose ground_truth is all answers joined into one
     string), else ground_truth itself."""
     rm = row.get("reward_model")
     gt = rm.get("ground_truth") if isinstance(rm, dict) else None
     if isinstance(gt, dict) and "target" in gt:
-        return _answers(gt["target"], "reward_model.ground_truth.target")
+        return _answers(gt["target"], "reward_model.ground_truth.target", dropped)
     info = row.get("extra_info")
     if isinstance(info, dict) and isinstance(info.get("answer"), (list, tuple)):
-        return _answers(info["answer"], "extra_info.answer")
+        return _answers(info["answer"], "extra_info.answer", dropped)
     if gt is None:
         raise RowError("missing 'reward_model.ground_truth'")
-    return _answers(gt, "reward_model.ground_truth")
+    return _answers(gt, "reward_model.ground_truth", dropped)
 
 
 def normalize_row(row: dict, position: int, split: str | None = None, source: str | None = None,
-                  default_split: str = "unknown", default_source: str = "unknown") -> dict:
+                  default_split: str = "unknown", default_source: str = "unknown",
+                  dropped: list[str] | None = None) -> dict:
     """Map one input row of any supported format to the standard fields (+ extras).
 
     `split` / `source` given by the caller override the row's own; the defaults apply when
     the row has none. `position` is the row's 0-based index in its input, used for ids when
-    the row has none."""
+    the row has none. Gold answers that normalise to "" are left out and appended to
+    `dropped`."""
     is_verl = "reward_model" in row or ("prompt" in row and "question" not in row)
     info = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
 
@@ -143,16 +173,19 @@ def normalize_row(row: dict, position: int, split: str | None = None, source: st
 
     for name in ("golden_answers", "answer", "answers"):
         if name in row and row[name] is not None:
-            answers = _answers(row[name], name)
+            answers = _answers(row[name], name, dropped)
             break
     else:
         if not is_verl:
             raise RowError("missing field 'golden_answers' (or 'answer')")
-        answers = _verl_answers(row)
+        answers = _verl_answers(row, dropped)
 
     multihop, aliases = _official_multihop(row)
     if aliases:  # other rows keep their answer lists exactly as given
+        aliases, empty = _usable_answers(aliases)
         answers = list(dict.fromkeys(answers + aliases))
+        if dropped is not None:
+            dropped += empty
     split = str(split or row.get("split") or info.get("split") or default_split)
     rid = row.get("id", row.get("_id"))
     if rid is None and is_verl and info.get("index") is not None:
@@ -285,12 +318,14 @@ def _infer_split(path: Path) -> str | None:
     return None
 
 
-def _load(path: str | Path, report: Report, split: str | None, source: str | None) -> tuple[list[dict], list[int]]:
-    """The usable rows, and the position of each among the input's records (0-based)."""
+def _load(path: str | Path, report: Report, split: str | None,
+          source: str | None) -> tuple[list[dict], list[int], list[str]]:
+    """The usable rows, the position of each among the input's records (0-based), and the
+    problems of the rows skipped for having no gold answer left (`NoGoldAnswer`)."""
     p = Path(path)
     if not p.exists():
         raise DataPrepError(f"{p}: no such file or directory")
-    rows, positions, first_seen = [], [], {}
+    rows, positions, first_seen, unscoreable = [], [], {}, []
     start = report.read  # the report may already count rows of other files
     defaults = {"default_split": _infer_split(p) or "unknown", "default_source": p.stem}
     for where, row in _iter_rows(p, report):
@@ -298,17 +333,22 @@ def _load(path: str | Path, report: Report, split: str | None, source: str | Non
             # position among all input records, malformed ones included, so that a
             # positional id names the same row whatever else in the file is broken
             position = report.read - start - 1
-            out = normalize_row(row, position, split, source, **defaults)
+            dropped: list[str] = []
+            out = normalize_row(row, position, split, source, **defaults, dropped=dropped)
         except RowError as e:
             report.skip(where, str(e))
+            if isinstance(e, NoGoldAnswer):
+                unscoreable.append(report.problems[-1])
             continue
         if out["id"] in first_seen:
             report.skip(where, f"duplicate id {out['id']!r} (first at {first_seen[out['id']]})")
             continue
+        report.notes += [f"{where}: gold answer {a!r} dropped: it normalises to \"\", no answer could match it"
+                         for a in dropped]
         first_seen[out["id"]] = where
         rows.append(out)
         positions.append(position)
-    return rows, positions
+    return rows, positions, unscoreable
 
 
 def _to_frame(rows: list[dict]):
@@ -353,7 +393,7 @@ def convert_qa(
             `seed`; the rest count as ``not sampled``.
     """
     report = Report()
-    rows, _ = _load(input, report, split, source)
+    rows, _, _ = _load(input, report, split, source)
     if limit is not None and limit < len(rows):
         keep = sorted(random.Random(seed).sample(range(len(rows)), max(limit, 0)))
         report.limited = len(rows) - len(keep)
@@ -368,12 +408,15 @@ def convert_qa(
 
 def _usable_as_is(df) -> bool:
     """True when every row of a parquet with the standard columns is what convert_qa writes
-    (string id, non-empty question, string answers), so it needs no row-by-row pass."""
+    (string id, non-empty question, string answers that normalise to something), so it needs
+    no row-by-row pass."""
     import numpy as np
 
     def answers_ok(a) -> bool:
-        return isinstance(a, str) or (isinstance(a, (list, np.ndarray)) and len(a) > 0
-                                      and all(isinstance(x, str) for x in a))
+        if isinstance(a, str):
+            return bool(normalize_answer(a))
+        return (isinstance(a, (list, np.ndarray)) and len(a) > 0
+                and all(isinstance(x, str) and normalize_answer(x) for x in a))
 
     return all(
         isinstance(i, str) and isinstance(q, str) and q.strip() and answers_ok(a)
@@ -393,7 +436,11 @@ def read_qa(path: str | Path, report: Report | None = None):
     Without `report`, a malformed row is an error (training must not silently drop data):
     convert with ``agent-rl-prep qa`` to keep the good rows and get a report. With one,
     malformed rows are recorded there and left out (long jobs such as building
-    demonstrations or evaluating, which say what they skipped and go on).
+    demonstrations or evaluating, which say what they skipped and go on). Gold answers that
+    normalise to "" are left out with a warning on stderr (``file:line: gold answer 'The'
+    dropped ...``; with `report`, a note there too); a row with none left is skipped, a
+    warning without `report`, one of its problems with it, never an error: the row is
+    well-formed, only unscoreable.
     """
     import numpy as np
     import pandas as pd
@@ -419,11 +466,16 @@ def read_qa(path: str | Path, report: Report | None = None):
                 report.read += len(df)
             return df
     own = report if report is not None else Report()
-    rows, positions = _load(p, own, None, None)
-    if report is None and own.problems:
-        shown = "\n  ".join(own.problems[:5])
+    first_note = len(own.notes)
+    rows, positions, unscoreable = _load(p, own, None, None)
+    for line in own.notes[first_note:] + (unscoreable if report is None else []):
+        print(f"warning: {line}", file=sys.stderr)
+    skipped_unscoreable = set(unscoreable)
+    malformed = [problem for problem in own.problems if problem not in skipped_unscoreable]
+    if report is None and malformed:
+        shown = "\n  ".join(malformed[:5])
         raise DataPrepError(
-            f"{p}: {own.skipped} malformed QA rows (convert with `agent-rl-prep qa` to "
+            f"{p}: {own.skipped - len(unscoreable)} malformed QA rows (convert with `agent-rl-prep qa` to "
             f"skip them):\n  {shown}"
         )
     if base_suffix(p) == ".parquet":
@@ -441,15 +493,12 @@ def read_qa(path: str | Path, report: Report | None = None):
     return _to_frame(rows)
 
 
-_PUNCT = set(string.punctuation)
-
-
 def normalize_question(q: str) -> str:
-    """SQuAD-style normalisation (lower case, no punctuation / articles / extra spaces),
-    the same normalisation the EM reward applies to answers."""
-    q = "".join(ch for ch in q.lower() if ch not in _PUNCT)
-    q = re.sub(r"\b(a|an|the)\b", " ", q)
-    return " ".join(q.split())
+    """The overlap check's key: the EM reward's default normalisation (data_prep.normalize,
+    ``unicode``: NFKC, typographic quotes and dashes as ASCII, then SQuAD's lower case, no
+    punctuation / articles / extra spaces), so an NFD or curly-quoted copy of a question is
+    the same question."""
+    return normalize_answer(q)
 
 
 def check_overlap(train_path: str | Path, test_path: str | Path, max_examples: int = 5) -> tuple[int, list[str]]:

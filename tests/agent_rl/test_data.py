@@ -154,3 +154,22 @@ def test_balance_by_reads_the_column_or_names_what_is_missing(tmp_path):
     assert [p.stratum for p in load_prompts([str(path)])] == ["", ""]
     with pytest.raises(ValueError, match="data.balance_by='level'.*no such column"):
         load_prompts([str(path)], balance_by="level")
+
+
+def test_load_prompts_drops_golds_that_normalise_to_nothing(tmp_path, capsys):
+    """Training and evaluation read no gold answer that normalises to "" (issue 83, case 2):
+    an empty `<answer></answer>` would match it exactly, and any text contain it. A row left
+    without one is skipped with a warning naming it, in training too."""
+    from data_prep.io import Report
+    from data_prep.normalize import normalize_answer
+
+    path = tmp_path / "qa.parquet"
+    pd.DataFrame({"id": ["1", "2", "3"], "question": ["Who?", "Which band?", "Where?"],
+                  "golden_answers": [["Ann", "an"], [".", "The"], ["Paris", "", "Rome"]],
+                  "data_source": ["nq"] * 3, "split": ["train"] * 3}).to_parquet(path)
+    for report in (None, Report()):  # training, evaluation
+        prompts = load_prompts([str(path)], report=report)
+        assert [(p.id, p.golden_answers) for p in prompts] == [("1", ["Ann"]), ("3", ["Paris", "Rome"])]
+        assert all(normalize_answer(g) for p in prompts for g in p.golden_answers)
+    assert f"{path}:row 2: 'golden_answers' has no usable answer: '.', 'The' normalise to" in capsys.readouterr().err
+    assert report.skipped == 1 and len(report.notes) == 2

@@ -122,7 +122,7 @@ def test_load_questions_sample_per_file_and_duplicates(tmp_path):
     # FlashRAG layout without data_source: named after the dataset directory, not the split
     (tmp_path / "nq").mkdir()
     flash = tmp_path / "nq" / "test.jsonl"
-    flash.write_text(json.dumps({"id": "test_0", "question": "q?", "golden_answers": ["a"]}) + "\n")
+    flash.write_text(json.dumps({"id": "test_0", "question": "q?", "golden_answers": ["x"]}) + "\n")
     assert [q.data_source for q in ev.load_questions([flash, a])] == ["nq"] + ["nq"] * 20
 
 def test_load_questions_skips_malformed_rows_and_logs_them(tmp_path, caplog):

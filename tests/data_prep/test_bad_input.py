@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from data_prep.corpus import convert_corpus, make_contents
 from data_prep.io import DataPrepError, Report, iter_jsonl, load_yaml
+from data_prep.normalize import normalize_answer
 from data_prep.qa import convert_qa, read_qa
 from data_prep.store import PassageStore, scan_corpus
 
@@ -183,14 +184,14 @@ def test_corpus_tsv_keeps_good_rows_and_reports_each_bad_line(tmp_path_factory, 
 def qa_row(k: int):
     return st.builds(lambda q, a: {"id": f"q{k}", "question": q, "golden_answers": a},
                      st.one_of(words, oversized_text.map(lambda t: t + "?")),
-                     st.lists(words, min_size=1, max_size=3))
+                     st.lists(words.filter(normalize_answer), min_size=1, max_size=3))  # "." is no answer
 
 
 _QA_WRONG_TYPES = [
     {"question": 5, "answer": ["a"]}, {"question": "", "answer": ["a"]}, {"question": "   ", "answer": ["a"]},
     {"question": "q?"}, {"question": "q?", "golden_answers": {"a": 1}}, {"question": "q?", "golden_answers": []},
     {"question": "q?", "golden_answers": [["nested"]]}, {"question": "q?", "golden_answers": [True]},
-    {"question": "q?", "golden_answers": ["a"], "id": 1.5}, {"question": None, "answer": ["a"]},
+    {"question": "q?", "golden_answers": ["x"], "id": 1.5}, {"question": None, "answer": ["a"]},
     {"prompt": 5, "reward_model": {}}, {"question": "q?", "golden_answers": ["  "]},
 ]
 
@@ -240,7 +241,7 @@ _READERS = {
     "corpus": (_CORPUS_WRONG_TYPES, lambda src, d: convert_corpus([src], d / "out.jsonl", dedup=False),
                {"id": "g", "contents": '"T"\ntext'}),
     "qa": (_QA_WRONG_TYPES, lambda src, d: convert_qa(src, d / "out.parquet"),
-           {"id": "g", "question": "q?", "golden_answers": ["a"]}),
+           {"id": "g", "question": "q?", "golden_answers": ["x"]}),
     "store": ([r for r in _CORPUS_WRONG_TYPES if r.get("contents") != "   "],
               lambda src, d: scan_corpus(src, r := Report()) and r, {"id": "g", "contents": '"T"\ntext'}),
 }
