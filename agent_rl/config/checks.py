@@ -38,7 +38,7 @@ CHOICES: dict[str, tuple] = {
     "actor_rollout_ref.model.dtype": ("float32", "bfloat16", "float16"),
     "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
     "algorithm.filter_metric": ("score", "acc"),
-    "reward.kind": ("em", "subem", "f1"),
+    "reward.kind": ("em", "subem", "f1"), "reward.normalize": ("unicode", "squad"),
     "trainer.resume_mode": ("auto", "disable"),
     "trainer.mode": ("sync", "one_step_off", "async"),
     "trainer.staleness_policy": ("wait", "drop"),
