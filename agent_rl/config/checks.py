@@ -40,6 +40,7 @@ CHOICES: dict[str, tuple] = {
     "algorithm.filter_metric": ("score", "acc"),
     "reward.kind": ("em", "subem", "f1"), "reward.normalize": ("unicode", "squad"),
     "trainer.resume_mode": ("auto", "disable"),
+    "trainer.max_time_counts": ("steps", "all"),
     "trainer.mode": ("sync", "one_step_off", "async"),
     "trainer.staleness_policy": ("wait", "drop"),
     "actor_rollout_ref.actor.optim.warmup_style": WARMUP_STYLES,

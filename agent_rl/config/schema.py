@@ -370,7 +370,12 @@ class RunConfig:
     step that would end past it (judged by the mean step time so far, or by the longest step of
     this attempt if longer: GRPO steps vary with the filter's rounds) and save a checkpoint. A
     re-run whose budget is spent does nothing. None: no limit. Worker start-up, model load,
-    validation (trainer.test_freq) and saving come on top."""
+    validation (trainer.test_freq) and saving come on top (unless trainer.max_time_counts=all)."""
+    max_time_counts: str = "steps"
+    """What trainer.max_time_s counts: steps (the training steps' wall time) | all (every second
+    from the first step's start: the validations, checkpoints and logging between steps too,
+    so runs that validate or save differently get the same wall minutes; start-up, the step-0
+    validation and what follows the last step do not count)."""
     save_freq: int = -1
     """Checkpoint every K steps (-1: none in between); one is always saved when the run stops
     (last step or time budget), so a re-run continues it or finds it finished."""
@@ -398,9 +403,13 @@ class RunConfig:
     n_gpus_per_node: int = 0
     """GPUs per node (0: CPU)."""
     nnodes: int = 1
-    """Nodes."""
+    """Nodes the training workers spread over, as in veRL (on GPUs nnodes x n_gpus_per_node is
+    the world size). On CPU the num_actor_workers ranks sit num_actor_workers / nnodes to a node
+    (a multiple of nnodes), one STRICT_SPREAD placement bundle per node; the engine runs on one.
+    Above 1 it needs a Ray cluster of that many nodes (trainer.ray_address): fewer is refused in
+    one line before the engine starts."""
     num_actor_workers: int = 1
-    """Data-parallel actor workers (torch.distributed: gloo on CPU, NCCL on GPU); SFT with 1 runs the actor in its own process."""
+    """Data-parallel actor workers in all nodes together (torch.distributed: gloo on CPU, NCCL on GPU); SFT with 1 runs the actor in its own process."""
     ray_address: str | None = None
     """Ray cluster address (None: start a local cluster; "auto": join a running one)."""
     torch_threads: int = 0

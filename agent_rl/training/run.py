@@ -20,7 +20,10 @@ story, and neither keep=N pruning nor the next automatic resume meets the old br
 The time budget: the next step is not started when it would end past the budget, judged by
 the run's mean step time or by the longest step of this attempt if longer (GRPO's steps vary
 with the group filter's rounds: 60-175 s on real data, where the mean alone let a run end 22 s
-past a 60-minute budget).
+past a 60-minute budget). What the budget counts is trainer.max_time_counts: the steps alone,
+or every second from the first step's start (`all`: a step then counts from the previous
+step's end, so the validation, checkpoint and logging between them are in the next step's
+time, and the budget check before a step weighs them through the mean and the longest step).
 """
 
 from __future__ import annotations
@@ -170,6 +173,8 @@ class Run:
         self.longest_step_s = 0.0
         """Of this attempt: how long the next step may take (the time budget)."""
         self._t0: float | None = None
+        self._last_end: float | None = None
+        """When this attempt's previous step ended (trainer.max_time_counts=all counts from there)."""
 
     # ------------------------------------------------------------------ resume
     def start(self) -> Path | None:
@@ -226,7 +231,9 @@ class Run:
         return min(self.total_steps, self.step + int(left // (self.trained_s / self.step)))
 
     def begin_step(self) -> int:
-        self._t0 = time.monotonic()
+        now = time.monotonic()
+        counts_all = self.tr.max_time_counts == "all"
+        self._t0 = self._last_end if counts_all and self._last_end is not None else now
         self.step += 1
         return self.step
 
@@ -238,8 +245,9 @@ class Run:
     def end_step(self) -> float:
         """Counts the step's wall time into the run's; returns it."""
         assert self._t0 is not None, "end_step without begin_step"
-        dt = time.monotonic() - self._t0
-        self._t0 = None
+        now = time.monotonic()
+        dt = now - self._t0
+        self._t0, self._last_end = None, now
         self.longest_step_s = max(self.longest_step_s, dt)
         self.trained_s += dt
         return dt

@@ -58,7 +58,7 @@ def in_flight(n: int, groups: int = 2) -> dict:
 def save_checkpoint(args: list[str], rollouts: dict | None = None) -> Path:
     """Step 1 of a run under the config of `args`, saved as the trainer saves it."""
     from agent_rl.training.identity import train_identity
-    from agent_rl.training.trainer import ROLLOUTS
+    from agent_rl.training.collect import ROLLOUTS
 
     cfg = load_config(TrainConfig, None, args)
     run = Run(cfg.trainer, cfg.trainer.default_local_dir, 10, "train", identity=train_identity(cfg))
@@ -112,7 +112,7 @@ def test_a_resume_that_does_not_match_its_checkpoint_stops_in_one_line(tmp_path,
 
 
 def test_a_matching_resume_passes_the_check(tmp_path):
-    from agent_rl.training.trainer import check_resume
+    from agent_rl.training.identity import check_resume
 
     fake_model(tmp_path / "model")
     args = train_args(tmp_path, "actor_rollout_ref.rollout.n=4", "trainer.mode=async")
@@ -169,7 +169,7 @@ def test_a_resume_on_other_data_or_batch_settings_stops_in_one_line(tmp_path, ca
 
 def test_the_same_rows_elsewhere_resume(tmp_path):
     """The data is known by content: the same file moved, or read again, is the same data."""
-    from agent_rl.training.trainer import check_resume
+    from agent_rl.training.identity import check_resume
 
     fake_model(tmp_path / "model")
     train = tmp_path / "train.jsonl"
@@ -340,3 +340,28 @@ def test_a_branch_holding_the_runs_model_is_refused_not_moved(tmp_path):
         Run(tr, run_dir, 100, "train", inputs={"actor_rollout_ref.model.path": str(model)}).start()
     assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == before
     assert [p.name for p in tmp_path.iterdir()] == ["run"]
+
+
+def test_the_budget_counts_the_time_between_steps_under_max_time_counts_all(tmp_path, monkeypatch):
+    """10-s steps with 5 s of validation, checkpoint and logging after each, a 40-s budget:
+    counting the steps alone, 4 steps (40 s of steps in 55 s of wall time); counting all, 3, and
+    the time trained is the wall time from the first step's start to the last one's end."""
+    import types
+
+    from agent_rl.training import run as run_module
+
+    clock = [0.0]
+    monkeypatch.setattr(run_module, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+
+    def train(counts: str) -> tuple[int, float, float]:
+        clock[0] = 0.0
+        r = Run(TrainerConfig(max_time_s=40.0, max_time_counts=counts), tmp_path / counts, 100, "train")
+        while r.running():
+            r.begin_step()
+            clock[0] += 10.0
+            r.end_step()
+            clock[0] += 5.0
+        return r.step, r.trained_s, r.longest_step_s
+
+    assert train("steps") == (4, 40.0, 10.0)
+    assert train("all") == (3, 40.0, 15.0)  # steps 2 and 3 count from the end of the one before
