@@ -46,8 +46,7 @@ from typing import Any
 
 from agent_rl.config import TrainConfig, to_dict
 from agent_rl.evaluation.report import MODES, summarize, write_summary
-from agent_rl.rollout.reward import score_trajectory
-from agent_rl.rollout.reward import em, f1, is_valid_format, subem
+from agent_rl.rollout.reward import DEFAULT_NORMALIZE, em, f1, is_valid_format, score_trajectory, subem
 from agent_rl.training.data import Prompt, load_prompts
 from data_prep.atomic import atomic_write
 from data_prep.io import DataPrepError, Report
@@ -192,6 +191,7 @@ def make_record(traj: Any, prompt: Prompt, mode: str, reward_cfg: Any, prompt_te
     res = score_trajectory(traj, golds, reward_cfg)  # the training reward, as training computes it
     view = traj.reward_text if traj.reward_text is not None else text
     pred = res.answer
+    norm = getattr(reward_cfg, "normalize", DEFAULT_NORMALIZE)  # the columns normalise as the reward does
     return {
         "key": record_key(mode, prompt.data_source, prompt.id),
         "id": prompt.id,
@@ -200,9 +200,9 @@ def make_record(traj: Any, prompt: Prompt, mode: str, reward_cfg: Any, prompt_te
         "question": prompt.question,
         "golden_answers": golds,
         "prediction": pred,
-        "em": em(pred, golds) if pred is not None else 0.0,
-        "subem": subem(pred, golds) if pred is not None else 0.0,
-        "f1": f1(pred, golds) if pred is not None else 0.0,
+        "em": em(pred, golds, norm) if pred is not None else 0.0,
+        "subem": subem(pred, golds, norm) if pred is not None else 0.0,
+        "f1": f1(pred, golds, norm) if pred is not None else 0.0,
         "reward": res.score,
         "valid_format": valid_format(view, mode),
         "retrieval_hit": res.retrieval_hit,

@@ -231,7 +231,7 @@ def test_mismatch_refused_before_the_engine_loads(tmp_path, aio, model_dir):
     ev.check_settings(out, ev.eval_settings(cfg, Path(model_dir).resolve(), "float32"), False, False)
     (out / ev.PREDICTIONS).write_text('{"key": "x", "id": "1", "data_source": "nq", "mode": "direct"}\n')
     other = small_cfg(**{"actor_rollout_ref.model.path": str(model_dir), "max_turns": 3})
-    prompts = [Prompt(id="1", question="q?", golden_answers=["a"], data_source="nq")]
+    prompts = [Prompt(id="1", question="q?", golden_answers=["x"], data_source="nq")]
     with pytest.raises(ev.EvalInputError, match="other settings"):
         aio(ev.run_evaluation(other, prompts, ["direct"], out, progress=False))
     assert (out / ev.PREDICTIONS).read_text().count("\n") == 1
@@ -392,8 +392,8 @@ def test_finished_evaluation_loads_no_engine(aio, tmp_path, model_dir, monkeypat
     cfg = small_cfg(**{"actor_rollout_ref.model.path": str(model_dir)})
     out = tmp_path / "ev"
     ev.check_settings(out, ev.eval_settings(cfg, Path(model_dir).resolve(), "float32"), False, False)
-    p = Prompt(id="1", question="q?", golden_answers=["a"], data_source="nq")
-    traj_ = traj("<answer>a</answer>")
+    p = Prompt(id="1", question="q?", golden_answers=["x"], data_source="nq")
+    traj_ = traj("<answer>x</answer>")
     rec = ev.make_record(traj_, p, "direct", cfg.reward, "", 0.0)
     (out / ev.PREDICTIONS).write_text(json.dumps(rec) + "\n")
     res = aio(ev.run_evaluation(cfg, [p], ["direct"], out, progress=False))
