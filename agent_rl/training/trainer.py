@@ -40,12 +40,12 @@ from agent_rl.training.run import Run, finished_reason, resume_checkpoint
 from agent_rl.types import Trajectory
 
 if TYPE_CHECKING:
-    from agent_rl.training.ahead import AheadCollector
+    from agent_rl.training.collect import AheadCollector
 
 log = logging.getLogger(__name__)
 
 ROLLOUTS = "rollouts.json"
-"""In an ahead mode's checkpoint: the groups submitted and not trained (agent_rl.training.ahead)."""
+"""In an ahead mode's checkpoint: the groups submitted and not trained (agent_rl.training.collect)."""
 
 OUTAGE_ATTEMPTS = 3
 """Collections of one step, each after a wait for the retriever's /health, before giving up."""
@@ -125,7 +125,7 @@ class RayTrainer:
         rule on what they collect (the groups generating wait for a retriever that is down)."""
         if cfg.trainer.mode == "sync":
             return SyncCollector(self.rollout, self.loader, cfg, self._outage_rule)
-        from agent_rl.training.ahead import AheadCollector
+        from agent_rl.training.collect import AheadCollector
 
         return AheadCollector(self.rollout, self.loader, cfg, self.total_steps, outage=self._outage_rule)
 
@@ -300,7 +300,7 @@ class RayTrainer:
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.sync.push(self.step)  # the engine started from the base model
         if (path / ROLLOUTS).is_file():
-            from agent_rl.training.ahead import read_rollouts
+            from agent_rl.training.collect import read_rollouts
 
             self.collector.restore(read_rollouts(path / ROLLOUTS, self.cfg.actor_rollout_ref.rollout.n))
         print(f"[train] resumed from {path} at step {self.step}", flush=True)
@@ -371,7 +371,7 @@ def check_resume(cfg: TrainConfig, identity: dict | None = None, run_dir: str | 
     train_identity(cfg) unless `identity` is given), or a ValueError naming the file and field
     of a bad rollouts.json. agent-rl-train calls it before the retriever, Ray and the engine
     start; RayTrainer again (runs started in-process)."""
-    from agent_rl.training.ahead import read_rollouts
+    from agent_rl.training.collect import read_rollouts
 
     tr = cfg.trainer
     path = resume_checkpoint(tr, CheckpointManager(Path(run_dir or tr.default_local_dir) / "checkpoints"))

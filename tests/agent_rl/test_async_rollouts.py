@@ -210,7 +210,7 @@ class FakeStreamWorker:
 
 
 def _collector(worker, policy="wait", steps=3, batch=2, n_prompts=6, max_staleness=1):
-    from agent_rl.training.ahead import AheadCollector
+    from agent_rl.training.collect import AheadCollector
     from agent_rl.training.data import PromptLoader
     from agent_rl.training.groups import score_trajectories
     from agent_rl.training.trainer import StepTimer

@@ -1,5 +1,5 @@
 """The per-group steps (agent_rl/training/groups.py) are the same in every trainer mode: the
-sync collector (`trainer.collect_groups`) and the ahead collector (`ahead.AheadCollector`)
+sync collector (`trainer.collect_groups`) and the ahead collector (`collect.AheadCollector`)
 keep the same groups and count the same losses for the same trajectories. Scripted
 trajectories, no engine."""
 
@@ -67,7 +67,7 @@ def via_sync(drop: str):
 
 def via_ahead(drop: str):
     from agent_rl.config import TrainConfig, load_config
-    from agent_rl.training.ahead import AheadCollector
+    from agent_rl.training.collect import AheadCollector
     from agent_rl.training.data import PromptLoader
     from agent_rl.training.trainer import StepTimer
 

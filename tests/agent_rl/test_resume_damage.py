@@ -293,7 +293,7 @@ class _Worker:
 def _restore(state: dict) -> list:
     """What a resume does with a checkpoint's rollouts: AheadCollector.restore."""
     from agent_rl.config import TrainConfig, load_config
-    from agent_rl.training.ahead import AheadCollector
+    from agent_rl.training.collect import AheadCollector
 
     cfg = load_config(TrainConfig, None, ["trainer.mode=async", "actor_rollout_ref.actor.tis_cap=2",
                                           "actor_rollout_ref.rollout.n=4"])
@@ -325,7 +325,7 @@ def test_rollouts_that_cannot_be_restored_are_refused_when_read(tmp_path, edit, 
     trajectories did not fit their types, and keys that collide: the resume then crashed in
     restore() with a raw TypeError after everything had started, or the next prompts took
     the keys of groups in flight (the stream keeps one group per key: one was lost)."""
-    from agent_rl.training.ahead import read_rollouts
+    from agent_rl.training.collect import read_rollouts
 
     state = _rollouts()
     _restore(copy.deepcopy(state))  # the file as written restores
@@ -339,7 +339,7 @@ def test_rollouts_that_cannot_be_restored_are_refused_when_read(tmp_path, edit, 
 @FUZZ
 @given(cut=st.floats(0, 0.999), noise=st.binary(max_size=40), at=st.floats(0, 1))
 def test_rollouts_truncated_or_garbled_anywhere_are_refused_by_name_or_restore_whole(tmp_path_factory, cut, noise, at):
-    from agent_rl.training.ahead import read_rollouts
+    from agent_rl.training.collect import read_rollouts
 
     state = _rollouts()
     full = json.dumps(state).encode()
