@@ -1,7 +1,8 @@
 """`agent-rl-train --config configs/train/X.yaml key=value ...`: RL training (GRPO / PPO / ...).
 
 Loads the config (YAML, then dotted overrides with veRL names), waits for the retriever's
-/health, starts a local Ray cluster (or joins one: `trainer.ray_address=auto`), and runs
+/health, starts a local Ray cluster (or joins one: `trainer.ray_address=auto` or `<head>:<port>`;
+`trainer.nnodes` more nodes than it has is refused in one line), and runs
 `RayTrainer.fit()` under a progress bar with ETA. Resumes from the run's latest checkpoint
 unless `trainer.resume_mode=disable` (which moves an earlier run aside); a run whose checkpoint
 has already spent its budget (trainer.max_time_s, trainer.total_training_steps) returns before
@@ -73,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
 
     offline_env()
 
-    from agent_rl.training.trainer import check_resume, finished_run
+    from agent_rl.training.identity import check_resume
+    from agent_rl.training.ray_workers import check_nnodes
+    from agent_rl.training.trainer import finished_run
 
     try:  # every bad setting in one line, before the retriever, Ray and the engine
         cfg = load_config(TrainConfig, args.config, args.overrides)
@@ -83,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         check_paths(cfg)
         check_registered(cfg)
+        check_nnodes(cfg)  # workers that do not fill trainer.nnodes alike (the cluster is checked once joined)
         check_resume(cfg)  # a checkpoint of other settings, a damaged rollouts.json
     except (OSError, ValueError) as e:
         print(f"agent-rl-train: error: {e}", file=sys.stderr)
@@ -102,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
     from agent_rl.training.checkpoint import NoSpaceForCheckpoint
+    from agent_rl.training.ray_workers import ClusterTooSmall
     from agent_rl.training.trainer import ray_trainer
 
     trainer = None
@@ -116,9 +121,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[train] done: {trainer.run_dir}", flush=True)
         return 0
     except KeyboardInterrupt:  # the workers and Ray are down by now
-        latest = trainer.checkpoints.latest() if trainer is not None else None
+        latest = trainer.run.checkpoints.latest() if trainer is not None else None
         print(f"\n[train] interrupted; last checkpoint: {latest or 'none'} (rerun the same command to resume)", flush=True)
         return 130
+    except ClusterTooSmall as e:  # trainer.nnodes > the cluster's nodes: said before the engine starts
+        print(f"agent-rl-train: error: {e}", file=sys.stderr)
+        return 2
     except NoSpaceForCheckpoint as e:  # the message says what to free and that the last checkpoint is intact
         print(f"agent-rl-train: error: {e.strerror}", file=sys.stderr)
         return 1

@@ -1,8 +1,18 @@
-"""Driver side of `trainer.mode` one_step_off | async: rollouts submitted ahead of the trainer.
+"""How a step gets its groups, in every `trainer.mode`: the two collectors side by side.
 
-The loader's prompts are submitted to the rollout worker's stream (`agent_rl.rollout.stream`)
-with keys in submission order, up to `ahead` batches beyond the one being trained
-(one_step_off: 1; async: trainer.max_staleness). A step takes `train_batch_size` groups:
+`make_collector` is the one place that reads trainer.mode. Both collectors have one interface
+(`collect`, `before_push`, `state`, `restore`), so `fit()` reads the same in every mode, and
+both hand every group to the same steps (agent_rl.training.groups: scoring, the failed-search
+rule, group filtering, the counts, renumbering) and run the outage rule (`OutageRule`) on what
+they collect.
+
+sync (`SyncCollector`): each step generates its own groups when it asks for them
+(`collect_groups`: a batch of prompts per round, more rounds while the filter leaves too few).
+
+one_step_off | async (`AheadCollector`): rollouts submitted ahead of the trainer. The loader's
+prompts are submitted to the rollout worker's stream (`agent_rl.rollout.stream`) with keys in
+submission order, up to `ahead` batches beyond the one being trained (one_step_off: 1; async:
+trainer.max_staleness). A step takes `train_batch_size` groups:
 
 - in submission order (one_step_off, and async with staleness_policy=wait): a group submitted
   at policy version v is trained by version v + ahead at the latest, so its staleness is
@@ -11,9 +21,8 @@ with keys in submission order, up to `ahead` batches beyond the one being traine
   slow tool) does not hold the step; a group whose oldest token lags the trainer by more than
   trainer.max_staleness versions is dropped and counted.
 
-The taken groups go through the steps of sync mode (agent_rl.training.groups: scoring, the
-failed-search rule, group filtering, the counts, renumbering) and the trainer's outage wait;
-a dropped or filtered group is replaced by the next one. A checkpoint holds `state()`: the next key and every group submitted and not
+A dropped or filtered group is replaced by the next one. A checkpoint holds `state()`
+(`ROLLOUTS`): the next key and every group submitted and not
 trained, with its trajectories in flight (`SavedGroup`); `restore` submits them again first,
 so a resumed run trains each prompt once and continues, not regenerates, what was sampled.
 """
@@ -23,28 +32,209 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from agent_rl.rollout.manager import rollout_metrics
-from agent_rl.training.data import PromptLoader
-from agent_rl.training.groups import GroupRules, Tally, batch_of, score_trajectories, sift
-from agent_rl.training.metrics import reward_metrics
+from agent_rl.training.data import Prompt, PromptLoader
+from agent_rl.training.groups import GroupRules, Tally, batch_of, group_trajectories, score_trajectories, sift
+from agent_rl.training.metrics import StepTimer, reward_metrics
 from agent_rl.types import Trajectory
 
 log = logging.getLogger(__name__)
 
+ROLLOUTS = "rollouts.json"
+"""In an ahead mode's checkpoint: the groups submitted and not trained (`AheadCollector.state`)."""
+
+OUTAGE_ATTEMPTS = 3
+"""Collections of one step, each after a wait for the retriever's /health, before giving up."""
+
+Outage = Callable[[int, dict[str, float], StepTimer], list[str]]
+"""The outage rule as the collectors call it: (step, the collection's metrics, timer) -> the tools down."""
+
+
+def make_collector(worker: Any, loader: PromptLoader, cfg: Any, total_steps: int, outage: Outage | None = None,
+                   get: Any = None) -> SyncCollector | AheadCollector:
+    """The one place that reads trainer.mode: sync generates each step's groups when the step
+    asks; one_step_off submits one batch ahead, takes groups in submission order and lets the
+    batch in flight finish before each weight push; async submits up to trainer.max_staleness
+    batches ahead and takes groups in order (staleness_policy=wait) or as they finish (drop).
+    `outage`: the outage rule run on what they collect (`OutageRule`; none in tests); `get`:
+    how an ahead collector awaits a call (ray.get; tests pass the identity)."""
+    mode = cfg.trainer.mode
+    if mode == "sync":
+        return SyncCollector(worker, loader, cfg, outage)
+    one_step_off = mode == "one_step_off"
+    return AheadCollector(worker, loader, cfg, total_steps, ahead=1 if one_step_off else cfg.trainer.max_staleness,
+                          fifo=one_step_off or cfg.trainer.staleness_policy == "wait", drain=one_step_off, get=get,
+                          outage=outage)
+
+
+class OutageRule:
+    """The outage rule per tool on a collection's metrics: tools failing in more than
+    retriever.outage_share of their calls are named (their trajectories were left out with
+    retriever.skip_failed_searches); when that many trajectories had a failed search, wait
+    for the retriever's /health (only the retriever has one) through `worker`, the
+    RolloutWorker actor. A call returns the tools down."""
+
+    def __init__(self, worker: Any, retriever_cfg: Any) -> None:
+        self.worker, self.retriever_cfg = worker, retriever_cfg
+
+    def __call__(self, step: int, metrics: dict[str, float], t: StepTimer) -> list[str]:
+        import ray
+
+        r = self.retriever_cfg
+        shares = tool_error_shares(metrics)
+        metrics.update({f"tool/{name}/error_share": v for name, v in shares.items()})
+        down = sorted(name for name, v in shares.items() if v > r.outage_share)
+        for name in down:
+            if name != "search":
+                log.warning("step %d: tool %s failed in %.0f%% of its calls (> retriever.outage_share=%g); its "
+                            "trajectories are left out", step, name, 100 * shares[name], r.outage_share)
+        if metrics.get("rollout/failed_search_share", 0.0) > r.outage_share and ("search" in down or not shares):
+            log.warning("step %d: %.0f%% of the trajectories had a failed search; waiting up to %.0f s for "
+                        "the retriever's /health", step, 100 * metrics["rollout/failed_search_share"],
+                        r.outage_wait_s)
+            with t("retriever_wait"):
+                ray.get(self.worker.wait_retriever.remote(r.outage_wait_s))
+        return down
+
+
+def tool_error_shares(metrics: dict[str, float]) -> dict[str, float]:
+    """errors / calls of each tool called in a rollout (from its `tool/<name>/*` metrics)."""
+    out = {}
+    for key, calls in metrics.items():
+        if key.startswith("tool/") and key.endswith("/calls") and calls > 0:
+            name = key[len("tool/"):-len("/calls")]
+            out[name] = metrics.get(f"tool/{name}/errors", 0.0) / calls
+    return out
+
+
+class SyncCollector:
+    """trainer.mode=sync: each step generates its own groups when it asks for them
+    (`collect_groups`). When every trajectory was left out for a failed search, it waits for
+    the retriever (`outage`: the outage rule) and collects again, up to OUTAGE_ATTEMPTS
+    times."""
+
+    def __init__(self, worker: Any, loader: PromptLoader, cfg: Any, outage: Outage | None = None) -> None:
+        self.worker, self.loader, self.cfg, self.outage = worker, loader, cfg, outage
+
+    def collect(self, step: int, t: StepTimer) -> tuple[list[Trajectory], list[str], dict[str, float]]:
+        import ray
+
+        cfg, a = self.cfg, self.cfg.algorithm
+
+        def rollout(prompts: list[Prompt]) -> tuple[list[Trajectory], dict[str, float]]:
+            return ray.get(self.worker.rollout.remote(prompts, cfg.actor_rollout_ref.rollout.n))
+
+        drop = GroupRules.from_config(cfg).drop_failed
+        consumed: list[str] = []
+        lost = dict.fromkeys(("rollout/failed_search_trajectories", "rollout/dropped_for_failed_search"), 0.0)
+        for attempt in range(1, OUTAGE_ATTEMPTS + 1):
+            trajs, ids, metrics = collect_groups(self.loader, rollout, cfg.reward, cfg.data.train_batch_size,
+                                                 a.filter_groups, a.max_filter_rounds, t,
+                                                 drop_failed=drop, filter_metric=a.filter_metric)
+            consumed += ids
+            for k in lost:  # counted over every collection of the step, the failed ones too
+                lost[k] += metrics.get(k, 0.0)
+            down = self.outage(step, metrics, t) if self.outage is not None else []
+            if trajs:
+                if drop:
+                    metrics.update(lost)
+                metrics["rollout/collect_attempts"] = float(attempt)
+                return trajs, consumed, metrics
+        raise RuntimeError(f"step {step}: every trajectory of {OUTAGE_ATTEMPTS} collections had a failed tool "
+                           f"call (tools failing in more than retriever.outage_share of their calls: "
+                           f"{', '.join(down) or 'none'}; the retriever answered /health in between: {cfg.retriever.url})")
+
+    def before_push(self, t: StepTimer) -> None:
+        """Nothing generates during the update: the weights can go at once."""
+
+    def state(self) -> None:
+        """Nothing is in flight between steps: a checkpoint keeps no rollouts."""
+
+    def restore(self, state: dict) -> None:
+        """check_resume refused a checkpoint with prompts in flight; one without has nothing to continue."""
+
+
+def collect_groups(
+    loader: PromptLoader,
+    rollout: Callable[[list[Prompt]], tuple[list[Trajectory], dict[str, float]]],
+    reward_cfg,
+    want: int,
+    filter_on: bool,
+    max_extra_rounds: int,
+    t: StepTimer,
+    drop_failed: str | None = None,
+    filter_metric: str = "score",
+) -> tuple[list[Trajectory], list[str], dict[str, float]]:
+    """Rollout and score `want` prompts (one group of n samples each); each round's groups go
+    through `groups.sift` (`drop_failed` "group" | "trajectory" | None: the failed-search
+    rule; with `filter_on`, groups whose `filter_metric` ("score": the reward, "acc": the task
+    metric alone) agrees carry no signal and are dropped, DAPO dynamic sampling). While fewer
+    than `want` groups are kept, extra prompts are drawn, sized by the keep rate so far (4x the
+    batch while none is kept), for up to `max_extra_rounds` rounds. Returns (trajectories with
+    group ids 0..G-1, ids of every prompt consumed, rollout/* reward/* filter/* metrics of the
+    first round, failure counts (tool_failures, rejected_queries, `groups.Tally`'s) over every
+    round, and batch/groups/<data_source>: the kept groups per source); no trajectories when
+    every one was left out for a failed search."""
+    rules = GroupRules(filter_on, filter_metric, drop_failed)
+    kept: list[list[Trajectory]] = []
+    consumed: list[str] = []
+    metrics: dict[str, float] = {}
+    tools = dict.fromkeys(("rollout/tool_failures", "rollout/rejected_queries"), 0.0)
+    tally = Tally()
+    prompts = loader.next_batch()
+    for round_ in range(1 + max_extra_rounds):
+        consumed += [p.id for p in prompts]
+        with t("gen"):
+            trajs, gen_metrics = rollout(prompts)
+        groups = group_trajectories(trajs)
+        with t("reward"):
+            results = score_trajectories([tr for g in groups for tr in g], prompts, reward_cfg)
+        sifted = sift(groups, results, rules)
+        if round_ == 0:
+            metrics.update(gen_metrics)
+            metrics.update(reward_metrics(results, reward_cfg.kind))
+            metrics.update(sifted.filter_metrics)
+        for k in tools:
+            tools[k] += gen_metrics.get(k, 0.0)
+        tally.add(sifted.tally)
+        kept += sifted.kept[: want - len(kept)]
+        if len(kept) >= want or not filter_on:
+            break
+        rate = len(kept) / len(consumed)  # over-sample by the keep rate so far; none kept yet: the most
+        prompts = loader.take(4 * want if rate == 0 else min(math.ceil((want - len(kept)) / rate), 4 * want))
+    metrics.update(tools)  # every round's, not the first one's alone
+    metrics.update(tally.metrics(rules))
+    if filter_on:
+        metrics["filter/rounds"] = float(round_ + 1)
+        metrics["filter/batch_groups"] = float(len(kept))
+    trajs, per_source = batch_of(kept)
+    metrics.update(per_source)
+    if not kept and tally.failed > 0:
+        return [], consumed, metrics  # the caller waits for the retriever and collects again
+    if not kept:
+        raise RuntimeError(
+            f"every group's {'rewards' if filter_metric == 'score' else reward_cfg.kind} agreed in {round_ + 1} "
+            "round(s): nothing to learn from (raise algorithm.max_filter_rounds or disable algorithm.filter_groups)"
+        )
+    return trajs, consumed, metrics
+
 
 class AheadCollector:
-    """`worker`: the RolloutWorker actor handle; `get`: how a call's result is awaited
-    (ray.get; tests pass a plain worker object and the identity); `outage(metrics, t)`: the
-    trainer's outage rule, run on each step's metrics (none in tests)."""
+    """trainer.mode one_step_off | async (built by `make_collector`). `worker`: the
+    RolloutWorker actor handle; `ahead`: the batches submitted beyond the one being trained;
+    `fifo`: groups taken in submission order, else as they finish; `drain`: the batch in flight
+    finishes before each weight push; `get`: how a call's result is awaited (ray.get; tests
+    pass a plain worker object and the identity); `outage(step, metrics, t)`: the outage rule,
+    run on each step's metrics (none in tests)."""
 
-    def __init__(self, worker: Any, loader: PromptLoader, cfg: Any, total_steps: int, get: Any = None,
-                 outage: Any = None) -> None:
-        tr = cfg.trainer
+    def __init__(self, worker: Any, loader: PromptLoader, cfg: Any, total_steps: int, ahead: int, fifo: bool,
+                 drain: bool, get: Any = None, outage: Outage | None = None) -> None:
         self.worker, self.loader, self.cfg, self.total_steps = worker, loader, cfg, total_steps
         self.outage = outage
         if get is None:
@@ -52,8 +242,7 @@ class AheadCollector:
 
             get = ray.get
         self.get = get
-        self.ahead = 1 if tr.mode == "one_step_off" else tr.max_staleness
-        self.fifo = tr.mode == "one_step_off" or tr.staleness_policy == "wait"
+        self.ahead, self.fifo, self.drain = ahead, fifo, drain
         self.batch = cfg.data.train_batch_size
         self.next_key = 0
         self.outstanding: list[tuple[int, Any]] = []
@@ -80,7 +269,7 @@ class AheadCollector:
         self.get(self.worker.stream_submit.remote(items))
 
     # ------------------------------------------------------------------ one step's groups
-    def collect(self, step: int, t: Any, score: Any = None) -> tuple[list[Trajectory], list[str], dict[str, float]]:
+    def collect(self, step: int, t: StepTimer, score: Any = None) -> tuple[list[Trajectory], list[str], dict[str, float]]:
         """Groups for step `step` (the engine holds version step-1). `score(trajs, prompts)`
         sets rewards and returns the RewardResults (default: `groups.score_trajectories` with
         the config's reward). Returns (trajectories with group ids 0..G-1, ids of every prompt
@@ -154,14 +343,14 @@ class AheadCollector:
         metrics["async/resumed_sampled_tokens"] = float(resumed_tokens)
         metrics.update(per_source)
         if self.outage is not None:  # the groups generating now wait for a retriever that is down
-            self.outage(metrics, t)
+            self.outage(step, metrics, t)
         return trained, consumed, metrics
 
-    def before_push(self, t: Any) -> None:
+    def before_push(self, t: StepTimer) -> None:
         """one_step_off: the batch generated during the update finishes on the weights it
         started with, then the swap; async swaps at once (between turns: partial rollouts)."""
         with t("drain"):
-            if self.cfg.trainer.mode == "one_step_off":
+            if self.drain:
                 self.get(self.worker.stream_drain.remote())
 
     # ------------------------------------------------------------------ checkpoints
@@ -174,7 +363,6 @@ class AheadCollector:
     def restore(self, state: dict) -> None:
         """Submit the checkpoint's groups again, in their order, continuing what they sampled."""
         from agent_rl.rollout.stream import SavedGroup
-        from agent_rl.training.data import Prompt
 
         self.next_key = int(state["next_key"])
         n = self.cfg.actor_rollout_ref.rollout.n
@@ -197,7 +385,6 @@ def read_rollouts(path: Path, n: int) -> dict:
     collision loses one): a bad file is named with the field at fault when it is loaded,
     before anything starts, not when its trajectory ends mid-step or `restore` runs."""
     from agent_rl.rollout.stream import SavedGroup, check_saved_group
-    from agent_rl.training.data import Prompt
 
     try:
         state = json.loads(path.read_text())

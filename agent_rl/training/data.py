@@ -1,4 +1,5 @@
-"""Training prompts: QA rows read through `data_prep.qa.read_qa`, and a resumable loader.
+"""Training prompts: QA rows read through `data_prep.qa.read_qa` (an RL run's: `load_train_prompts`;
+the paths it reads: `run_inputs`), and a resumable loader.
 
 The loader's whole state is its position `(epoch, index)`: the order of epoch `e` is a
 permutation drawn from `seed + e`, so a run resumed from a checkpoint consumes exactly the
@@ -16,11 +17,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from data_prep.io import Report
+
+if TYPE_CHECKING:
+    from agent_rl.config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,29 @@ def drop_overlong(prompts: list[Prompt], length: Callable[[Prompt], int], max_le
     if not kept:
         raise ValueError(f"every prompt is longer than data.max_prompt_length={max_len} tokens")
     return kept
+
+
+def load_train_prompts(cfg: TrainConfig) -> list[Prompt]:
+    """Training prompts without those longer than data.max_prompt_length tokens, measured
+    with the rollout's own prompt template and tokenizer."""
+    from transformers import AutoTokenizer
+
+    from agent_rl.rollout.protocol import protocol_for
+
+    tok = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.path)
+    rcfg = cfg.actor_rollout_ref.rollout
+    protocol = protocol_for(rcfg, tok)  # MCP tools' schemas are not known here: built-ins only
+    prompts = load_prompts(cfg.data.train_files, cfg.data.train_data_num, balance_by=cfg.data.balance_by)
+    return drop_overlong(prompts, lambda p: len(protocol.prompt_ids(tok, p.question, rcfg.template)), cfg.data.max_prompt_length)
+
+
+def run_inputs(cfg: TrainConfig) -> dict[str, str]:
+    """The paths an RL run reads (config key -> path): a new run never moves them aside."""
+    d = cfg.data
+    paths = {"actor_rollout_ref.model.path": cfg.actor_rollout_ref.model.path, "critic.model_path": cfg.critic.model_path}
+    paths.update({f"data.train_files[{i}]": f for i, f in enumerate(d.train_files)})
+    paths.update({f"data.val_files[{i}]": f for i, f in enumerate(d.val_files)})
+    return {k: v for k, v in paths.items() if v}
 
 
 @dataclass

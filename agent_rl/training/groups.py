@@ -1,6 +1,6 @@
 """What happens to a prompt's group of trajectories once it is generated, in every trainer mode.
 
-The sync collector (`trainer.collect_groups`: a batch of prompts per round, more rounds while
+The sync collector (`collect.collect_groups`: a batch of prompts per round, more rounds while
 the filter leaves too few) and the ahead collector (`collect.AheadCollector`: groups as the
 stream hands them over) differ only in how groups arrive. From there every group takes the
 same steps, written once here so that the modes cannot drift apart: its rewards are set

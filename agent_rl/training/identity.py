@@ -10,7 +10,8 @@ trainer.mode. Resumed under others it went wrong late and quietly: a group of 4 
 of 2 hung `take()` or failed mid-step, a sync resume of an async checkpoint skipped the
 prompts in flight, another tokenizer would continue token ids that spell other text, another
 train file of the same size or another max_prompt_length went on from a position in other
-prompts. So each checkpoint records `train_identity(cfg)`, and a resume compares (`problems`).
+prompts. So each checkpoint records `train_identity(cfg)`, and a resume compares
+(`problems`): `check_resume` refuses a checkpoint of another identity in one line.
 
 The model, its tokenizer and the train files are known by content, not by path: a directory
 moved elsewhere holds the same data, and one prepared again in the same place may not.
@@ -24,12 +25,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-N = "actor_rollout_ref.rollout.n"
+GROUP_SIZE = "actor_rollout_ref.rollout.n"
+"""The samples per prompt: a group's size."""
 MODE = "trainer.mode"
 TOKENIZER = "tokenizer"
 MODEL = "model"
 DATA = "data.train_files"
-SETTINGS = (N, MODE, "actor_rollout_ref.rollout.protocol", "actor_rollout_ref.rollout.chat_template",
+SETTINGS = (GROUP_SIZE, MODE, "actor_rollout_ref.rollout.protocol", "actor_rollout_ref.rollout.chat_template",
             "data.train_batch_size", "data.max_prompt_length", "data.train_data_num", "data.shuffle", "data.seed",
             "data.balance_by")
 """The settings a checkpoint's state depends on (module docstring), compared as values: None
@@ -163,3 +165,35 @@ def problems(saved: Mapping[str, Any], current: Mapping[str, Any], model_path: s
         else:
             out.append(f"{key}={new}, the checkpoint's is {old}")
     return out
+
+
+class ResumeMismatch(ValueError):
+    """The checkpoint a run would resume was saved under settings its state depends on that
+    the config changed (`problems`)."""
+
+
+def check_resume(cfg: Any, identity: dict | None = None, run_dir: str | Path | None = None) -> None:
+    """Raise, in one line, when the checkpoint `cfg` (a TrainConfig) would resume (in `run_dir`,
+    default trainer.default_local_dir) cannot continue under `cfg`: ResumeMismatch naming each
+    setting that differs from the checkpoint's (rollout.n, trainer.mode, the model, its
+    tokenizer, the train files' content, the settings that make a batch; train_identity(cfg)
+    unless `identity` is given), or a ValueError naming the file and field of a bad
+    rollouts.json. agent-rl-train calls it before the retriever, Ray and the engine start;
+    RayTrainer again (runs started in-process)."""
+    from agent_rl.training.checkpoint import STATE, CheckpointManager
+    from agent_rl.training.collect import ROLLOUTS, read_rollouts
+    from agent_rl.training.run import resume_checkpoint
+
+    trainer_cfg = cfg.trainer
+    path = resume_checkpoint(trainer_cfg, CheckpointManager(Path(run_dir or trainer_cfg.default_local_dir) / "checkpoints"))
+    if path is None or not (path / STATE).is_file():
+        return
+    saved = saved_identity(path)
+    current = identity if identity is not None else train_identity(cfg)
+    n = saved.get(GROUP_SIZE) or current[GROUP_SIZE]
+    groups = read_rollouts(path / ROLLOUTS, n)["groups"] if (path / ROLLOUTS).is_file() else []
+    found = problems(saved, current, cfg.actor_rollout_ref.model.path, len(groups))
+    if found:
+        raise ResumeMismatch(f"cannot resume {path}: {'; '.join(found)}. Resume with the checkpoint's settings, or "
+                             f"start a new run (another trainer.default_local_dir, or trainer.resume_mode=disable, "
+                             f"which moves this run aside)")

@@ -11,6 +11,9 @@ flushed, a partial last line is skipped (with a warning naming file:line) by eve
 
 Each validation's questions, one row each, go to `<trainer.validation_data_dir>/<step>.jsonl`
 (`write_validation`, `validation_rows`), so two validations compare question by question.
+
+What a step measures: `StepTimer` (timing/*), `reward_metrics` (reward/* of a collection),
+`batch_metrics` (batch/*, adv/* of the trained batch).
 """
 
 from __future__ import annotations
@@ -18,11 +21,19 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent_rl.config import redacted
 from data_prep.atomic import atomic_write
 from data_prep.io import read_jsonl_rows
+
+if TYPE_CHECKING:
+    import torch
+
+    from agent_rl.training.batch import TokenBatch
 
 JSONL = "metrics.jsonl"
 SINKS = ("console", "tensorboard", "jsonl", "wandb")
@@ -233,3 +244,45 @@ def reward_metrics(results: list, kind: str) -> dict[str, float]:
         "reward/retrieval_hit": sum(r.retrieval_hit for r in results) / n,
         "reward/has_answer": sum(r.answer is not None for r in results) / n,
     }
+
+
+class StepTimer:
+    """`with timer("gen"): ...` accumulates seconds per name; `.metrics()` -> timing/*."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+    def metrics(self) -> dict[str, float]:
+        return {f"timing/{k}": v for k, v in self.seconds.items()}
+
+
+def batch_metrics(batch: TokenBatch, mask: torch.Tensor) -> dict[str, float]:
+    """Data statistics of the trained batch (veRL's compute_data_metrics, our names)."""
+    import torch  # here: the metrics readers (plots, reports) do not load torch
+
+    m = mask.bool()
+    adv = batch.advantages[m]
+    out = {
+        "batch/num_sequences": float(len(batch)),
+        "batch/num_tokens": float(batch.num_tokens),
+        "batch/sampled_tokens": float(m.sum()),
+        "batch/response_length": batch.response_lens.float().mean().item(),
+        "adv/mean": adv.mean().item() if adv.numel() else 0.0,
+        "adv/abs_max": adv.abs().max().item() if adv.numel() else 0.0,
+        # sequences with a nonzero advantage (the others add no policy gradient): rejection sampling's kept share
+        "adv/nonzero_frac": (torch.where(m, batch.advantages, 0.0) != 0).any(dim=1).float().mean().item(),
+    }
+    if batch.old_logprobs is not None and m.any():  # bf16 engine vs trainer: what TIS corrects
+        out["rollout/logprob_abs_diff"] = (batch.old_logprobs - batch.rollout_logprobs)[m].abs().mean().item()
+    if batch.values is not None:
+        out["critic/values_mean"] = batch.values[m].mean().item()
+        out["critic/returns_mean"] = batch.returns[m].mean().item()
+    return out

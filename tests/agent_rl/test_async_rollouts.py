@@ -210,16 +210,16 @@ class FakeStreamWorker:
 
 
 def _collector(worker, policy="wait", steps=3, batch=2, n_prompts=6, max_staleness=1):
-    from agent_rl.training.collect import AheadCollector
+    from agent_rl.training.collect import make_collector
     from agent_rl.training.data import PromptLoader
     from agent_rl.training.groups import score_trajectories
-    from agent_rl.training.trainer import StepTimer
+    from agent_rl.training.metrics import StepTimer
 
     cfg = load_config(TrainConfig, None, ["trainer.mode=async", "actor_rollout_ref.actor.tis_cap=2",
                                           f"trainer.staleness_policy={policy}", f"trainer.max_staleness={max_staleness}",
                                           f"data.train_batch_size={batch}", "data.shuffle=false"])
     loader = PromptLoader([Prompt(f"p{i}", f"q{i}", ["x"]) for i in range(n_prompts)], batch, shuffle=False)
-    col = AheadCollector(worker, loader, cfg, steps, get=lambda x: x)
+    col = make_collector(worker, loader, cfg, steps, get=lambda x: x)
     score = lambda trajs, prompts: score_trajectories(trajs, prompts, cfg.reward)  # noqa: E731
     return col, (lambda step: col.collect(step, StepTimer(), score))
 

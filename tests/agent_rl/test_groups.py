@@ -1,5 +1,5 @@
 """The per-group steps (agent_rl/training/groups.py) are the same in every trainer mode: the
-sync collector (`trainer.collect_groups`) and the ahead collector (`collect.AheadCollector`)
+sync collector (`collect.collect_groups`) and the ahead collector (`collect.AheadCollector`)
 keep the same groups and count the same losses for the same trajectories. Scripted
 trajectories, no engine."""
 
@@ -56,7 +56,8 @@ class ScriptedStream:
 def via_sync(drop: str):
     from agent_rl.config import RewardConfig
     from agent_rl.training.data import PromptLoader
-    from agent_rl.training.trainer import StepTimer, collect_groups
+    from agent_rl.training.collect import collect_groups
+    from agent_rl.training.metrics import StepTimer
 
     def rollout(batch):
         return [tr for g, p in enumerate(batch) for tr in samples(p, g)], {}
@@ -67,9 +68,9 @@ def via_sync(drop: str):
 
 def via_ahead(drop: str):
     from agent_rl.config import TrainConfig, load_config
-    from agent_rl.training.collect import AheadCollector
+    from agent_rl.training.collect import make_collector
     from agent_rl.training.data import PromptLoader
-    from agent_rl.training.trainer import StepTimer
+    from agent_rl.training.metrics import StepTimer
 
     # grpo compares samples within a group: a failed search takes its group along; reinforce_plus_plus does not
     estimator = "grpo" if drop == "group" else "reinforce_plus_plus"
@@ -78,7 +79,7 @@ def via_ahead(drop: str):
                                           "algorithm.max_filter_rounds=3", "retriever.skip_failed_searches=true",
                                           f"algorithm.adv_estimator={estimator}"])
     loader = PromptLoader(prompts(), batch_size=2, shuffle=False)
-    return AheadCollector(ScriptedStream(), loader, cfg, total_steps=1, get=lambda x: x).collect(1, StepTimer())
+    return make_collector(ScriptedStream(), loader, cfg, total_steps=1, get=lambda x: x).collect(1, StepTimer())
 
 
 @pytest.mark.parametrize("drop", ["group", "trajectory"])

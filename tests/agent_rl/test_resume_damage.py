@@ -293,12 +293,12 @@ class _Worker:
 def _restore(state: dict) -> list:
     """What a resume does with a checkpoint's rollouts: AheadCollector.restore."""
     from agent_rl.config import TrainConfig, load_config
-    from agent_rl.training.collect import AheadCollector
+    from agent_rl.training.collect import make_collector
 
     cfg = load_config(TrainConfig, None, ["trainer.mode=async", "actor_rollout_ref.actor.tis_cap=2",
                                           "actor_rollout_ref.rollout.n=4"])
     worker = _Worker()
-    AheadCollector(worker, None, cfg, 10, get=lambda x: x).restore(state)
+    make_collector(worker, None, cfg, 10, get=lambda x: x).restore(state)
     return worker.submitted
 
 

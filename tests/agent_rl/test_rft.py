@@ -21,7 +21,8 @@ from agent_rl.config import RewardConfig, TrainConfig
 from agent_rl.training import algos
 from agent_rl.training.batch import TokenBatch
 from agent_rl.training.groups import score_trajectories
-from agent_rl.training.trainer import RayTrainer, actor_settings, batch_metrics
+from agent_rl.training.metrics import batch_metrics
+from agent_rl.training.trainer import RayTrainer, actor_settings
 from agent_rl.types import Trajectory
 
 RIGHT_SEARCHED = "<think>a</think><search>q</search><information>Paris it is</information><think>b</think><answer>Paris</answer>"

@@ -608,7 +608,7 @@ def test_sampling_stops_at_the_protocols_action_ends(tok):
 
 
 def test_the_outage_rule_reads_each_tools_error_share():
-    from agent_rl.training.trainer import tool_error_shares
+    from agent_rl.training.collect import tool_error_shares
 
     m = {"tool/search/calls": 8.0, "tool/search/errors": 2.0, "tool/kb/calls": 4.0, "tool/kb/errors": 4.0,
          "tool/calculator/calls": 0.0, "tool/calculator/errors": 0.0, "rollout/tool_failures": 6.0}

@@ -110,7 +110,9 @@ def retriever(retriever_url):
 
 @pytest.fixture(scope="module")
 def grpo_run(tiny_kb, retriever, tiny_policy, tmp_path_factory):
-    return run_in_process("grpo", tiny_kb, retriever, tmp_path_factory.mktemp("grpo"), tiny_policy)
+    run_dir = tmp_path_factory.mktemp("grpo")
+    rollouts = [f"trainer.rollout_data_dir={run_dir / 'rollouts'}", "trainer.rollout_data_freq=2", "trainer.rollout_data_n=3"]
+    return run_in_process("grpo", tiny_kb, retriever, run_dir, tiny_policy, rollouts)
 
 
 def _check_run(run_dir: Path, est: str, model_dir: Path) -> None:
@@ -145,6 +147,26 @@ def _check_run(run_dir: Path, est: str, model_dir: Path) -> None:
 @pytest.mark.slow
 def test_grpo_two_steps_change_weights_and_log_finite_metrics(grpo_run, tiny_policy):
     _check_run(grpo_run, "grpo", tiny_policy)
+
+
+def test_the_run_writes_sampled_rollouts_with_their_loss_mask_and_reward(grpo_run, capsys):
+    """trainer.rollout_data_dir: steps 1 and 2 (freq 2), 3 of the batch's 4 trajectories each;
+    the pieces alternate with the loss mask, their text is the response, and the breakdown's
+    answer is the reward's; `agent-rl-eval show` renders them with the context marked."""
+    from agent_rl.evaluation.cli import show_main
+    from agent_rl.training.rollout_data import PLAIN_OPEN, read_rollout_data
+
+    d = grpo_run / "rollouts"
+    assert sorted(p.name for p in d.iterdir()) == ["1.jsonl", "2.jsonl"]
+    recs = read_rollout_data(d)
+    assert [r["step"] for r in recs] == [1, 1, 1, 2, 2, 2]
+    for r in recs:
+        flags = [p["sampled"] for p in r["pieces"]]
+        assert flags and flags[0] and all(a != b for a, b in zip(flags, flags[1:]))
+        assert set(r["breakdown"]) >= {"answer", "metric", "valid_format", "retrieval_hit"}
+    assert show_main([str(d), "--color", "never"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("step 1 #") == 3 and (PLAIN_OPEN in out) == any(not p["sampled"] for r in recs for p in r["pieces"])
 
 
 @pytest.mark.slow
@@ -378,7 +400,8 @@ def _loader(k: int, sources: tuple[str, ...] = ("",)):
 
 def test_collect_without_filtering_scores_and_keeps_every_group():
     from agent_rl.config import RewardConfig
-    from agent_rl.training.trainer import StepTimer, collect_groups
+    from agent_rl.training.collect import collect_groups
+    from agent_rl.training.metrics import StepTimer
 
     rollout, calls = _fake_rollout({"q0": ["a0", "zz"], "q1": ["zz", "zz"]}, n=2)
     trajs, consumed, metrics = collect_groups(_loader(4), rollout, RewardConfig(), 2, False, 0, StepTimer())
@@ -389,7 +412,8 @@ def test_collect_without_filtering_scores_and_keeps_every_group():
 
 def test_collect_with_filtering_drops_agreeing_groups_and_over_samples():
     from agent_rl.config import RewardConfig
-    from agent_rl.training.trainer import StepTimer, collect_groups
+    from agent_rl.training.collect import collect_groups
+    from agent_rl.training.metrics import StepTimer
 
     answers = {"q0": ["a0", "zz"], "q1": ["zz", "zz"], "q2": ["a2", "a2"], "q3": ["zz", "a3"],
                "q4": ["a4", "x"], "q5": ["x", "a5"]}
@@ -409,7 +433,8 @@ def test_collect_counts_the_kept_groups_per_data_source():
     """batch/groups/<source>: what the update learns from, after the filter (first round: q0 nq
     kept, q1 hotpotqa dropped; second: q2 nq dropped, q3 hotpotqa kept; q4 and q5 never drawn)."""
     from agent_rl.config import RewardConfig
-    from agent_rl.training.trainer import StepTimer, collect_groups
+    from agent_rl.training.collect import collect_groups
+    from agent_rl.training.metrics import StepTimer
 
     answers = {"q0": ["a0", "zz"], "q1": ["zz", "zz"], "q2": ["a2", "a2"], "q3": ["zz", "a3"], "q4": ["a4", "x"],
                "q5": ["x", "a5"]}
@@ -428,7 +453,8 @@ def test_collect_filters_on_the_task_metric_when_asked():
     drops it and draws more prompts."""
     from agent_rl.config import RewardConfig
     from agent_rl.training.groups import check_filter_metric
-    from agent_rl.training.trainer import StepTimer, collect_groups
+    from agent_rl.training.collect import collect_groups
+    from agent_rl.training.metrics import StepTimer
     from agent_rl.types import Trajectory
 
     texts = {"q0": ["<answer>zz</answer>", "no answer"], "q1": ["<answer>zz</answer>", "<answer>zz</answer>"],
@@ -451,7 +477,8 @@ def test_collect_filters_on_the_task_metric_when_asked():
 
 def test_collect_raises_when_no_group_has_signal():
     from agent_rl.config import RewardConfig
-    from agent_rl.training.trainer import StepTimer, collect_groups
+    from agent_rl.training.collect import collect_groups
+    from agent_rl.training.metrics import StepTimer
 
     rollout, _ = _fake_rollout({f"q{i}": ["zz", "zz"] for i in range(4)}, n=2)
     with pytest.raises(RuntimeError, match="nothing to learn"):
@@ -480,7 +507,8 @@ def test_trajectories_with_a_failed_search_are_left_out(drop, kept):
     trained on, and for group estimators neither is its group (its mates' advantages were
     computed against it)."""
     from agent_rl.config import RewardConfig
-    from agent_rl.training.trainer import StepTimer, collect_groups
+    from agent_rl.training.collect import collect_groups
+    from agent_rl.training.metrics import StepTimer
 
     rollout = _rollout_with_failures({("q0", 0)})
     trajs, _, metrics = collect_groups(_loader(2), rollout, RewardConfig(), 2, False, 0, StepTimer(), drop_failed=drop)
@@ -496,7 +524,8 @@ def test_failed_searches_are_counted_in_every_filter_round():
     """Issue 33: the failure counts came from the first round only, so a step whose refill
     rounds hit an outage reported none (and the outage rule never saw it)."""
     from agent_rl.config import RewardConfig
-    from agent_rl.training.trainer import StepTimer, collect_groups
+    from agent_rl.training.collect import collect_groups
+    from agent_rl.training.metrics import StepTimer
     from agent_rl.types import Trajectory
 
     def rollout(prompts):  # round 1 (q0, q1): every group agrees, no failure; later rounds: sample 1 failed
@@ -518,7 +547,8 @@ def test_failed_searches_are_counted_in_every_filter_round():
 def test_a_step_whose_every_search_failed_returns_nothing_to_train_on():
     from agent_rl.config import RewardConfig
     from agent_rl.training import algos
-    from agent_rl.training.trainer import StepTimer, collect_groups
+    from agent_rl.training.collect import collect_groups
+    from agent_rl.training.metrics import StepTimer
 
     assert algos.uses_groups("grpo") and algos.uses_groups("rloo") and not algos.uses_groups("gae")
     rollout = _rollout_with_failures({(f"q{i}", k) for i in range(2) for k in range(2)})
@@ -535,7 +565,8 @@ def test_the_sync_collector_waits_out_an_outage_and_collects_again(monkeypatch):
     import ray
 
     from agent_rl.config import TrainConfig, load_config
-    from agent_rl.training.trainer import StepTimer, SyncCollector
+    from agent_rl.training.collect import SyncCollector
+    from agent_rl.training.metrics import StepTimer
 
     attempts = []
 
@@ -548,7 +579,7 @@ def test_the_sync_collector_waits_out_an_outage_and_collects_again(monkeypatch):
     worker = SimpleNamespace(rollout=SimpleNamespace(remote=rollout))  # worker.rollout.remote(...): a Ray actor
     cfg = load_config(TrainConfig, None, ["data.train_batch_size=2", "retriever.skip_failed_searches=true"])
     waits = []
-    collector = SyncCollector(worker, _loader(4), cfg, lambda metrics, t: waits.append(dict(metrics)) or [])
+    collector = SyncCollector(worker, _loader(4), cfg, lambda step, metrics, t: waits.append(dict(metrics)) or [])
     trajs, consumed, m = collector.collect(1, StepTimer())
     assert attempts == [["q0", "q1"], ["q2", "q3"]] and consumed == ["q0", "q1", "q2", "q3"]
     assert len(trajs) == 4 and len(waits) == 2 and waits[0]["rollout/failed_search_share"] == 1.0
