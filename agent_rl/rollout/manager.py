@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol
 
 from agent_rl.config import ToolConfig, TrainConfig
-from agent_rl.rollout import observation as O
+from agent_rl.rollout import observation
 from agent_rl.rollout.engine import GenerateResult, Sampling
 from agent_rl.rollout.gate import PolicyGate
 from agent_rl.rollout.protocol import Action, ActionProtocol, Segment, encode_text, get_mode, get_protocol, repeated
@@ -143,7 +143,7 @@ class RolloutManager:
         timeout = t.timeout_s if t.timeout_s is not None else self.rcfg.tool_timeout_s
         limit = t.max_concurrency if t.max_concurrency is not None else self.rcfg.max_concurrent_tool_calls
         if t.name == "search":
-            return search_tool(self._search_text, timeout, limit, failure_text=O.SEARCH_ERROR_TEXT,
+            return search_tool(self._search_text, timeout, limit, failure_text=observation.SEARCH_ERROR_TEXT,
                                fatal=(RetrieverAuthError,))
         return calculator_tool(timeout, limit)
 
@@ -340,13 +340,13 @@ class RolloutManager:
             docs = await self.search([query], self.topk)
         except RetrieverRequestError as e:
             if e.status in QUERY_REJECTED and not isinstance(e, RetrieverAuthError):
-                raise ToolInputError(O.rejected_query_text(e.detail)) from None
+                raise ToolInputError(observation.rejected_query_text(e.detail)) from None
             raise
-        return O.format_passages(docs[0])
+        return observation.format_passages(docs[0])
 
     def _framed(self, text: str, frame: tuple[str, str], st: _State, limit: int) -> tuple[list[int], bool]:
         """Ids of our own `text` (feedback, an error observation) in `frame`, cut to `limit`."""
-        ids, truncated = O.encode_observation(self.tokenizer, text, limit, frame)
+        ids, truncated = observation.encode_observation(self.tokenizer, text, limit, frame)
         return self._without_repeated_end(ids, st), truncated
 
     def _without_repeated_end(self, ids: list[int], st: _State) -> list[int]:
@@ -405,7 +405,7 @@ class RolloutManager:
             st.bad_calls += 1
         if not res.ok:
             st.tool_failures += 1
-        obs = O.tool_observation(self.tokenizer, res.text, limit, self.protocol.observation_frame())
+        obs = observation.tool_observation(self.tokenizer, res.text, limit, self.protocol.observation_frame())
         st.obs_truncated += int(obs.truncated)
         return "observation", obs.text, self._without_repeated_end(obs.ids, st)
 
@@ -428,7 +428,7 @@ class RolloutManager:
             # The passages reach the prompt as a search's reach a trajectory (tool_observation:
             # tags and special tokens neutralised, at most data.max_obs_length tokens). Raw, a
             # passage holding `<|im_start|>` opened a turn and a 2 MB one made a 400k-token prompt.
-            docs = [O.tool_observation(self.tokenizer, r.text, self.max_obs_length, ("", "")).text for r in got]
+            docs = [observation.tool_observation(self.tokenizer, r.text, self.max_obs_length, ("", "")).text for r in got]
         return [
             list(p.prompt_ids) if getattr(p, "prompt_ids", None) is not None
             else self.protocol.prompt_ids(self.tokenizer, p.question, self.template, mode, d)
