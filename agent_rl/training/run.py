@@ -9,7 +9,7 @@ budget). The RL trainer and SFT each add only what their checkpoints hold and wh
 A resume continues the checkpoint's run: each checkpoint records the run's `identity` (what
 its state is shaped by: the model, the tokenizer, the train files' content, the settings that
 make a batch, rollout.n, trainer.mode; agent_rl.training.identity), and a resume under another
-one is refused in one line before anything starts (agent_rl.training.trainer.check_resume). A
+one is refused in one line before anything starts (agent_rl.training.identity.check_resume). A
 new run never rewrites an earlier one: with trainer.resume_mode=disable an earlier run in the
 directory is moved aside whole (`set_aside`), its metrics, TensorBoard events and checkpoints
 kept as they were. Nor does a resume lose a branch: one from an earlier checkpoint
@@ -46,23 +46,23 @@ def out_of_time(trained_s: float, step: int, budget: float | None, longest_step_
     return budget is not None and trained_s + max(mean_step, longest_step_s) > budget
 
 
-def resume_checkpoint(tr: Any, checkpoints: CheckpointManager) -> Path | None:
-    """The checkpoint a run resumes from (`tr`: the trainer section): trainer.resume_from_path,
+def resume_checkpoint(run_cfg: Any, checkpoints: CheckpointManager) -> Path | None:
+    """The checkpoint a run resumes from (`run_cfg`: the trainer section): trainer.resume_from_path,
     else the newest in `checkpoints`; None with trainer.resume_mode=disable or none saved."""
-    if tr.resume_mode == "disable":
+    if run_cfg.resume_mode == "disable":
         return None
-    if tr.resume_mode != "auto":
-        raise ValueError(f"trainer.resume_mode must be auto or disable, got {tr.resume_mode!r}")
-    return Path(tr.resume_from_path) if tr.resume_from_path else checkpoints.latest()
+    if run_cfg.resume_mode != "auto":
+        raise ValueError(f"trainer.resume_mode must be auto or disable, got {run_cfg.resume_mode!r}")
+    return Path(run_cfg.resume_from_path) if run_cfg.resume_from_path else checkpoints.latest()
 
 
-def finished_reason(state: dict, tr: Any, total_steps: int | None) -> str | None:
+def finished_reason(state: dict, run_cfg: Any, total_steps: int | None) -> str | None:
     """Why a run whose latest checkpoint holds `state` has nothing left to do, or None."""
     step, trained = int(state.get("step", 0)), float(state.get("trained_s", 0.0))
     if total_steps is not None and step >= total_steps:
         return f"step {step} of trainer.total_training_steps={total_steps}"
-    if out_of_time(trained, step, tr.max_time_s):
-        return f"trained {trained:.0f}s of trainer.max_time_s={tr.max_time_s:g}"
+    if out_of_time(trained, step, run_cfg.max_time_s):
+        return f"trained {trained:.0f}s of trainer.max_time_s={run_cfg.max_time_s:g}"
     return None
 
 
@@ -158,15 +158,15 @@ class Run:
     """The lifecycle state of one run: step, time trained, checkpoints. `name` prefixes its
     messages ("train", "sft")."""
 
-    def __init__(self, tr: Any, run_dir: str | Path, total_steps: int, name: str,
+    def __init__(self, run_cfg: Any, run_dir: str | Path, total_steps: int, name: str,
                  identity: Mapping[str, Any] | None = None, inputs: Mapping[str, str] | None = None):
         """`identity`: what a resume must find unchanged, saved in every checkpoint
         (agent_rl.training.identity); `inputs`: config key -> path this run reads (never moved
         aside with an earlier run)."""
-        self.tr, self.run_dir, self.total_steps, self.name = tr, Path(run_dir), total_steps, name
+        self.run_cfg, self.run_dir, self.total_steps, self.name = run_cfg, Path(run_dir), total_steps, name
         self.identity = dict(identity or {})
         self.inputs = dict(inputs or {})
-        self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", tr.max_ckpt_to_keep)
+        self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", run_cfg.max_ckpt_to_keep)
         self.step = 0
         self.trained_s = 0.0
         """Wall seconds of training steps, summed over resumed attempts."""
@@ -182,16 +182,16 @@ class Run:
         trainer.resume_mode=disable an earlier run in the directory is moved aside first; with
         trainer.resume_from_path at a step the run went past and saved after, that later branch
         is (`set_branch_aside`); either move said in one line."""
-        if self.tr.resume_mode == "disable":
+        if self.run_cfg.resume_mode == "disable":
             aside = set_aside(self.run_dir, self.inputs)
             if aside is not None:
                 print(f"[{self.name}] trainer.resume_mode=disable: moved the earlier run in {self.run_dir} to {aside} "
                       f"(its metrics, TensorBoard events and checkpoints, unchanged)", flush=True)
-        path = resume_checkpoint(self.tr, self.checkpoints)
-        if path is not None and self.tr.resume_from_path:
+        path = resume_checkpoint(self.run_cfg, self.checkpoints)
+        if path is not None and self.run_cfg.resume_from_path:
             step = int(self.checkpoints.read_state(path)["step"])
-            aside = set_branch_aside(self.run_dir, self.checkpoints, step, getattr(self.tr, "validation_data_dir", None),
-                                     self.inputs)
+            aside = set_branch_aside(self.run_dir, self.checkpoints, step,
+                                     getattr(self.run_cfg, "validation_data_dir", None), self.inputs)
             if aside is not None:
                 print(f"[{self.name}] resuming from {path} at step {step}: moved the run's later steps in "
                       f"{self.run_dir} to {aside} (their checkpoints, and its metrics and TensorBoard events whole)",
@@ -199,7 +199,7 @@ class Run:
         return path
 
     def finished(self, state: dict) -> str | None:
-        return finished_reason(state, self.tr, self.total_steps)
+        return finished_reason(state, self.run_cfg, self.total_steps)
 
     def restore(self, path: Path) -> dict:
         """Load the run's state from checkpoint `path` (step, time trained) and return it, with
@@ -211,7 +211,7 @@ class Run:
 
     # ------------------------------------------------------------------ steps
     def out_of_time(self, extra_s: float = 0.0) -> bool:
-        return out_of_time(self.trained_s + extra_s, self.step, self.tr.max_time_s, self.longest_step_s)
+        return out_of_time(self.trained_s + extra_s, self.step, self.run_cfg.max_time_s, self.longest_step_s)
 
     def running(self) -> bool:
         """Whether another step is started."""
@@ -222,7 +222,7 @@ class Run:
         trainer.total_training_steps, or fewer where the time budget (trainer.max_time_s) ends
         it first at the mean step time so far; None while that is not known (a budget and no
         step timed yet), so a bar shows no total rather than a limit the clock will never reach."""
-        budget = self.tr.max_time_s
+        budget = self.run_cfg.max_time_s
         if budget is None:
             return self.total_steps
         if self.step == 0 or self.trained_s <= 0:
@@ -232,7 +232,7 @@ class Run:
 
     def begin_step(self) -> int:
         now = time.monotonic()
-        counts_all = self.tr.max_time_counts == "all"
+        counts_all = self.run_cfg.max_time_counts == "all"
         self._t0 = self._last_end if counts_all and self._last_end is not None else now
         self.step += 1
         return self.step
@@ -259,7 +259,7 @@ class Run:
     def save_due(self) -> bool:
         """A checkpoint every trainer.save_freq steps and whenever the run stops: a re-run
         continues it (a larger budget or more steps) or finds it finished."""
-        freq = self.tr.save_freq
+        freq = self.run_cfg.save_freq
         return (freq > 0 and self.step % freq == 0) or self.stopping()
 
     def save(self, state: dict, config: dict, save_workers: Callable[[Path], None] | None,
@@ -273,6 +273,6 @@ class Run:
         """What to print when the clock stopped the run before its last step."""
         if self.step >= self.total_steps:
             return None
-        return (f"[{self.name}] time budget trainer.max_time_s={self.tr.max_time_s:g}: stopping at step "
+        return (f"[{self.name}] time budget trainer.max_time_s={self.run_cfg.max_time_s:g}: stopping at step "
                 f"{self.step}/{self.total_steps} after {self.trained_s:.0f}s of training (another step takes "
                 f"~{self.trained_s / max(1, self.step):.0f}s, the longest {self.longest_step_s:.0f}s)")
