@@ -30,6 +30,15 @@ replaced by U+FFFD; its stderr is forwarded to ours, prefixed with "[mcp:<name>]
 than STDERR_LINE_BYTES in pieces; STDERR_LINES_PER_S at most, then a count of the lines held
 back), and its last lines are quoted when the connection fails.
 
+Every answer is bounded in items, not only read: the SDK parses and validates each message on
+our event loop, and a tools/call answer of 150 000 text items held it 2.2 s (issue 83). So a
+stdio child's stdout passes through a relay process (`RELAY`, the SDK's process handling
+untouched: the child is the relay's, in its process group) that parses each message first,
+where its cost stalls nothing: a call's answer keeps its first MAX_CONTENT_ITEMS content items
+(then a text item counting the rest), a message of more than MAX_MESSAGE_VALUES JSON values
+(a tool list: MAX_LIST_VALUES) becomes an error answer to its request, a line that is not JSON
+is dropped (as the SDK would). The streamable HTTP transport has no relay (see `_transport`).
+
 `mcp` is imported inside the methods, so importing this module stays cheap.
 """
 
@@ -54,6 +63,71 @@ STDERR_LINE_BYTES = 2000  # a longer stderr line goes out in pieces: a child may
 STDERR_LINES_PER_S = 100  # forwarded to our stderr at most; the rest counted (the tail keeps the last ones)
 STDERR_READS = 16  # pipe reads of 64 KiB per wake-up: a child writing without pause cannot hold the loop
 MAX_TOOL_PAGES = 100
+MAX_CONTENT_ITEMS = 100  # content items of a call's answer that reach the SDK; the rest are counted
+MAX_MESSAGE_VALUES = 5_000  # JSON values of a message the SDK validates on our loop (~10 us each)
+MAX_LIST_VALUES = 100_000  # ... of a tools/list answer, read once before any rollout
+
+RELAY = r"""
+import json, subprocess, sys
+
+MAX_ITEMS, MAX_VALUES, MAX_LIST_VALUES = map(int, sys.argv[1:4])
+
+
+def values(msg, limit):
+    n, stack = 0, [msg]
+    while stack and n <= limit:
+        v = stack.pop()
+        n += 1
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return n
+
+
+def bounded(line):
+    # a value is the first, or follows "[", "," or ":": fewer of those than MAX_ITEMS, nothing to cap
+    if line.count(b",") + line.count(b":") + line.count(b"[") < MAX_ITEMS:
+        return line
+    try:
+        msg = json.loads(line.decode("utf-8", "replace"), strict=False)
+    except (ValueError, RecursionError):
+        sys.stderr.write(f"[relay] a line of {len(line)} bytes that is not JSON, dropped\n")
+        return None
+    result = msg.get("result") if isinstance(msg, dict) else None
+    content = result.get("content") if isinstance(result, dict) else None
+    changed = isinstance(content, list) and len(content) > MAX_ITEMS
+    if changed:
+        note = {"type": "text", "text": f"[{len(content) - MAX_ITEMS} more content items not shown]"}
+        result["content"] = content[:MAX_ITEMS] + [note]
+    limit = MAX_LIST_VALUES if isinstance(result, dict) and "tools" in result else MAX_VALUES
+    if values(msg, limit) > limit:
+        if not (isinstance(msg, dict) and "id" in msg and ("result" in msg or "error" in msg)):
+            sys.stderr.write(f"[relay] a message of more than {limit} JSON values, dropped\n")
+            return None
+        msg = {"jsonrpc": "2.0", "id": msg["id"], "error": {
+            "code": -32603, "message": f"the answer holds more than {limit} JSON values, more than the client reads"}}
+        changed = True
+    return (json.dumps(msg) + "\n").encode() if changed else line
+
+
+try:
+    child = subprocess.Popen(sys.argv[5:], stdout=subprocess.PIPE, bufsize=1 << 20)
+except OSError as e:
+    sys.exit(f"cannot start {sys.argv[5]!r}: {e}")
+try:
+    for line in child.stdout:
+        line = bounded(line)
+        if line is not None:
+            sys.stdout.buffer.write(line)
+            sys.stdout.buffer.flush()
+except BrokenPipeError:
+    pass
+sys.exit(child.wait())
+"""
+"""The relay between a stdio child's stdout and the SDK (see the module docstring), run as
+`python -I -S -c RELAY MAX_ITEMS MAX_VALUES MAX_LIST_VALUES -- command...`: the standard library
+only, so it starts in milliseconds; the child inherits its stdin and stderr."""
 
 
 class McpConnectError(ConnectionError):
@@ -316,6 +390,8 @@ class McpServer:
                 self._stderr = None
 
     def _transport(self) -> contextlib.AbstractAsyncContextManager:
+        # HTTP has no relay: the SDK reads an answer whole and parses it on our loop, unbounded in
+        # bytes and items (bounding it would take a proxy in front of the SDK's HTTP client)
         if self.url is not None:
             from mcp.client.streamable_http import streamable_http_client
 
@@ -328,7 +404,8 @@ class McpServer:
 
         # "replace": with the SDK's "strict", one bad byte on stdout stops its reader while the
         # server lives on, and every later call times out (tests/agent_rl/test_mcp_calculator_fuzz.py)
-        params = StdioServerParameters(command=self.command[0], args=self.command[1:], env=self.env,
+        relay = ["-I", "-S", "-c", RELAY, str(MAX_CONTENT_ITEMS), str(MAX_MESSAGE_VALUES), str(MAX_LIST_VALUES), "--"]
+        params = StdioServerParameters(command=sys.executable, args=[*relay, *self.command], env=self.env,
                                        encoding_error_handler="replace")
         try:
             self._stderr = _StderrTap(self.name)

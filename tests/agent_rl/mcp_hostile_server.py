@@ -7,9 +7,9 @@ MODE says how it starts and lists its tools: `ok` (the tools of CALLS, well form
 tools/list), `nested-schema`, `invalid-schema`, `huge-schema` (a tool whose inputSchema is
 nested 100 000 deep, not an object, 10 MB), `dupes` (two tools named "echo" and one named
 "search"), `stderr-flood` (20 MB on stderr before the handshake), `stderr-line` (20 MB on
-stderr with no newline). Each tool of CALLS answers tools/call its own way; messages are
-handled one at a time, so a call that never answers does not hold the others. When
-MCP_TEST_PID_FILE is set, the process writes its pid there at start.
+stderr with no newline). Each tool of CALLS answers tools/call its own way (`many`: 150 000
+text items); messages are handled one at a time, so a call that never answers does not hold
+the others. When MCP_TEST_PID_FILE is set, the process writes its pid there at start.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def text_result(msg_id: int, content: list, is_error: bool = False) -> None:
 
 ANY = {"type": "object", "properties": {"text": {"type": "string"}}}
 CALLS = ["echo", "empty", "image", "resource", "big", "bad_utf8", "non_json", "crash", "never", "stderr",
-         "rpc_error", "is_error"]
+         "rpc_error", "is_error", "many"]
 
 
 def tools(mode: str) -> list[dict]:
@@ -81,6 +81,8 @@ def call(msg_id: int, name: str, arguments: dict) -> None:
         send({"jsonrpc": "2.0", "id": msg_id, "error": {"code": -32603, "message": "internal trouble"}})
     elif name == "is_error":
         text_result(msg_id, [{"type": "text", "text": "the tool refused"}], is_error=True)
+    elif name == "many":  # 150 000 tiny items, 4.6 MB: under any byte cap
+        text_result(msg_id, [{"type": "text", "text": "x"}] * 150_000)
     else:
         send({"jsonrpc": "2.0", "id": msg_id, "error": {"code": -32602, "message": f"unknown tool {name}"}})
 

@@ -1,6 +1,7 @@
 """MCP tools against a real MCP server process (tests/agent_rl/mcp_test_server.py): stdio and
 streamable HTTP, argument checks, isError results, timeouts, a server killed mid-call, a server
-that exits before initializing."""
+that exits before initializing; against a hostile one (tests/agent_rl/mcp_hostile_server.py): an
+answer of 150 000 items."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ import pytest
 
 from agent_rl.rollout.mcp_tools import McpCallError, McpConnectError, McpServer
 from agent_rl.rollout.tools import ToolResult
+from loop_stall import LoopStall
 
 SERVER = Path(__file__).with_name("mcp_test_server.py")
 STDIO = [sys.executable, str(SERVER), "stdio"]
+HOSTILE = Path(__file__).with_name("mcp_hostile_server.py")
 
 
 def _counting(tool):
@@ -332,3 +335,28 @@ def test_constructor_checks_and_lazy_import():
                          cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+# ----------------------------------------------------------------------------- issue 83: hostile answers
+@pytest.mark.timeout(120)
+def test_an_answer_of_150000_items_neither_stalls_the_loop_nor_outlives_its_timeout():
+    """Issue 83 case 4: a tools/call answer of 150 000 text items (4.6 MB) was parsed and
+    validated by the SDK on the event loop: 2.8 s with a 1 s timeout, 2.2 s of it a stall of
+    every other trajectory. Now a message reaches our loop only with its content items capped
+    (the rest counted in a last item), so the call is quick and the loop keeps running."""
+    async def main():
+        async with McpServer(command=[sys.executable, str(HOSTILE), "ok"], name="many") as server:
+            many, echo = await server.tools(include=["many", "echo"], timeout_s=5.0)
+            async with LoopStall() as stall:
+                t0 = time.perf_counter()
+                r = await many.invoke({})
+                took = time.perf_counter() - t0
+            print(f"150 000 MCP text items: {took:.3f} s, longest loop stall {stall.longest_s:.3f} s")
+            assert stall.longest_s < 0.1 and took < 5.0 + 0.5
+            assert r.ok, r
+            *items, note = r.text.split("\n")
+            assert set(items) == {"x"} and len(items) < 1000 and note == f"[{150_000 - len(items)} more content items not shown]"
+            assert await echo.invoke({"text": "still here"}) == ToolResult("still here")
+
+    asyncio.run(main())
+
