@@ -62,7 +62,12 @@ def em_range(xs: list[float]) -> str:
 
 def rl_vs_sft_headline(result: dict) -> dict[str, str]:
     """benchmarks/rl_vs_sft.py's figures: GRPO against SFT (best checkpoints first where it
-    scored them), per seed with the paired interval, and the agent EM of each arm."""
+    scored them), per seed with the paired interval, and the agent EM of each arm. A result of
+    the arm list (#85: rows with their pairs) has its figures from its tables module."""
+    if "pairs" in result.get("summary", {}):
+        from benchmarks.rl_vs_sft_tables import headline
+
+        return headline(result)
     rows = result["rows"]
     out: dict[str, str] = {}
     if all("best_checkpoints" in r for r in rows):

@@ -1,58 +1,76 @@
-"""Does RL beat more SFT? GRPO against the same training minutes of continued SFT (not in CI).
+"""Does RL beat the simple ways to spend the same minutes? Arms from one start, every second counted (not in CI).
 
-    python benchmarks/rl_vs_sft.py --kb-seed 101 --seeds 1 2 3 [--start-steps N] [--minutes 10]
-                                   [--eval-limit 200] [--workdir DIR] [--json PATH] [key=value ...]
+    python benchmarks/rl_vs_sft.py --kb-seed 101 --seeds 1 2 3 [--arms sft_more rft grpo sft_all]
+                                   [--kb-kind standard] [--start-steps N] [--minutes 10]
+                                   [--sft-lr LR] [--sft-epochs E] [--rft-lr LR] [--eval-limit 200]
+                                   [--workdir DIR] [--json PATH] [key=value ...]
 
-On a knowledge base generated with `--kb-seed` (`agent-rl-prep synthetic --seed`; the dev KB
-on which the demo's recipe is tuned is seed 0, DEV_KB_SEED: report on any other), for each
-seed:
+On a knowledge base generated with `--kb-seed` and `--kb-kind` (`agent-rl-prep synthetic --seed
+--kind`; each kind's dev KB, DEV_KB_SEEDS, is where design decisions are made: report on any
+other), for each cell (a KB seed x a run seed: several `--kb-seed` values run every seed on each):
 
-1. start: cold-start SFT for `--start-steps` steps on the KB's grounded demonstrations (data
-   order follows the seed; default START_STEPS: 60 on both host kinds);
-2. from that model, two arms given the same training minutes (`trainer.max_time_s`: the
-   time of training steps, without start-up, saves or the running evaluation):
-   (a) SFT continued on the same demonstrations (another order, same seed family);
-   (b) GRPO on the KB's training questions (configs/train/demo_grpo_cpu.yaml; data order and
-       sampling follow the seed);
-3. SFT at GRPO's minutes: GRPO's steps are long (minutes on a CPU), so its last step ends
-   before the budget by up to a step and it trains fewer minutes than the SFT arm. The same
-   SFT run (same seed and order, constant lr: the same steps) is taken again to the last
-   step that had ended within GRPO's training seconds, by the SFT arm's own step times:
-   GRPO against exactly its own minutes of SFT, beside GRPO against the whole budget's (the
-   table warns where a replayed step's loss differs: then it was not the same run);
-4. the start and the three trained models are evaluated greedily in agent mode on the same
-   held-out questions (a seeded sample of the KB's test questions, the first `--val-n` of which are kept apart
-   for the running evaluation): agent EM, the paired difference GRPO - SFT with its 95%
-   interval, by question kind (single / bridge / comparison), searches per question, strict
-   format.
+1. start: cold-start SFT for `--start-steps` steps on `--demos` of the KB's grounded
+   demonstrations (data order follows the seed; default START_STEPS: 60 on both host kinds);
+2. from that model, each arm of `--arms` (default all four), with the same minutes on one clock
+   rule (`trainer.max_time_s` with `trainer.max_time_counts=all`: every second from the arm's
+   first step, its generation, running evaluations, checkpoints and logging included; start-up,
+   the step-0 evaluation of the start and the save after the last step are in no arm's minutes):
+   - sft_more: SFT continued on the same demonstrations (another order, same seed family) at
+     `--sft-lr` for `--sft-epochs` epochs (defaults: the SFT config's lr, until the clock);
+   - rft: rejection sampling fine-tuning, the GRPO arm's run with
+     `algorithm.adv_estimator=rejection_sampling` (the samples whose answer is right, trained by
+     their NLL) at `--rft-lr` (default: the GRPO config's lr, or the lr of the overrides);
+   - grpo: GRPO on the KB's training questions (configs/train/demo_grpo_cpu.yaml; data order and
+     sampling follow the seed);
+   - sft_all, a reference line: SFT on demonstrations for every training question (what gold
+     search chains would give; real data has none) at the SFT config's lr, until the clock;
+3. SFT at GRPO's minutes (with sft_more and grpo): each arm's last step ends before the budget
+   by up to a step, and GRPO's steps are long, so GRPO may train fewer minutes than the SFT arm.
+   The same SFT run (same seed, order and lr: the same steps) is taken again to the last step
+   that had ended within GRPO's minutes, by the SFT arm's own step times (the table warns where a
+   replayed step's loss differs: then it was not the same run);
+4. the start and every trained model are evaluated greedily in agent mode on the same held-out
+   questions (a seeded sample of the KB's test questions, the first `--val-n` of which are kept
+   apart for the running evaluation): agent EM, searches per question and how often the searches
+   follow the better strategy (`query_strategy`: name + attribute, the lookalike kind's headroom
+   in benchmarks/kb_headroom.py, against the demonstrations' name only; n/a where no query can be
+   told), each by question kind (single / bridge / comparison); strict format; and the paired
+   differences GRPO - SFT more, GRPO - RFT and RFT - SFT more with their 95% intervals over
+   questions. Over cells: mean, median, worst and best, and a t interval across KB x seed
+   (df = cells - 1; n/a with one cell).
 
-Best checkpoints (`--best-of-val`): with few demonstrations the SFT arm's last step can sit
-past its best (it overfits), a weak control. Then each arm also keeps a checkpoint (the SFT arm
-every `--sft-val-every` steps, GRPO every `--val-every`, both at their last step), every one of
-them and the start (step 0) is scored by the evaluation command on the `--val-n` running-evaluation
-questions, and each arm's best (ties go to fewer steps) is scored on the report questions:
-GRPO's best against SFT's best, each chosen on questions the report does not hold.
+Best checkpoints (`--best-of-val`): with few demonstrations an SFT arm's last step can sit past
+its best (it overfits), a weak control. Then every arm also keeps a checkpoint (SFT arms every
+`--sft-val-every` steps, RL arms every `--val-every`, all at their last step; the saves are on
+the clock), every one of them and the start (step 0) is scored by the evaluation command on the
+`--val-n` running-evaluation questions, and each arm's best (ties go to fewer steps) is scored on
+the report questions: the arms' bests against each other, each chosen on questions the report
+does not hold.
 
-Time to gain: `time_to_gain_min` is the GRPO training minutes until GRPO's EM on the `--val-n`
+Time to gain: `time_to_gain_min` is an RL arm's training minutes until its EM on the `--val-n`
 questions first passes the SFT arm's (at the end of its minutes, by the evaluation command) by
-`--gain`. With `--best-of-val` GRPO's EM there is the evaluation command's at each checkpoint,
-the scorer of the SFT arm's; without it, the trainer's running evaluation every `--val-every`
-steps, whose scores differ from the command's by about a question in 40 (`time_to_gain_by`).
+`--gain`. With `--best-of-val` the RL arm's EM there is the evaluation command's at each
+checkpoint, the scorer of the SFT arm's; without it, the trainer's running evaluation every
+`--val-every` steps, whose scores differ from the command's by about a question in 40
+(`time_to_gain_by`).
 
-It prints each seed's row, the mean, the median and the worst seed, and writes JSON and a PNG
-into the workdir (default runs/rl_vs_sft/kb<K>), and for each seed `seed<S>/per_question.json`:
-every model's EM on each report question, by id, and every checkpoint's running-evaluation EM
-(`per_question`). A re-run with the same workdir reuses every finished stage (so it writes those
-files for a finished run too), and refuses a workdir made with other settings (its settings.json).
-Extra `key=value` arguments override the GRPO config (veRL names).
+It prints each cell's row and the summary over cells, and writes JSON and a PNG (the KB's workdir,
+default runs/rl_vs_sft/kb<K>, <kind>_kb<K> for another kind; with several KB seeds each KB has its
+own and the whole run's go to --workdir, default runs/rl_vs_sft/<kind>_kbs<K1>_<K2>...), and for
+each cell `seed<S>/per_question.json` in its KB's workdir: every model's EM on each report
+question, by id, and every checkpoint's running-evaluation EM. A re-run with the same workdir
+reuses every finished stage (an arm added later runs alone), and refuses a workdir made with
+other settings (its settings.json). Extra `key=value` arguments override the GRPO config of both
+RL arms (veRL names).
 
-Seeds run in several sittings (or on several hosts of one kind) count together:
+Cells run in several sittings (or on several hosts of one kind) count together:
 
     python benchmarks/rl_vs_sft.py --kb-seed 101 --seeds 3 --with runs/rl_vs_sft/kb101/rl_vs_sft.json
 
 runs seed 3 and reports it beside the rows of the earlier run's JSON; an earlier file made with
-other settings, on another host kind or holding one of `--seeds` is refused before anything runs.
-Each row keeps its own hardware line.
+other settings (one from before the clock counted every second among them), on another host kind
+or holding one of this run's cells is refused before anything runs. Each row keeps its own
+hardware line.
 
 Choosing `--start-steps` (a design decision: make it on the dev KB, seed 0):
 
@@ -84,25 +102,48 @@ offline_env()
 
 from agent_rl.demo import stages  # noqa: E402
 from agent_rl.demo.stages import Workdir  # noqa: E402
-from benchmarks.rl_vs_sft_tables import curve_plot, curve_table, plot, summary, table  # noqa: E402
+from benchmarks.rl_vs_sft_tables import (ARMS, PAIRS, RL_ARMS, curve_plot, curve_table, pair_name, plot,  # noqa: E402
+                                         summary, table)
 
-DEV_KB_SEED = 0
-"""The knowledge base every design decision of the demo's recipe was tuned on: never report on it."""
+DEV_KB_SEEDS = {"standard": 0, "lookalike": 7}
+"""Each KB kind's knowledge base every design decision was tuned on (the lookalike kind's is
+benchmarks/kb_headroom.py's DEV_KB_SEED): never report on it."""
+DEV_KB_SEED = DEV_KB_SEEDS["standard"]
 
 START_STEPS = {True: 60, False: 60}
 """The start SFT's steps by whether bf16 is native (`--start-steps` overrides), each chosen on the
 dev KB from its host kind's start curve, two seeds: the smallest checkpoint after which the mean
 EM rises by no more than 2 points (docs/real_data.md). fp32 used 44 before its curve ran."""
 
-SETTINGS = {"shared": ("kb_seed", "demos", "demo_args", "eval_limit", "val_n"),
-            "arms": ("start_steps", "minutes", "val_every", "overrides", "best_of_val", "sft_val_every"),
+CLOCK = "every second"
+"""What an arm's minutes count (settings.json's `clock`): every second from its first step."""
+CLOCK_OVERRIDE = "trainer.max_time_counts=all"
+"""CLOCK in every arm's command, SFT's and RL's (agent_rl/training/run.py)."""
+
+SETTINGS = {"shared": ("kb_seed", "kb_kind", "demos", "demo_args", "eval_limit", "val_n"),
+            "arms": ("start_steps", "minutes", "clock", "val_every", "overrides", "best_of_val", "sft_val_every",
+                     "sft_lr", "sft_epochs", "rft_lr"),
             "curve": ("start_curve",)}
-"""What a workdir's finished stages depend on, by mode: a re-run may reuse them only under the same."""
+"""What a workdir's finished stages depend on, by mode: a re-run may reuse them only under the same.
+Which arms run is not among them: an arm's stages do not depend on the others'."""
+LEGACY = {"kb_kind": "standard", "clock": "training steps", "sft_lr": None, "sft_epochs": None, "rft_lr": None}
+"""What a workdir or JSON written before a setting existed ran with (the clock then counted the
+training steps only): compared as if it had recorded it."""
 
-
-MERGED = SETTINGS["shared"] + SETTINGS["arms"]
+MERGED = tuple(k for k in SETTINGS["shared"] + SETTINGS["arms"] if k != "kb_seed")
 """The settings an earlier run's rows must share to count with this run's (`--with`): those its
-arms depend on, each checked where the file records it (older files lack demos, val_n, val_every)."""
+arms depend on but the KB seed (cells of other KBs count together), each checked where the file
+records it or its group (LEGACY; older files lack demos, val_n, val_every)."""
+
+
+def recorded(before: dict, keys: tuple[str, ...]) -> dict:
+    """The values of `keys` a settings file (or a run's JSON) records: what it holds, and where it
+    holds a setting of a group (SETTINGS) written before another of it existed, that one's LEGACY."""
+    out = {}
+    for group in SETTINGS.values():
+        if any(k in before for k in group):
+            out.update({k: before.get(k, LEGACY.get(k)) for k in group if k in before or k in LEGACY})
+    return {k: v for k, v in out.items() if k in keys}
 
 
 def host_kind_of(host: str) -> str:
@@ -114,25 +155,26 @@ def host_kind_of(host: str) -> str:
 
 
 def earlier_rows(paths: list[str], args, kind: str) -> list[dict]:
-    """The rows of earlier runs' JSON (`--with`), each with the hardware line it ran under: only
-    from runs of the same settings (MERGED) on this host kind, and none of a seed given twice;
-    otherwise a SystemExit naming what differs, before anything runs."""
+    """The rows of earlier runs' JSON (`--with`), each with its KB seed and the hardware line it ran
+    under: only from runs of the same settings (MERGED) on this host kind, and none of a cell (KB
+    seed, seed) given twice; otherwise a SystemExit naming what differs, before anything runs."""
     rows: list[dict] = []
-    seen = set(args.seeds)
+    seen = {(k, s) for k in args.kb_seed for s in args.seeds}
     for p in paths:
         e = json.loads(Path(p).read_text())
-        differ = [f"{k} {e[k]!r} there, {getattr(args, k)!r} here" for k in MERGED
-                  if k in e and e[k] != getattr(args, k)]
+        differ = [f"{k} {v!r} there, {getattr(args, k)!r} here" for k, v in recorded(e, MERGED).items()
+                  if v != getattr(args, k)]
         if host_kind_of(e["host"]) != kind:
             differ.append(f"host kind {host_kind_of(e['host'])!r} there, {kind!r} here")
         if differ:
             raise SystemExit(f"rl_vs_sft: --with {p} was made with other settings ({', '.join(differ)})")
         for r in e["rows"]:
-            if r["seed"] in seen:
-                raise SystemExit(f"rl_vs_sft: seed {r['seed']} of --with {p} is counted twice "
-                                 "(in --seeds or in another --with file)")
-            seen.add(r["seed"])
-            rows.append({**r, "host": r.get("host", e["host"])})
+            cell = (r.get("kb_seed", e.get("kb_seed")), r["seed"])
+            if cell in seen:
+                raise SystemExit(f"rl_vs_sft: KB {cell[0]} seed {cell[1]} of --with {p} is counted twice "
+                                 "(in this run's cells or in another --with file)")
+            seen.add(cell)
+            rows.append({**r, "kb_seed": cell[0], "host": r.get("host", e["host"])})
     return rows
 
 
@@ -144,19 +186,39 @@ def default_start_steps() -> int:
 
 def check_settings(work: Path, args) -> None:
     """A re-run reuses every finished stage, so it must ask for what made them: a workdir made
-    with other settings (another start, other minutes, another KB) is refused, naming them,
-    before anything runs; its files are left as they are. The first run records its settings."""
+    with other settings (another start, other minutes, another KB, another clock) is refused,
+    naming them, before anything runs; its files are left as they are. The first run records its
+    settings. `args.kb_seed`: the workdir's one KB seed."""
     keys = SETTINGS["shared"] + SETTINGS["curve" if args.start_curve else "arms"]
     now = {k: getattr(args, k) for k in keys}
     f = work / "settings.json"
     before = json.loads(f.read_text()) if f.exists() else {}
-    differ = {k: (before[k], v) for k, v in now.items() if k in before and before[k] != v}
+    differ = {k: (v, now[k]) for k, v in recorded(before, keys).items() if v != now[k]}
     if differ:
         said = ", ".join(f"{k} {a!r} there, {b!r} asked" for k, (a, b) in differ.items())
         raise SystemExit(f"rl_vs_sft: {work} holds stages made with other settings ({said}); "
                          "give another --workdir (or the same settings to go on)")
     work.mkdir(parents=True, exist_ok=True)
     f.write_text(json.dumps({**before, **now}, indent=1) + "\n")
+
+
+def kb_workdir(args, kb_seed: int) -> Path:
+    """KB `kb_seed`'s workdir (its model, KB, index, demonstrations, cells): `--workdir` itself
+    with one KB seed, `--workdir`/<name> with several, else runs/rl_vs_sft/<name>; the name is
+    kb<K>, or <kind>_kb<K> for a kind other than standard."""
+    name = f"kb{kb_seed}" if args.kb_kind == "standard" else f"{args.kb_kind}_kb{kb_seed}"
+    if args.workdir is None:
+        return (ROOT / "runs" / "rl_vs_sft" / name).resolve()
+    return Path(args.workdir).resolve() / ("" if len(args.kb_seed) == 1 else name)
+
+
+def out_dir(args) -> Path:
+    """Where the run's table, JSON, plot and record go: its one KB's workdir, or with several KB
+    seeds `--workdir` (default runs/rl_vs_sft/<kind>_kbs<K1>_<K2>...)."""
+    if len(args.kb_seed) == 1:
+        return kb_workdir(args, args.kb_seed[0])
+    name = f"{args.kb_kind}_kbs" + "_".join(map(str, args.kb_seed))
+    return Path(args.workdir).resolve() if args.workdir else (ROOT / "runs" / "rl_vs_sft" / name).resolve()
 
 
 def run(cmd: list | Callable[[], list], what: str, done: Path) -> None:
@@ -193,11 +255,14 @@ def evaluate(w: Workdir, model: Path, data: Path, url: str, out: Path, limit: in
     return out
 
 
-def sft(w: Workdir, out: Path, seed: int, steps: int, max_time_s: float, model: Path, save_every: int = 0) -> Path:
-    """`save_every` > 0: a checkpoint every that many steps, all kept (the start curve)."""
+def sft(w: Workdir, out: Path, seed: int, steps: int, max_time_s: float, model: Path, save_every: int = 0,
+        demos: Path | None = None, extra: list[str] = ()) -> Path:
+    """SFT from `model` on `demos` (default the workdir's); `save_every` > 0: a checkpoint every
+    that many steps, all kept (the start curve, best checkpoints); `extra`: overrides after the
+    stage's own (an arm's clock, lr, epochs)."""
     keep = [f"trainer.save_freq={save_every}", "trainer.max_ckpt_to_keep=null"] if save_every else []
-    run(stages.sft(w.demos, model, out, steps, max_time_s, seed=seed) + keep, f"SFT -> {out.parent.name}/{out.name}",
-        done=out / "model" / "config.json")
+    run(stages.sft(demos or w.demos, model, out, steps, max_time_s, seed=seed) + keep + list(extra),
+        f"SFT -> {out.parent.name}/{out.name}", done=out / "model" / "config.json")
     return out / "model"
 
 
@@ -220,18 +285,57 @@ def start_curve(w: Workdir, d: Path, seed: int, every: int, steps: int, rep: Pat
     return points
 
 
-def grpo(w: Workdir, start: Path, val: Path, url: str, out: Path, seed: int, args) -> Path:
-    """The GRPO arm; returns its run directory (evaluated from its newest checkpoint)."""
-    over = [f"data.val_files=[{val}]", f"data.val_data_num={args.val_n}", f"data.seed={seed}",
-            f"actor_rollout_ref.rollout.seed={seed}", f"trainer.test_freq={args.val_every}",
-            "trainer.val_before_train=true",
-            *([f"trainer.save_freq={args.val_every}", "trainer.max_ckpt_to_keep=null"] if args.best_of_val else []),
-            *args.overrides]
-    done = out / "finished.json"
-    run(stages.grpo(w, start, url, 60 * args.minutes, run_dir=out, overrides=over),
-        f"GRPO -> {out.parent.name}/{out.name} ({args.minutes:g} min)", done=done)
-    done.write_text(json.dumps({"minutes": args.minutes}) + "\n")
-    return out
+# ----------------------------------------------------------------------------- the arms
+def sft_lr(args) -> list[str]:
+    """The sft_more arm's lr (also its replay at GRPO's minutes: the same steps)."""
+    return [] if args.sft_lr is None else [f"actor_rollout_ref.actor.optim.lr={args.sft_lr}"]
+
+
+def arm_settings(arm: str, args) -> list[str]:
+    """What an arm's command adds after its stage's own (and, for RL arms, after the user's
+    overrides, so no override changes one arm alone): the clock, then the arm's settings."""
+    if arm == "sft_more":
+        epochs = ["trainer.total_training_steps=null", f"trainer.total_epochs={args.sft_epochs}"] if args.sft_epochs else []
+        return [CLOCK_OVERRIDE, *sft_lr(args), *epochs]
+    if arm == "rft":
+        lr = [] if args.rft_lr is None else [f"actor_rollout_ref.actor.optim.lr={args.rft_lr}"]
+        return [CLOCK_OVERRIDE, "algorithm.adv_estimator=rejection_sampling", *lr]
+    return [CLOCK_OVERRIDE]
+
+
+def arm_stage(w: Workdir, arm: str, start: Path, val: Path, url: str, d: Path, seed: int, args,
+              demos_all: Path | None = None) -> tuple[list, Path, Path]:
+    """An arm's command from the cell's start, the file that says it finished, and what its
+    evaluation reads (a model, or an RL run directory: its newest checkpoint). The SFT arms train
+    with seed 1000 + seed (another order than the start's; SFT at GRPO's minutes replays it)."""
+    out = d / arm
+    budget = 60 * args.minutes
+    if arm in RL_ARMS:
+        over = [f"data.val_files=[{val}]", f"data.val_data_num={args.val_n}", f"data.seed={seed}",
+                f"actor_rollout_ref.rollout.seed={seed}", f"trainer.test_freq={args.val_every}",
+                "trainer.val_before_train=true",
+                *([f"trainer.save_freq={args.val_every}", "trainer.max_ckpt_to_keep=null"] if args.best_of_val else []),
+                *args.overrides, *arm_settings(arm, args)]
+        return stages.grpo(w, start, url, budget, run_dir=out, overrides=over), out / "finished.json", out
+    keep = [f"trainer.save_freq={args.sft_val_every}", "trainer.max_ckpt_to_keep=null"] if args.best_of_val else []
+    demos = demos_all if arm == "sft_all" else w.demos
+    cmd = stages.sft(demos, start, out, 1_000_000, budget, seed=1000 + seed) + keep + arm_settings(arm, args)
+    return cmd, out / "model" / "config.json", out / "model"
+
+
+def run_arm(w: Workdir, arm: str, start: Path, val: Path, url: str, d: Path, seed: int, args,
+            demos_all: Path | None = None) -> Path:
+    """Train an arm (unless it finished earlier); returns what its evaluation reads."""
+    cmd, done, model = arm_stage(w, arm, start, val, url, d, seed, args, demos_all)
+    run(cmd, f"{arm} -> {d.name}/{arm} ({args.minutes:g} min)", done=done)
+    if arm in RL_ARMS:
+        done.write_text(json.dumps({"minutes": args.minutes}) + "\n")
+    return model
+
+
+def matched_ran(arms) -> bool:
+    """Whether a cell has SFT at GRPO's minutes (it replays the SFT arm to GRPO's minutes)."""
+    return "sft_more" in arms and "grpo" in arms
 
 
 def step_times(run_dir: Path) -> dict[int, float]:
@@ -302,9 +406,9 @@ def checkpoint_steps(run_dir: Path) -> list[int]:
 
 def best_checkpoint(w: Workdir, d: Path, arm: str, val: Path, rep: Path, url: str, args,
                     known: dict[int, tuple[Path | None, Path | None]]) -> dict:
-    """The arm's (`sft_more` or `grpo`) checkpoints and the start (step 0) scored on the running-
-    evaluation questions, the best (`best_step`) on the report questions. `known`: step ->
-    (its evaluation on the val questions, on the report questions) already made, either None."""
+    """The arm's checkpoints and the start (step 0) scored on the running-evaluation questions,
+    the best (`best_step`) on the report questions. `known`: step -> (its evaluation on the val
+    questions, on the report questions) already made, either None."""
     run_dir = d / arm
     steps = checkpoint_steps(run_dir)
     if not steps:
@@ -322,33 +426,89 @@ def best_checkpoint(w: Workdir, d: Path, arm: str, val: Path, rep: Path, url: st
     return {"step": k, "minutes": step_times(run_dir).get(k, 0.0), "val_em": em, "val_points": points, "eval": str(rep_dir)}
 
 
-def best_row(d: Path, kinds: dict[str, str], sft: dict, grpo: dict) -> dict:
-    """Each arm's best checkpoint (`best_checkpoint`) and the paired differences on the report
-    questions: GRPO's best - SFT's best, and each from the start."""
+def pairs_of(evals: dict[str, Path], kinds: dict[str, str]) -> tuple[dict, dict]:
+    """(the PAIRS differences between the arms in `evals`, each arm's difference from the start):
+    paired over the report questions, first minus second."""
     from agent_rl.evaluation import report
 
-    A = report.ALL
-    vs = report.paired_comparison(sft["eval"], grpo["eval"], group_of=kinds)
-    return {"sft": {**sft, "em": vs["a"][A]["em"]}, "grpo": {**grpo, "em": vs["b"][A]["em"]},
-            "grpo_minus_sft": vs["diff"][A],
-            "sft_minus_start": report.paired_comparison(d / "eval_start", sft["eval"], group_of=kinds)["diff"][A],
-            "grpo_minus_start": report.paired_comparison(d / "eval_start", grpo["eval"], group_of=kinds)["diff"][A]}
+    def minus(a: str, b: str) -> dict:
+        return report.paired_comparison(evals[b], evals[a], group_of=kinds)["diff"][report.ALL]
+
+    return ({pair_name(a, b): minus(a, b) for a, b in PAIRS if a in evals and b in evals},
+            {arm: minus(arm, "start") for arm in evals if arm != "start"})
 
 
-EVALS = ("eval_start", "eval_sft_more", "eval_sft_matched", "eval_grpo")
-"""A seed's four evaluation folders: the start, SFT more, SFT at GRPO's minutes, GRPO."""
+def best_row(d: Path, kinds: dict[str, str], best: dict[str, dict]) -> dict:
+    """Each arm's best checkpoint (`best_checkpoint`) with its agent EM on the report questions,
+    and the paired differences between them (PAIRS) and from the start."""
+    pairs, minus_start = pairs_of({"start": d / "eval_start", **{a: Path(b["eval"]) for a, b in best.items()}}, kinds)
+    return {"arms": {a: {**b, "em": agent_em(Path(b["eval"]))} for a, b in best.items()},
+            "pairs": pairs, "minus_start": minus_start}
 
 
-def headroom(d: Path) -> dict:
-    """What any arm could reach on this seed's report questions: the share that at least one of
-    the four models (start, both SFT arms, GRPO) answered right, and the share where no model's
-    searches brought a gold answer into its context (Search-R1's retrieval hit), with those
-    questions' ids: the JSON keeps them, so their trajectories can be found (or rerun on the
-    KB regenerated from its seed) after the workdir is gone. A lead of GRPO over the SFT arm
-    beyond `any_right - em_sft_more` needs questions no model has answered."""
+# ----------------------------------------------------------------------------- the better strategy
+STRATEGIES = ("name only", "name + attribute")
+"""benchmarks/kb_headroom.py's scripted search strategies: the demonstrations' (the entity's name
+and what is asked) and the better one of the lookalike kind (with the attribute the question
+gives, which tells namesakes apart)."""
+BETTER = STRATEGIES[1]
+
+
+def query_strategy(query: str, question: dict) -> str | None:
+    """The strategy (STRATEGIES) a search `query` follows on a KB question (its row of the KB's
+    test.parquet), or None where that cannot be told. data_prep.synthetic exposes no classifier
+    of a query yet, so every query is None here and the tables say n/a; the classifier the KB
+    module exposes is what this calls once it exists."""
+    return None
+
+
+def search_queries(trajectory: str) -> list[str]:
+    """The queries an agent trajectory's text searched (Search-R1's <search> blocks: the benchmark's
+    protocol; tags inside an observation are neutralised, so only the model's own count)."""
+    from agent_rl.rollout.protocol import tag_blocks
+
+    return [q.strip() for _, q in tag_blocks(trajectory, "search")]
+
+
+def strategy_counts(eval_dir: Path, questions: dict[str, dict], kinds: dict[str, str]) -> dict[str, dict[str, int]]:
+    """{question kind and "all": {strategy, or "unknown": searches}} over an evaluation's agent
+    trajectories (their queries, `query_strategy` on each)."""
     from agent_rl.evaluation import report
 
-    recs = [report.records_by_question(d / e) for e in EVALS]
+    out: dict[str, dict[str, int]] = {}
+    for (_, qid), rec in sorted(report.records_by_question(eval_dir).items()):
+        for query in search_queries(rec.get("trajectory") or ""):
+            said = query_strategy(query, questions.get(str(qid), {})) or "unknown"
+            for g in (report.ALL, kinds.get(str(qid))):
+                if g is not None:
+                    out.setdefault(g, {})
+                    out[g][said] = out[g].get(said, 0) + 1
+    return out
+
+
+def better_share(counts: dict[str, int]) -> float | None:
+    """The share of the searches told apart that follow the better strategy; None (n/a) when none was."""
+    told = sum(counts.get(s, 0) for s in STRATEGIES)
+    return counts.get(BETTER, 0) / told if told else None
+
+
+# ----------------------------------------------------------------------------- a cell's numbers
+def models_of(d: Path, arms) -> dict[str, Path]:
+    """A cell's evaluations on the report questions by model: the start, each arm, and SFT at
+    GRPO's minutes where it ran."""
+    return {m: d / f"eval_{m}" for m in ("start", *arms, *(["sft_matched"] if matched_ran(arms) else []))}
+
+
+def headroom(evals: list[Path]) -> dict:
+    """What any arm could reach on a cell's report questions: the share that at least one of the
+    models evaluated answered right, and the share where no model's searches brought a gold answer
+    into its context (Search-R1's retrieval hit), with those questions' ids: the JSON keeps them,
+    so their trajectories can be found (or rerun on the KB regenerated from its seed) after the
+    workdir is gone. A lead of one arm over another beyond `any_right` minus the other's EM needs
+    questions no model has answered."""
+    from agent_rl.evaluation import report
+
+    recs = [report.records_by_question(e) for e in evals]
     common = set.intersection(*(set(r) for r in recs))
     n = max(len(common), 1)
     missed = sorted(k for k in common if not any(r[k].get("retrieval_hit") for r in recs))
@@ -357,18 +517,16 @@ def headroom(d: Path) -> dict:
 
 
 def per_question(d: Path, kinds: dict[str, str], row: dict) -> dict:
-    """A seed's models question by question on the report questions (the benchmark's JSON keeps
+    """A cell's models question by question on the report questions (the benchmark's JSON keeps
     only their summaries): each model's agent EM and searches per question overall, EM by question
     kind and each question's EM by id; with `--best-of-val` also each arm's best checkpoint and
-    every checkpoint's running-evaluation EM (the evaluation command's, and GRPO's trainer's),
+    every checkpoint's running-evaluation EM (the evaluation command's, and the RL arms' trainer's),
     so a reader can see which questions moved and how the checkpoints were chosen. EM in points."""
     from agent_rl.evaluation import report
 
-    models = dict(zip(("start", "sft_more", "sft_matched", "grpo"), (d / e for e in EVALS)))
-    best = row.get("best_checkpoints")
-    if best:
-        models[f"sft_best_step_{best['sft']['step']}"] = Path(best["sft"]["eval"])
-        models[f"grpo_best_step_{best['grpo']['step']}"] = Path(best["grpo"]["eval"])
+    models = models_of(d, row["arms"])
+    best = row.get("best_checkpoints", {}).get("arms", {})
+    models.update({f"{arm}_best_step_{b['step']}": Path(b["eval"]) for arm, b in best.items()})
 
     def scored(e: Path) -> dict:
         g = report.grouped_stats(e, group_of=kinds)
@@ -376,172 +534,229 @@ def per_question(d: Path, kinds: dict[str, str], row: dict) -> dict:
                 "by_kind": {k: round(100 * v["em"], 1) for k, v in sorted(g.items()) if k != report.ALL},
                 "em_by_id": {str(i): float(r["em"]) for (_, i), r in report.records_by_question(e).items()}}
 
-    running = {"grpo_trainer_validation": {str(k): em for k, _, em in row["val_points"]}}
-    if best:
-        running = {"sft_more": {str(k): em for k, em in best["sft"]["val_points"]},
-                   "grpo": {str(k): em for k, em in best["grpo"]["val_points"]}, **running}
-    return {"seed": row["seed"], "running_evaluation": running, "models": {m: scored(e) for m, e in models.items()}}
+    running = {f"{arm}_trainer_validation": {str(k): em for k, _, em in points}
+               for arm, points in row.get("val_points", {}).items()}
+    running = {**{arm: {str(k): em for k, em in b["val_points"]} for arm, b in best.items()}, **running}
+    return {"kb_seed": row["kb_seed"], "seed": row["seed"], "running_evaluation": running,
+            "models": {m: scored(e) for m, e in models.items()}}
 
 
-def seed_row(s: int, d: Path, kinds: dict[str, str], gain: float) -> dict:
-    """One seed's numbers from what its stages left in `d`."""
+def seed_row(kb_seed: int, s: int, d: Path, arms, kinds: dict[str, str], questions: dict[str, dict],
+             gain: float) -> dict:
+    """One cell's numbers from what its stages left in `d`: per model (the start, each arm, SFT
+    at GRPO's minutes) agent EM, searches per question and the better strategy's share, overall and
+    by question kind, and strict format; per arm its steps and minutes; the paired differences
+    (PAIRS) and each arm's from the start; SFT at GRPO's minutes; each RL arm's running
+    evaluation and time to gain over the SFT arm; the headroom."""
     from agent_rl.evaluation import report
     from benchmarks.learning import time_to_gain
 
-    start, more, matched, rl = (d / e for e in EVALS)
-    vs_sft = report.paired_comparison(more, rl, group_of=kinds)
-    vs_matched = report.paired_comparison(matched, rl, group_of=kinds)
-    vs_start = report.paired_comparison(start, rl, group_of=kinds)
-    sft_gain = report.paired_comparison(start, more, group_of=kinds)
     A = report.ALL
-    val_sft_more = agent_em(d / "val_sft_more")
-    ttg = time_to_gain(d / "grpo", 0.0)
-    (sft_steps, sft_min), (rl_steps, rl_min) = trained(d / "sft_more"), trained(d / "grpo")
-    k, k_min = matched_steps(d / "sft_more", d / "grpo")
-    return {
-        "seed": s, "n": vs_sft["n"],
-        "em_start": vs_start["a"][A]["em"], "em_sft_more": vs_sft["a"][A]["em"], "em_grpo": vs_sft["b"][A]["em"],
-        "grpo_minus_sft": vs_sft["diff"][A], "grpo_minus_start": vs_start["diff"][A], "sft_more_minus_start": sft_gain["diff"][A],
-        "by_kind": {g: {"start": vs_start["a"][g]["em"], "sft_more": vs_sft["a"][g]["em"], "grpo": vs_sft["b"][g]["em"],
-                        "n": vs_sft["a"][g]["n"]} for g in vs_sft["groups"] if g != A},
-        "searches": {"start": vs_start["a"][A]["searches_mean"], "sft_more": vs_sft["a"][A]["searches_mean"],
-                     "grpo": vs_sft["b"][A]["searches_mean"]},
-        "strict_format": {"start": 1 - vs_start["a"][A]["invalid_format_rate"],
-                          "sft_more": 1 - vs_sft["a"][A]["invalid_format_rate"],
-                          "grpo": 1 - vs_sft["b"][A]["invalid_format_rate"]},
-        "sft_more_steps": sft_steps, "sft_more_minutes": sft_min, "grpo_steps": rl_steps, "grpo_minutes": rl_min,
-        "em_sft_matched": vs_matched["a"][A]["em"], "grpo_minus_sft_matched": vs_matched["diff"][A],
-        "sft_matched_steps": k, "sft_matched_minutes": k_min,
-        "sft_matched_loss_gap": same_steps_gap(d / "sft_more", d / "sft_matched", k),
-        "val_em_sft_more": val_sft_more, "val_points": ttg["val_points"],
-        "time_to_gain_min": minutes_to(ttg["val_points"], val_sft_more + gain),
-        "time_to_gain_by": "trainer validation",
-        "headroom": headroom(d),
+    evals = models_of(d, arms)
+    st = {m: report.grouped_stats(e, "agent", kinds) for m, e in evals.items()}
+    shares = {m: {g: better_share(c) for g, c in strategy_counts(e, questions, kinds).items()} for m, e in evals.items()}
+    pairs, minus_start = pairs_of({m: e for m, e in evals.items() if m != "sft_matched"}, kinds)
+    row = {
+        "kb_seed": kb_seed, "seed": s, "n": st["start"][A]["n"], "arms": list(arms),
+        "em": {m: x[A]["em"] for m, x in st.items()},
+        "searches": {m: x[A]["searches_mean"] for m, x in st.items()},
+        "strict_format": {m: 1 - x[A]["invalid_format_rate"] for m, x in st.items()},
+        "better_strategy": shares,
+        "by_kind": {g: {"n": st["start"][g]["n"], "em": {m: x[g]["em"] for m, x in st.items() if g in x},
+                        "searches": {m: x[g]["searches_mean"] for m, x in st.items() if g in x}}
+                    for g in sorted(st["start"]) if g != A},
+        "steps": {}, "minutes": {}, "pairs": pairs, "minus_start": minus_start,
+        "headroom": headroom(list(evals.values())),
     }
+    for arm in arms:
+        row["steps"][arm], row["minutes"][arm] = trained(d / arm)
+    if matched_ran(arms):
+        k, k_min = matched_steps(d / "sft_more", d / "grpo")
+        row["sft_matched"] = {"steps": k, "minutes": k_min, "loss_gap": same_steps_gap(d / "sft_more", d / "sft_matched", k),
+                              "grpo_minus": report.paired_comparison(evals["sft_matched"], evals["grpo"],
+                                                                     group_of=kinds)["diff"][A]}
+    rl = [a for a in arms if a in RL_ARMS]
+    row["val_points"] = {a: time_to_gain(d / a, 0.0)["val_points"] for a in rl}
+    if "sft_more" in arms:
+        row["val_em_sft_more"] = agent_em(d / "val_sft_more")
+        row["time_to_gain_min"] = {a: minutes_to(row["val_points"][a], row["val_em_sft_more"] + gain) for a in rl}
+        row["time_to_gain_by"] = "trainer validation"
+    return row
+
+
+def run_cell(w: Workdir, d: Path, kb_seed: int, s: int, val: Path, rep: Path, url: str, kinds: dict[str, str],
+             questions: dict[str, dict], args, demos_all: Path | None, host: str) -> dict:
+    """One cell (KB `kb_seed`, seed `s`): its start, every arm from it, their evaluations; its row
+    (and `d`/per_question.json), with the hardware line it ran under."""
+    start = sft(w, d / "start", s, args.start_steps, 24 * 3600, w.model)
+    evaluate(w, start, rep, url, d / "eval_start", args.eval_limit)
+    for arm in args.arms:
+        model = run_arm(w, arm, start, val, url, d, s, args, demos_all)
+        evaluate(w, model, rep, url, d / f"eval_{arm}", args.eval_limit)
+    if "sft_more" in args.arms:
+        evaluate(w, d / "sft_more" / "model", val, url, d / "val_sft_more", args.val_n)
+    if matched_ran(args.arms):
+        k, _ = matched_steps(d / "sft_more", d / "grpo")  # the same SFT run, k steps: by count, not clock
+        matched = sft(w, d / "sft_matched", 1000 + s, k, 24 * 3600, start, extra=sft_lr(args)) if k else start
+        evaluate(w, matched, rep, url, d / "eval_sft_matched", args.eval_limit)
+    row = seed_row(kb_seed, s, d, args.arms, kinds, questions, args.gain)
+    if args.best_of_val:
+        evaluate(w, start, val, url, d / "val_start", args.val_n)
+        first = {0: (d / "val_start", d / "eval_start")}
+        best = {arm: best_checkpoint(w, d, arm, val, rep, url, args, {
+            **first, row["steps"][arm]: (d / "val_sft_more" if arm == "sft_more" else None, d / f"eval_{arm}")})
+            for arm in args.arms}
+        row["best_checkpoints"] = best_row(d, kinds, best)
+        if "sft_more" in args.arms:
+            row["time_to_gain_min"] = {arm: checkpoint_time_to_gain(d / arm, best[arm]["val_points"],
+                                                                    row["val_em_sft_more"] + args.gain)
+                                       for arm in args.arms if arm in RL_ARMS}
+            row["time_to_gain_by"] = "evaluation command"
+    (d / "per_question.json").write_text(json.dumps({"host": host, **per_question(d, kinds, row)}, indent=1) + "\n")
+    return {**row, "host": host}
+
+
+def run_kb(kb_seed: int, args, host: str) -> list[dict]:
+    """Every cell of one KB (its workdir's settings checked): the workdir's model, KB,
+    demonstrations (and every training question's with sft_all), then each seed's cell."""
+    import pandas as pd
+
+    from benchmarks.kb_server import serve_index
+
+    work = kb_workdir(args, kb_seed)
+    w = Workdir(work)
+    run(stages.prepare_model(w), "prepare the embedded policy", done=w.model / ".complete")
+    kind = [] if args.kb_kind == "standard" else ["--kind", args.kb_kind]
+    run(stages.knowledge_base(w, kb_seed) + kind, f"knowledge base seed {kb_seed} ({args.kb_kind})",
+        done=w.kb / "test.parquet")
+    val, rep = split_test(w.kb, args.val_n)
+    kb_test = pd.read_parquet(w.kb / "test.parquet")
+    kinds = dict(zip(kb_test["id"].astype(str), kb_test["kind"].astype(str)))
+    questions = {str(r["id"]): r for r in kb_test.to_dict("records")}
+    rows = []
+    with serve_index(w.index, w.kb / "corpus.jsonl", log_path=work / "retriever.log") as url:
+        run(stages.demonstrations(w, url, args.demos, args.demo_args.split()), "grounded demonstrations", done=w.demos)
+        if args.start_curve:
+            curves(w, work, args, kb_seed, rep, url, kinds, host)
+            return []
+        w_all = Workdir(work, variant="_all")  # demonstrations of every training question: demos/kb_train_all.parquet
+        if "sft_all" in args.arms:
+            n_train = len(pd.read_parquet(w.kb / "train.parquet", columns=["id"]))
+            run(stages.demonstrations(w_all, url, n_train, args.demo_args.split()),
+                f"grounded demonstrations of all {n_train} training questions", done=w_all.demos)
+        for s in args.seeds:
+            rows.append(run_cell(w, work / f"seed{s}", kb_seed, s, val, rep, url, kinds, questions, args,
+                                 w_all.demos, host))
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--kb-seed", type=int, default=101, help="knowledge base seed (not DEV_KB_SEED=0; default 101)")
+    ap.add_argument("--kb-seed", type=int, nargs="+", default=[101],
+                    help="knowledge base seed(s); every --seeds runs on each (cells = KB x seed); not the kind's "
+                         "dev KB (DEV_KB_SEEDS); default 101")
+    ap.add_argument("--kb-kind", default="standard",
+                    help="knowledge base kind, passed to `agent-rl-prep synthetic --kind` (default standard; "
+                         "lookalike: the kind with room above imitation, benchmarks/kb_headroom.py)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="SFT, data order and sampling seeds")
+    ap.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS),
+                    help="the arms each cell runs from its start (default all: sft_more rft grpo sft_all)")
     ap.add_argument("--start-steps", type=int, default=None,
                     help="steps of the start SFT (default 60 on both host kinds, chosen per kind on the dev KB; START_STEPS)")
-    ap.add_argument("--minutes", type=float, default=10.0, help="training minutes of each arm (default 10)")
+    ap.add_argument("--minutes", type=float, default=10.0,
+                    help="minutes of each arm, every second from its first step counted (default 10)")
+    ap.add_argument("--sft-lr", type=float, default=None,
+                    help="the sft_more arm's learning rate (default: the SFT config's, configs/sft/demo_cpu.yaml)")
+    ap.add_argument("--sft-epochs", type=int, default=None,
+                    help="the sft_more arm's epochs over the demonstrations (default: until its minutes end)")
+    ap.add_argument("--rft-lr", type=float, default=None,
+                    help="the rft arm's learning rate (default: the GRPO config's, or the lr of the key=value overrides)")
     ap.add_argument("--demos", type=int, default=1500, help="training questions to build demonstrations from")
     ap.add_argument("--eval-limit", type=int, default=200, help="held-out questions of the report (seeded sample)")
     ap.add_argument("--val-n", type=int, default=50, help="held-out questions of the running evaluation (kept apart)")
-    ap.add_argument("--val-every", type=int, default=2, help="GRPO steps between running evaluations")
+    ap.add_argument("--val-every", type=int, default=2, help="RL arms' steps between running evaluations")
     ap.add_argument("--best-of-val", action="store_true",
                     help="also compare each arm's best checkpoint by the running-evaluation questions")
     ap.add_argument("--sft-val-every", type=int, default=10,
-                    help="with --best-of-val: SFT arm steps between its checkpoints (default 10)")
+                    help="with --best-of-val: SFT arms' steps between their checkpoints (default 10)")
     ap.add_argument("--gain", type=float, default=0.05, help="the lead over the SFT arm that time to gain waits for")
     ap.add_argument("--demo-args", default="", help="extra arguments of `agent-rl-prep demos` (quoted), e.g. the wording")
-    ap.add_argument("--workdir", default=None, help="default runs/rl_vs_sft/kb<K>")
+    ap.add_argument("--workdir", default=None,
+                    help="the KB's workdir (default runs/rl_vs_sft/kb<K>); with several KB seeds, the folder of "
+                         "theirs and of the run's results")
     ap.add_argument("--json", default=None, help="write the result here too")
     ap.add_argument("--start-curve", type=int, nargs=2, metavar=("EVERY", "STEPS"), default=None,
                     help="instead of the arms: each seed's start SFT to STEPS, evaluated every EVERY steps "
                          "(choose --start-steps with it, on the dev KB)")
     ap.add_argument("--with", dest="with_json", nargs="+", default=[], metavar="JSON",
-                    help="count the rows of earlier runs' rl_vs_sft.json too (other seeds, same settings "
+                    help="count the rows of earlier runs' rl_vs_sft.json too (other cells, same settings "
                          "and host kind)")
-    ap.add_argument("overrides", nargs="*", help="GRPO config overrides, key=value")
+    ap.add_argument("overrides", nargs="*", help="GRPO config overrides of both RL arms, key=value")
     records.add_args(ap)
     args = ap.parse_args(argv)
     if args.start_steps is None:
         args.start_steps = default_start_steps()
     if args.start_curve and (args.start_curve[0] < 1 or args.start_curve[1] < args.start_curve[0]):
         ap.error("--start-curve EVERY STEPS: 1 <= EVERY <= STEPS")
+    if args.start_curve and len(args.kb_seed) > 1:
+        ap.error("--start-curve runs on one --kb-seed (the dev KB)")
     if args.sft_val_every < 1:
         ap.error("--sft-val-every: at least 1")
+    if args.sft_epochs is not None and args.sft_epochs < 1:
+        ap.error("--sft-epochs: at least 1")
     if args.start_curve and args.with_json:
         ap.error("--with counts earlier arms' rows; the start curve has none")
-    if args.kb_seed == DEV_KB_SEED and not args.start_curve:
-        print(f"rl_vs_sft: KB seed {DEV_KB_SEED} is the dev KB the recipe was tuned on; report on another "
-              "(its numbers would not be a result)", file=sys.stderr)
-    from benchmarks.kb_server import serve_index
+    args.arms = [a for a in ARMS if a in args.arms]
+    args.kb_seed = list(dict.fromkeys(args.kb_seed))
+    args.clock = CLOCK
+    dev = DEV_KB_SEEDS.get(args.kb_kind)
+    if dev in args.kb_seed and not args.start_curve:
+        print(f"rl_vs_sft: KB seed {dev} is the {args.kb_kind} kind's dev KB the recipe was tuned on; report on "
+              "another (its numbers would not be a result)", file=sys.stderr)
     from data_prep.hardware import hardware_line
 
     host = hardware_line()
     earlier = earlier_rows(args.with_json, args, host_kind_of(host))
+    for k in args.kb_seed:  # every KB's workdir before anything runs
+        check_settings(kb_workdir(args, k), argparse.Namespace(**{**vars(args), "kb_seed": k}))
     stages.stop_on_sigterm()
-
-    work = Path(args.workdir or ROOT / "runs" / "rl_vs_sft" / f"kb{args.kb_seed}").resolve()
-    check_settings(work, args)
-    w = Workdir(work)
     t0 = time.time()
-    run(stages.prepare_model(w), "prepare the embedded policy", done=w.model / ".complete")
-    run(stages.knowledge_base(w, args.kb_seed), f"knowledge base seed {args.kb_seed}", done=w.kb / "test.parquet")
-    val, rep = split_test(w.kb, args.val_n)
-    import pandas as pd
-
-    kb_test = pd.read_parquet(w.kb / "test.parquet", columns=["id", "kind"])
-    kinds = dict(zip(kb_test["id"].astype(str), kb_test["kind"].astype(str)))
     rows = []
     try:
-        with serve_index(w.index, w.kb / "corpus.jsonl", log_path=work / "retriever.log") as url:
-            run(stages.demonstrations(w, url, args.demos, args.demo_args.split()), "grounded demonstrations",
-                done=w.demos)
-            if args.start_curve:
-                return curves(w, work, args, rep, url, kinds)
-            for s in args.seeds:
-                d = work / f"seed{s}"
-                start = sft(w, d / "start", s, args.start_steps, 24 * 3600, w.model)
-                evaluate(w, start, rep, url, d / "eval_start", args.eval_limit)
-                more_seed = 1000 + s  # the SFT arm and its replay at GRPO's minutes: one run
-                more = sft(w, d / "sft_more", more_seed, 1_000_000, 60 * args.minutes, start,
-                           save_every=args.sft_val_every if args.best_of_val else 0)
-                evaluate(w, more, rep, url, d / "eval_sft_more", args.eval_limit)
-                evaluate(w, more, val, url, d / "val_sft_more", args.val_n)
-                rl = grpo(w, start, val, url, d / "grpo", s, args)
-                evaluate(w, rl, rep, url, d / "eval_grpo", args.eval_limit)
-                k, _ = matched_steps(d / "sft_more", d / "grpo")  # the same SFT run, k steps: by count, not clock
-                matched = sft(w, d / "sft_matched", more_seed, k, 24 * 3600, start) if k else start
-                evaluate(w, matched, rep, url, d / "eval_sft_matched", args.eval_limit)
-                row = seed_row(s, d, kinds, args.gain)
-                if args.best_of_val:
-                    evaluate(w, start, val, url, d / "val_start", args.val_n)
-                    first = {0: (d / "val_start", d / "eval_start")}
-                    sft_best = best_checkpoint(w, d, "sft_more", val, rep, url, args,
-                                               {**first, row["sft_more_steps"]: (d / "val_sft_more", d / "eval_sft_more")})
-                    grpo_best = best_checkpoint(w, d, "grpo", val, rep, url, args,
-                                                {**first, row["grpo_steps"]: (None, d / "eval_grpo")})
-                    row["best_checkpoints"] = best_row(d, kinds, sft_best, grpo_best)
-                    row["time_to_gain_min"] = checkpoint_time_to_gain(d / "grpo", grpo_best["val_points"],
-                                                                      row["val_em_sft_more"] + args.gain)
-                    row["time_to_gain_by"] = "evaluation command"
-                (d / "per_question.json").write_text(json.dumps({"kb_seed": args.kb_seed, "host": host,
-                                                                  **per_question(d, kinds, row)}, indent=1) + "\n")
-                rows.append({**row, "host": host})
+        for k in args.kb_seed:
+            rows += run_kb(k, args, host)
     except KeyboardInterrupt:
         print("\n[rl_vs_sft] interrupted (a re-run with the same --workdir goes on)", file=sys.stderr)
         return 130
-    rows = sorted(earlier + rows, key=lambda r: r["seed"])
+    if args.start_curve:
+        return 0
+    rows = sorted(earlier + rows, key=lambda r: (r["kb_seed"], r["seed"]))
+    out = out_dir(args)
+    out.mkdir(parents=True, exist_ok=True)
     summ = summary(rows)
     text = table(rows, summ, host, args)
     print("\n" + text)
-    result = {"kb_seed": args.kb_seed, "dev_kb_seed": DEV_KB_SEED, "rows": rows, "summary": summ, "host": host,
-              **{k: getattr(args, k) for k in MERGED}, "with": args.with_json, "wall_minutes": (time.time() - t0) / 60,
-              "png": str(plot(rows, work / "rl_vs_sft.png"))}
-    (work / "rl_vs_sft.md").write_text(text)
-    (work / "rl_vs_sft.json").write_text(json.dumps(result, indent=1) + "\n")
+    result = {"kb_seeds": args.kb_seed, "dev_kb_seeds": DEV_KB_SEEDS, "arms": args.arms, "rows": rows, "summary": summ,
+              "host": host, **{k: getattr(args, k) for k in MERGED}, "with": args.with_json,
+              "wall_minutes": (time.time() - t0) / 60, "png": str(plot(rows, out / "rl_vs_sft.png"))}
+    (out / "rl_vs_sft.md").write_text(text)
+    (out / "rl_vs_sft.json").write_text(json.dumps(result, indent=1) + "\n")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
-    records.keep(args, "rl_vs_sft", result, files=[result["png"]], default_dir=work,
-                 title=f"GRPO against the same minutes of SFT, KB {args.kb_seed}, {args.demos} demonstrations, "
-                       f"{args.minutes:g}-minute arms" + (", best checkpoints" if args.best_of_val else ""))
+    kbs, best = ", ".join(map(str, args.kb_seed)), ", best checkpoints" if args.best_of_val else ""
+    records.keep(args, "rl_vs_sft", result, files=[result["png"]], default_dir=out,
+                 title=f"{', '.join(args.arms)} from one start, {args.minutes:g} minutes an arm (every second), "
+                       f"{args.kb_kind} KB {kbs}, {args.demos} demonstrations{best}")
     return 0
 
 
-def curves(w: Workdir, work: Path, args, rep: Path, url: str, kinds: dict[str, str]) -> int:
-    from data_prep.hardware import hardware_line
-
+def curves(w: Workdir, work: Path, args, kb_seed: int, rep: Path, url: str, kinds: dict[str, str], host: str) -> None:
     every, steps = args.start_curve
     by_seed = {s: start_curve(w, work / f"seed{s}", s, every, steps, rep, url, args.eval_limit, kinds) for s in args.seeds}
-    host = hardware_line()
-    text = curve_table(by_seed, host, args)
+    one = argparse.Namespace(**{**vars(args), "kb_seed": kb_seed})
+    text = curve_table(by_seed, host, one)
     print("\n" + text)
-    result = {"kb_seed": args.kb_seed, "dev_kb_seed": DEV_KB_SEED, "every": every, "steps": steps,
+    result = {"kb_seed": kb_seed, "kb_kind": args.kb_kind, "dev_kb_seeds": DEV_KB_SEEDS, "every": every, "steps": steps,
               "eval_limit": args.eval_limit, "curves": {str(s): c for s, c in by_seed.items()}, "host": host,
               "png": str(curve_plot(by_seed, work / "start_curve.png"))}
     (work / "start_curve.md").write_text(text)
@@ -549,8 +764,7 @@ def curves(w: Workdir, work: Path, args, rep: Path, url: str, kinds: dict[str, s
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     records.keep(args, "start_curve", result, files=[result["png"]], default_dir=work,
-                 title=f"Where SFT stops improving, KB {args.kb_seed}: the start the benchmark uses")
-    return 0
+                 title=f"Where SFT stops improving, KB {kb_seed}: the start the benchmark uses")
 
 
 if __name__ == "__main__":  # vLLM and Ray start processes with spawn: guard the entry point

@@ -1,12 +1,14 @@
 """benchmarks/rl_vs_sft.py's numbers from evaluation folders and metrics written by hand (the
-real runs take hours: not in CI): a seed's row (EM of the start, of the SFT arm and of the GRPO
-arm, the paired GRPO - SFT difference, by question kind, time to gain against the SFT arm, and
-SFT at GRPO's own minutes) and the summary over seeds (mean, median, worst)."""
+real runs take hours: not in CI): a cell's row (each arm's EM, searches and better-strategy share
+by question kind, the paired differences GRPO - SFT more, GRPO - RFT and RFT - SFT more, time to
+gain, SFT at GRPO's minutes), each arm's command (the same clock for every arm), the summary over
+cells with its t interval across KB x seed, and the tables, plots and record figures."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -16,16 +18,21 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from agent_rl.evaluation import report  # noqa: E402
-from benchmarks import rl_vs_sft, rl_vs_sft_tables as tables  # noqa: E402
+from benchmarks import records, rl_vs_sft, rl_vs_sft_tables as tables  # noqa: E402
 
 KINDS = {"q1": "single", "q2": "single", "q3": "bridge", "q4": "bridge"}
+Z = report.Z95
 
 
-def _write(d: Path, ems: list[float], searches: int = 1, hits: list[bool] | None = None) -> None:
+def _write(d: Path, ems: list[float], searches: int = 1, hits: list[bool] | None = None,
+           queries: list[list[str]] | None = None) -> None:
     hits = hits or [False] * len(ems)
+    queries = queries or [[f"q{i + 1} query"] * searches for i in range(len(ems))]
     recs = [{"id": f"q{i + 1}", "mode": "agent", "data_source": "kb", "em": em, "subem": em, "f1": em,
              "valid_format": True, "searches": searches, "turns": searches + 1, "prediction": "x",
-             "retrieval_hit": hit} for i, (em, hit) in enumerate(zip(ems, hits))]
+             "retrieval_hit": hit, "trajectory": "".join(f"<think>t</think><search>{q}</search><information>p"
+                                                          "</information>" for q in qs) + "<answer>x</answer>"}
+            for i, (em, hit, qs) in enumerate(zip(ems, hits, queries))]
     d.mkdir(parents=True)
     (d / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     report.write_summary(report.summarize(recs), d)
@@ -38,55 +45,250 @@ def _metrics(d: Path, rows: list[dict]) -> None:
 
 SFT_STEPS = [{"step": i, "sft/loss": 2.0 - 0.1 * i, "training/elapsed_s": 100.0 * i} for i in range(1, 7)]
 """The SFT arm: 6 steps of 100 s in its 10 minutes."""
+ALL_STEPS = [{"step": i, "sft/loss": 2.0 - 0.05 * i, "training/elapsed_s": 120.0 * i} for i in range(1, 6)]
+"""sft_all: 5 steps of 120 s."""
+EMS = {"start": [1, 0, 0, 0], "sft_more": [1, 1, 0, 0], "rft": [1, 1, 0, 1], "grpo": [1, 1, 1, 0],
+       "sft_all": [1, 1, 1, 1]}
+"""A cell by hand: start 1/4; SFT more 2/4 (the single-hop questions); RFT 3/4 (q4, a bridge);
+GRPO 3/4 (q3, the other bridge); SFT on every question's demonstration 4/4."""
+VAL_POINTS = {"rft": [(0, 0.0, 0.0), (2, 150.0, 0.0), (4, 300.0, 0.0)],
+              "grpo": [(0, 0.0, 0.0), (2, 120.0, 0.0), (4, 240.0, 1.0)]}
+"""(step, training seconds, running EM) of the RL arms: RFT 4 steps in 5 minutes, GRPO 4 in 4."""
 
 
-def _seed_dir(tmp: Path, start, more, grpo, val_more: float, val_points, matched=None) -> Path:
+def _seed_dir(tmp: Path, ems: dict | None = None, val_more: float = 0.0, val_points: dict | None = None,
+              matched=None) -> Path:
+    ems, val_points = ems or EMS, val_points or VAL_POINTS
     d = tmp / "seed"
-    _write(d / "eval_start", start)
-    _write(d / "eval_sft_more", more, searches=1)
-    _write(d / "eval_sft_matched", matched or start)
-    _write(d / "eval_grpo", grpo, searches=2)
+    for m, em in ems.items():
+        _write(d / f"eval_{m}", em, searches=2 if m == "grpo" else 1)
+    _write(d / "eval_sft_matched", matched or ems["start"])
     _write(d / "val_sft_more", [val_more])
     _metrics(d / "sft_more", SFT_STEPS)
     _metrics(d / "sft_matched", SFT_STEPS)  # the same run again (its extra steps do not count)
-    _metrics(d / "grpo", [{"step": s, "val/em": em, "training/elapsed_s": t} for s, t, em in val_points])
+    _metrics(d / "sft_all", ALL_STEPS)
+    for arm, points in val_points.items():
+        _metrics(d / arm, [{"step": s, "val/em": em, "training/elapsed_s": t} for s, t, em in points])
     return d
 
 
-def test_a_seed_row_pairs_the_arms_on_the_same_questions(tmp_path):
-    # start 1/4, SFT arm 2/4 (single-hop right), GRPO 3/4 (one bridge more): GRPO - SFT = +0.25
-    d = _seed_dir(tmp_path, [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], val_more=0.0,
-                  val_points=[(0, 0.0, 0.0), (2, 120.0, 0.0), (4, 240.0, 1.0)])
-    r = rl_vs_sft.seed_row(7, d, KINDS, gain=0.05)
-    assert (r["em_start"], r["em_sft_more"], r["em_grpo"]) == (0.25, 0.5, 0.75)
-    assert r["grpo_minus_sft"]["diff"] == pytest.approx(0.25)
-    assert r["grpo_minus_start"]["diff"] == pytest.approx(0.5)
-    assert r["sft_more_minus_start"]["diff"] == pytest.approx(0.25)
-    assert r["by_kind"]["bridge"] == {"start": 0.0, "sft_more": 0.0, "grpo": 0.5, "n": 2}
-    assert r["by_kind"]["single"]["sft_more"] == 1.0
-    assert (r["searches"]["sft_more"], r["searches"]["grpo"]) == (1.0, 2.0)
-    # the SFT arm ran 6 steps in 10 minutes; GRPO passed its val EM (0.0) by 5 points at 4 minutes
-    assert (r["sft_more_steps"], r["sft_more_minutes"]) == (6, 10.0)
-    assert (r["grpo_steps"], r["grpo_minutes"]) == (4, 4.0)
-    assert r["time_to_gain_min"] == 4.0 and r["time_to_gain_by"] == "trainer validation"
+def _half(diffs: list[float]) -> float:
+    """1.96 sd / sqrt(n) of paired differences (report.paired_difference's half width)."""
+    n, mean = len(diffs), sum(diffs) / len(diffs)
+    return Z * math.sqrt(sum((x - mean) ** 2 for x in diffs) / (n - 1)) / math.sqrt(n)
+
+
+def test_a_cells_row_pairs_every_arm_on_the_same_questions(tmp_path):
+    d = _seed_dir(tmp_path)
+    r = rl_vs_sft.seed_row(101, 7, d, list(tables.ARMS), KINDS, {}, gain=0.05)
+    assert (r["kb_seed"], r["seed"], r["n"], r["arms"]) == (101, 7, 4, ["sft_more", "rft", "grpo", "sft_all"])
+    assert r["em"] == {"start": 0.25, "sft_more": 0.5, "rft": 0.75, "grpo": 0.75, "sft_all": 1.0, "sft_matched": 0.25}
+    # GRPO - SFT more: q3 only (0, 0, 1, 0); GRPO - RFT: q3 up, q4 down (0, 0, 1, -1); RFT - SFT more: q4 (0, 0, 0, 1)
+    p = r["pairs"]
+    assert list(p) == ["grpo_minus_sft_more", "grpo_minus_rft", "rft_minus_sft_more"]
+    assert p["grpo_minus_sft_more"]["diff"] == pytest.approx(0.25)
+    assert p["grpo_minus_sft_more"]["ci_low"] == pytest.approx(0.25 - Z * 0.5 / 2)  # sd 0.5 over 4 questions
+    assert p["grpo_minus_rft"]["diff"] == 0.0
+    assert p["grpo_minus_rft"]["ci_high"] == pytest.approx(_half([0, 0, 1, -1])) == pytest.approx(Z * (2 / 3) ** 0.5 / 2)
+    assert p["rft_minus_sft_more"]["diff"] == pytest.approx(0.25)
+    assert {a: x["diff"] for a, x in r["minus_start"].items()} == pytest.approx(
+        {"sft_more": 0.25, "rft": 0.5, "grpo": 0.5, "sft_all": 0.75})
+    # by question kind: the bridges moved in RFT (q4), GRPO (q3) and SFT all (both); GRPO searched twice
+    assert r["by_kind"]["bridge"]["em"] == {"start": 0.0, "sft_more": 0.0, "rft": 0.5, "grpo": 0.5, "sft_all": 1.0,
+                                            "sft_matched": 0.0}
+    assert r["by_kind"]["single"]["n"] == 2 and r["by_kind"]["single"]["em"]["sft_more"] == 1.0
+    assert r["by_kind"]["bridge"]["searches"]["grpo"] == 2.0 and r["searches"]["rft"] == 1.0
+    # no classifier of queries yet: every share is n/a, for every model and kind
+    assert all(v is None for shares in r["better_strategy"].values() for v in shares.values())
+    assert r["steps"] == {"sft_more": 6, "rft": 4, "grpo": 4, "sft_all": 5}
+    assert r["minutes"] == {"sft_more": 10.0, "rft": 5.0, "grpo": 4.0, "sft_all": 10.0}
+    # GRPO passed the SFT arm's running EM (0.0) by 5 points at 4 minutes; RFT never did
+    assert r["time_to_gain_min"] == {"rft": None, "grpo": 4.0} and r["time_to_gain_by"] == "trainer validation"
+    assert r["val_points"]["grpo"] == [(0, 0.0, 0.0), (2, 2.0, 0.0), (4, 4.0, 1.0)]
     # SFT at GRPO's 4 minutes: the SFT arm's first 2 steps (200 s; a third ends at 300), repeated
-    assert (r["sft_matched_steps"], r["sft_matched_minutes"]) == (2, 200.0 / 60)
-    assert r["em_sft_matched"] == 0.25 and r["grpo_minus_sft_matched"]["diff"] == pytest.approx(0.5)
-    assert r["sft_matched_loss_gap"] == 0.0
-    # q1-q3 right in some model, q4 in none; no model's context ever held a gold answer here
-    assert r["headroom"] == {"any_right": 0.75, "never_retrieved": 1.0,
-                             "never_retrieved_ids": ["q1", "q2", "q3", "q4"]}
+    m = r["sft_matched"]
+    assert (m["steps"], m["minutes"], m["loss_gap"]) == (2, 200.0 / 60, 0.0)
+    assert m["grpo_minus"]["diff"] == pytest.approx(0.5)
+    # every question answered by some model (SFT all: all four); no model's context held a gold answer
+    assert r["headroom"] == {"any_right": 1.0, "never_retrieved": 1.0, "never_retrieved_ids": ["q1", "q2", "q3", "q4"]}
+    json.dumps(r)  # the row goes into the benchmark's JSON as it is
 
 
-def test_headroom_counts_questions_any_model_answered_or_retrieved(tmp_path):
-    # q1 only the start answers, q2 only SFT at GRPO's minutes, q3 and q4 nobody; only q3's gold
-    # answer never reached any model's context (q4's reached GRPO's): 2 of 4 right, 1 never retrieved
-    d = tmp_path / "seed"
-    _write(d / "eval_start", [1, 0, 0, 0], hits=[True, False, False, False])
-    _write(d / "eval_sft_more", [0, 0, 0, 0], hits=[True, True, False, False])
-    _write(d / "eval_sft_matched", [0, 1, 0, 0], hits=[False, True, False, False])
-    _write(d / "eval_grpo", [0, 0, 0, 0], hits=[False, False, False, True])
-    assert rl_vs_sft.headroom(d) == {"any_right": 0.5, "never_retrieved": 0.25, "never_retrieved_ids": ["q3"]}
+def test_a_cell_of_some_arms_has_only_their_pairs(tmp_path):
+    # RFT and GRPO alone: GRPO - RFT, no SFT arm (so no time to gain, no SFT at GRPO's minutes)
+    d = _seed_dir(tmp_path)
+    r = rl_vs_sft.seed_row(5, 1, d, ["rft", "grpo"], KINDS, {}, gain=0.05)
+    assert list(r["pairs"]) == ["grpo_minus_rft"] and set(r["minus_start"]) == {"rft", "grpo"}
+    assert set(r["em"]) == {"start", "rft", "grpo"} and "sft_matched" not in r and "time_to_gain_min" not in r
+    assert set(r["val_points"]) == {"rft", "grpo"}
+
+
+def test_the_better_strategy_is_counted_by_question_kind_from_each_trajectorys_queries(tmp_path, monkeypatch):
+    # a classifier by hand: a query holding the question's attribute is the better strategy
+    def by_hand(query: str, question: dict) -> str | None:
+        attr = question.get("attr")
+        return None if attr is None else ("name + attribute" if attr in query else "name only")
+
+    monkeypatch.setattr(rl_vs_sft, "query_strategy", by_hand)
+    questions = {"q1": {"attr": "1901"}, "q2": {"attr": "Lund"}, "q3": {"attr": "Oslo"}}  # q4: cannot be told
+    _write(tmp_path / "e", [1, 0, 1, 0], queries=[["Ann Lee 1901 birth year"], ["Bo Li birthplace", "Bo Li Lund"],
+                                                 ["Cy Ro birthplace", "Oslo country"], ["Di Wu"]])
+    counts = rl_vs_sft.strategy_counts(tmp_path / "e", questions, KINDS)
+    assert counts == {"all": {"name + attribute": 3, "name only": 2, "unknown": 1},
+                      "single": {"name + attribute": 2, "name only": 1},
+                      "bridge": {"name only": 1, "name + attribute": 1, "unknown": 1}}
+    assert rl_vs_sft.better_share(counts["single"]) == pytest.approx(2 / 3)
+    assert rl_vs_sft.better_share(counts["all"]) == pytest.approx(3 / 5)  # the unknown one is not in the share
+    assert rl_vs_sft.better_share({"unknown": 4}) is None and rl_vs_sft.better_share({}) is None
+    assert rl_vs_sft.search_queries("<search>a b</search><information><search>x</search></information>") == [
+        "a b", "x"]  # (an observation's tags are neutralised before they reach a trajectory)
+    assert rl_vs_sft.query_strategy("Ann Lee birth year", {"attribute_queries": ["Ann Lee 1901 birth year"]}) is None
+
+
+def _args(**kw) -> argparse.Namespace:
+    base = dict(kb_seed=101, kb_kind="standard", demos=1500, demo_args="", eval_limit=200, val_n=40, start_steps=60,
+                minutes=10.0, clock=rl_vs_sft.CLOCK, val_every=2, overrides=[], start_curve=None, best_of_val=False,
+                sft_val_every=10, sft_lr=None, sft_epochs=None, rft_lr=None, gain=0.05, arms=list(tables.ARMS),
+                seeds=[1], workdir=None)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_every_arm_runs_from_the_start_on_one_clock_with_its_own_settings(tmp_path):
+    from agent_rl.demo.stages import Workdir
+
+    w, d, start, val = Workdir(tmp_path / "w"), tmp_path / "w" / "seed3", tmp_path / "start", tmp_path / "val.parquet"
+    args = _args(sft_lr=2e-5, sft_epochs=3, rft_lr=1e-5, overrides=["actor_rollout_ref.actor.optim.lr=5e-6"])
+
+    def stage(arm: str, a=args) -> tuple[list[str], Path, Path]:
+        cmd, done, model = rl_vs_sft.arm_stage(w, arm, start, val, "http://x", d, 3, a, tmp_path / "all.parquet")
+        return [str(c) for c in cmd], done, model
+
+    for arm in tables.ARMS:  # the same minutes, every second counted, from the same start
+        cmd = stage(arm)[0]
+        assert "trainer.max_time_s=600" in cmd and "trainer.max_time_counts=all" in cmd and f"actor_rollout_ref.model.path={start}" in cmd
+        assert f"trainer.default_local_dir={d / arm}" in cmd
+    more, done, model = stage("sft_more")
+    assert "agent_rl.coldstart.cli" in more and f"data.train_files=[{w.demos}]" in more and "data.seed=1003" in more
+    assert more[-4:] == ["trainer.max_time_counts=all", "actor_rollout_ref.actor.optim.lr=2e-05",
+                         "trainer.total_training_steps=null", "trainer.total_epochs=3"]  # after the stage's own
+    assert (done, model) == (d / "sft_more" / "model" / "config.json", d / "sft_more" / "model")
+    every = stage("sft_all")[0]
+    assert f"data.train_files=[{tmp_path / 'all.parquet'}]" in every and every[-1] == "trainer.max_time_counts=all"
+    assert not any("optim.lr" in c or "total_epochs" in c for c in every)  # the SFT config's lr, until the clock
+    rft, done, model = stage("rft")
+    assert "agent_rl.training.cli" in rft and "data.seed=3" in rft and "trainer.test_freq=2" in rft
+    # the user's overrides first, then the arm's own: its lr wins, and no override changes one arm alone
+    lrs = [c for c in rft if c.startswith("actor_rollout_ref.actor.optim.lr=")]
+    assert lrs == ["actor_rollout_ref.actor.optim.lr=5e-6", "actor_rollout_ref.actor.optim.lr=1e-05"]
+    assert rft.index("algorithm.adv_estimator=rejection_sampling") > rft.index("actor_rollout_ref.actor.optim.lr=5e-6")
+    assert (done, model) == (d / "rft" / "finished.json", d / "rft")
+    grpo = stage("grpo")[0]
+    assert not any("adv_estimator" in c for c in grpo)
+    assert [c for c in grpo if c.startswith("actor_rollout_ref.actor.optim.lr=")] == ["actor_rollout_ref.actor.optim.lr=5e-6"]
+    i = rft.index("algorithm.adv_estimator=rejection_sampling")  # RFT is GRPO's run (in its own directory)
+    assert [c.replace(str(d / "rft"), str(d / "grpo")) for c in rft[:i]] == grpo[:i] and rft[i + 2:] == grpo[i:]
+    # best checkpoints: SFT arms save every --sft-val-every steps, RL arms every --val-every (saves on the clock)
+    best = _args(best_of_val=True)
+    assert "trainer.save_freq=10" in stage("sft_all", best)[0] and "trainer.save_freq=2" in stage("grpo", best)[0]
+    # defaults: no lr or epochs of the SFT arm's own (the config's, until the clock)
+    assert stage("sft_more", _args())[0][-1] == "trainer.max_time_counts=all"
+
+
+def test_the_workdirs_of_one_and_several_knowledge_bases(tmp_path):
+    assert rl_vs_sft.kb_workdir(_args(kb_seed=[101]), 101) == ROOT / "runs" / "rl_vs_sft" / "kb101"
+    assert rl_vs_sft.kb_workdir(_args(kb_seed=[3], kb_kind="lookalike"), 3) == ROOT / "runs" / "rl_vs_sft" / "lookalike_kb3"
+    one = _args(kb_seed=[101], workdir=str(tmp_path / "gpu_rvs"))  # scripts/gpu_check.sh's --workdir: the KB's own
+    assert rl_vs_sft.kb_workdir(one, 101) == rl_vs_sft.out_dir(one) == tmp_path / "gpu_rvs"
+    two = _args(kb_seed=[11, 12], kb_kind="lookalike")
+    assert rl_vs_sft.out_dir(two) == ROOT / "runs" / "rl_vs_sft" / "lookalike_kbs11_12"
+    two.workdir = str(tmp_path / "pre")
+    assert rl_vs_sft.kb_workdir(two, 12) == tmp_path / "pre" / "lookalike_kb12" and rl_vs_sft.out_dir(two) == tmp_path / "pre"
+
+
+def test_the_t_interval_across_cells_is_students_with_cells_minus_one_df():
+    assert tables.t975(1) == 12.7062 and tables.t975(2) == 4.3027 and tables.t975(30) == 2.0423
+    for df, exact in ((31, 2.03951), (40, 2.02108), (120, 1.97993), (10_000, 1.96020)):  # scipy.stats.t.ppf
+        assert tables.t975(df) == pytest.approx(exact, abs=2e-5)
+    # three cells +4, +9, +9 (issue 85's KB-101 seeds): mean 7.33, sd 1/sqrt(1200), sd/sqrt(3) = 1/60
+    lo, hi = tables.t_interval([0.04, 0.09, 0.09])
+    assert (lo, hi) == pytest.approx((0.22 / 3 - 4.3027 / 60, 0.22 / 3 + 4.3027 / 60))
+    assert tables.t_interval([0.05]) is None and tables.t_interval([]) is None
+    assert tables.t_interval([0.1, 0.3]) == pytest.approx((0.2 - 12.7062 * 0.1, 0.2 + 12.7062 * 0.1))
+
+
+def _row(kb: int, seed: int, pairs: dict[str, float], start: float = 0.5, arms=tables.ARMS) -> dict:
+    p = {name: {"diff": x, "ci_low": x - 0.1, "ci_high": x + 0.1, "n": 200} for name, x in pairs.items()}
+    em = {"start": start, **{a: start + 0.01 * (i + 1) for i, a in enumerate(arms)}}
+    return {"kb_seed": kb, "seed": seed, "n": 200, "arms": list(arms), "em": em, "pairs": p,
+            "minus_start": {a: {"diff": em[a] - start, "ci_low": 0.0, "ci_high": 0.0, "n": 200} for a in arms},
+            "steps": {a: 10 + i for i, a in enumerate(arms)}, "minutes": {a: 9.5 for a in arms},
+            "searches": {m: 1.0 for m in em}, "better_strategy": {m: {} for m in em},
+            "by_kind": {"single": {"n": 100, "em": em, "searches": {m: 1.0 for m in em}}}}
+
+
+def test_the_summary_over_cells_gives_each_pair_its_spread_and_t_interval():
+    rows = [_row(11, 1, {"grpo_minus_sft_more": 0.04, "grpo_minus_rft": -0.02, "rft_minus_sft_more": 0.06}),
+            _row(12, 1, {"grpo_minus_sft_more": 0.09, "grpo_minus_rft": 0.01, "rft_minus_sft_more": 0.08}),
+            _row(13, 1, {"grpo_minus_sft_more": 0.09}, arms=("sft_more", "grpo"))]  # a cell without RFT
+    s = tables.summary(rows)
+    assert (s["cells"], s["kb_seeds"]) == (3, [11, 12, 13])
+    g = s["pairs"]["grpo_minus_sft_more"]
+    assert (g["cells"], g["df"], g["worst"], g["best"]) == (3, 2, 0.04, 0.09)
+    assert (g["mean"], g["median"]) == pytest.approx((0.22 / 3, 0.09))
+    assert (g["t_low"], g["t_high"]) == pytest.approx((0.22 / 3 - 4.3027 / 60, 0.22 / 3 + 4.3027 / 60))
+    assert g["above_zero_in_every_cell"] is True
+    r = s["pairs"]["grpo_minus_rft"]  # two cells: df 1, t 12.7062, sd of (-0.02, 0.01) = 0.03 / sqrt(2)
+    assert (r["cells"], r["df"], r["mean"]) == (2, 1, pytest.approx(-0.005))
+    assert r["t_high"] == pytest.approx(-0.005 + 12.7062 * 0.015) and r["above_zero_in_every_cell"] is False
+    assert s["minus_start"]["grpo"]["cells"] == 3 and s["minus_start"]["rft"]["cells"] == 2
+    one = tables.summary(rows[:1])["pairs"]["grpo_minus_sft_more"]
+    assert (one["df"], one["t_low"], one["t_high"]) == (0, None, None)
+    assert "matched" not in s and "best_checkpoints" not in s
+
+
+def test_the_table_names_the_kb_the_host_every_arm_and_the_intervals(tmp_path):
+    d = _seed_dir(tmp_path)
+    row = {**rl_vs_sft.seed_row(101, 3, d, list(tables.ARMS), KINDS, {}, gain=0.05), "host": "[hardware] cpu='X'"}
+    args = _args(start_steps=44, sft_lr=2e-5, sft_epochs=3)
+    text = tables.table([row], tables.summary([row]), "[hardware] cpu='X'", args)
+    assert "SFT more, RFT, GRPO, SFT all (ref.) from one start, 10 minutes an arm (every second counted)" in text
+    assert "KB kind standard, KB seed 101, start SFT 44 steps" in text and "[hardware] cpu='X'" in text
+    assert "SFT more: lr 2e-05, 3 epochs; RFT: the GRPO config's lr" in text
+    half = 100 * Z * 0.5 / 2
+    assert (f"| 101 | 3 | 25.0 | 50.0 (6, 10.0) | 75.0 (4, 5.0) | 75.0 (4, 4.0) | 100.0 (5, 10.0) | "
+            f"+25.0 [{25 - half:+.1f}, {25 + half:+.1f}] | +0.0 [") in text
+    assert "| not reached * | 4.0 * |" in text  # minutes to +5: RFT, GRPO (by the trainer's evaluation)
+    assert "| 101 | 3 | bridge | 2 | 0.0 / 0.0 / 50.0 / 50.0 / 100.0 | 1.00 / 1.00 / 1.00 / 2.00 / 1.00 | " \
+           "n/a / n/a / n/a / n/a / n/a |" in text
+    assert "GRPO - SFT more over 1 cell: mean +25.0, median +25.0, worst +25.0, best +25.0; across KB x seed " \
+           "(t, df 0): n/a (one cell)." in text
+    assert "RFT - SFT more over 1 cell" in text and "GRPO - RFT over 1 cell: mean +0.0" in text
+    assert "From the start, on average: SFT more +25.0, RFT +50.0, GRPO +50.0, SFT all (ref.) +75.0." in text
+    assert "GRPO - SFT at GRPO's minutes (the SFT arm's run to its last step within GRPO's minutes) over 1 cell: " \
+           "mean +50.0" in text
+    assert "Answered right by at least one model (start, SFT more, RFT, GRPO, SFT all (ref.), SFT at GRPO's " \
+           "minutes): KB 101 seed 3 100.0 (gold never retrieved 100.0)" in text
+    assert "WARNING" not in text and "best checkpoint" not in text
+    off = {**row, "sft_matched": {**row["sft_matched"], "loss_gap": 0.004}}
+    assert "WARNING: KB 101 seed 3's SFT at GRPO's minutes is not the SFT arm's run" in tables.table(
+        [off], tables.summary([off]), "", args)
+    # several cells: the t interval across them, and the cells that ran elsewhere named under the host
+    rows = [_row(11, 1, {"grpo_minus_sft_more": 0.04}), {**_row(12, 1, {"grpo_minus_sft_more": 0.09}), "host": "B"},
+            _row(13, 1, {"grpo_minus_sft_more": 0.09})]
+    text = tables.table(rows, tables.summary(rows), "A", args)
+    assert "KB seeds 11, 12, 13" in text and "across KB x seed (t, df 2): [+0.2, +14.5]." in text
+    assert "KB 12 seed 1 ran on: B" in text
+    assert tables.plot([row], tmp_path / "p.png").stat().st_size > 0
+
+
+def test_the_table_marks_a_time_to_gain_the_trainer_scored():
+    row = {**_row(1, 1, {}, arms=("sft_more", "grpo")), "time_to_gain_min": {"grpo": 4.0},
+           "time_to_gain_by": "evaluation command"}
+    older = {**row, "seed": 2, "time_to_gain_by": "trainer validation"}
+    both = tables.table([row, older], tables.summary([row, older]), "", _args())
+    assert "| 4.0 |" in both and "| 4.0 * |" in both and "* minutes to +5 from the trainer's" in both
+    alone = tables.table([row], tables.summary([row]), "", _args())
+    assert "| 4.0 |" in alone and "*" not in alone
 
 
 def test_sft_at_grpos_minutes_is_the_sft_arms_prefix_by_its_own_step_times(tmp_path):
@@ -104,44 +306,14 @@ def test_sft_at_grpos_minutes_is_the_sft_arms_prefix_by_its_own_step_times(tmp_p
     assert rl_vs_sft.same_steps_gap(tmp_path / "sft", tmp_path / "absent", 0) == 0.0
 
 
-def test_time_to_gain_is_none_when_grpo_never_leads_the_sft_arm(tmp_path):
-    d = _seed_dir(tmp_path, [0, 0, 0, 0], [1, 0, 0, 0], [1, 0, 0, 0], val_more=1.0,
-                  val_points=[(0, 0.0, 0.0), (2, 60.0, 1.0)])
-    assert rl_vs_sft.seed_row(1, d, KINDS, gain=0.05)["time_to_gain_min"] is None
-
-
-def test_summary_gives_mean_median_and_the_worst_seed():
-    rows = [{"grpo_minus_sft": {"diff": d}, "grpo_minus_start": {"diff": 0.1}, "sft_more_minus_start": {"diff": s},
-             "grpo_minus_sft_matched": {"diff": d + 0.03}, "em_sft_matched": 0.5 + s, "em_start": 0.5}
-            for d, s in ((0.10, 0.05), (-0.02, 0.0), (0.04, 0.10))]
-    s = tables.summary(rows)
-    assert s["mean"] == pytest.approx(0.04) and s["median"] == pytest.approx(0.04)
-    assert (s["worst"], s["best"]) == (-0.02, 0.10)
-    assert s["grpo_beats_sft_in_every_seed"] is False
-    assert s["sft_more_minus_start_mean"] == pytest.approx(0.05)
-    m = s["matched"]
-    assert (m["mean"], m["worst"], m["best"]) == pytest.approx((0.07, 0.01, 0.13))
-    assert m["grpo_beats_sft_in_every_seed"] is True and m["sft_minus_start_mean"] == pytest.approx(0.05)
-
-
-def test_the_table_names_the_kb_the_host_and_every_seed(tmp_path):
-    d = _seed_dir(tmp_path, [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], val_more=0.0,
-                  val_points=[(0, 0.0, 0.0), (2, 120.0, 1.0)])
-    row = rl_vs_sft.seed_row(3, d, KINDS, gain=0.05)
-    args = argparse.Namespace(kb_seed=101, start_steps=44, minutes=10.0, gain=0.05)
-    text = tables.table([row], tables.summary([row]), "[hardware] cpu='X'", args)
-    assert "KB seed 101" in text and "[hardware] cpu='X'" in text
-    assert "| 3 | 25.0 | 50.0 (6, 10.0) | 75.0 (2, 2.0) | +25.0 [" in text
-    assert "| 25.0 (1, 1.7) | +50.0 [" in text  # SFT at GRPO's 2 minutes: 1 step of 100 s
-    assert "worst seed +25.0" in text and "over 1 seed;" in text and "GRPO - SFT at GRPO's minutes: mean +50.0" in text
-    assert "WARNING" not in text
-    assert "at least one of the four models (start, SFT more, SFT at GRPO's minutes, GRPO): seed 3 75.0 " \
-           "(gold never retrieved 100.0)" in text
-    older = {k: v for k, v in row.items() if k != "headroom"}  # a row from an earlier run's JSON (--with)
-    assert "at least one of the four" not in tables.table([older], tables.summary([older]), "", args)
-    off = tables.table([{**row, "sft_matched_loss_gap": 0.004}], tables.summary([row]), "", args)
-    assert "WARNING: seed 3's SFT at GRPO's minutes is not the SFT arm's run" in off and "0.004" in off
-    assert tables.plot([row], tmp_path / "p.png").stat().st_size > 0
+def test_headroom_counts_questions_any_model_answered_or_retrieved(tmp_path):
+    # q1 only the start answers, q2 only one arm, q3 and q4 nobody; only q3's gold answer never
+    # reached any model's context (q4's reached the last one's): 2 of 4 right, 1 never retrieved
+    for name, ems, hits in (("a", [1, 0, 0, 0], [True, False, False, False]), ("b", [0, 0, 0, 0], [True, True, False, False]),
+                            ("c", [0, 1, 0, 0], [False, True, False, False]), ("e", [0, 0, 0, 0], [False, False, False, True])):
+        _write(tmp_path / name, ems, hits=hits)
+    assert rl_vs_sft.headroom([tmp_path / n for n in "abce"]) == {"any_right": 0.5, "never_retrieved": 0.25,
+                                                                  "never_retrieved_ids": ["q3"]}
 
 
 def test_a_finished_evaluation_does_not_need_its_model(tmp_path, monkeypatch):
@@ -195,60 +367,76 @@ def test_the_start_follows_the_host_kind_unless_given(monkeypatch):
 
 
 def test_a_workdir_made_with_other_settings_is_refused_and_left_alone(tmp_path):
-    def args(**kw):
-        base = dict(kb_seed=101, demos=1500, demo_args="", eval_limit=200, val_n=40, start_steps=60,
-                    minutes=10.0, val_every=2, overrides=[], start_curve=None, best_of_val=False, sft_val_every=10)
-        return argparse.Namespace(**{**base, **kw})
-
     work = tmp_path / "kb101"
-    rl_vs_sft.check_settings(work, args())
-    rl_vs_sft.check_settings(work, args())  # the same settings: a re-run goes on
+    rl_vs_sft.check_settings(work, _args())
+    rl_vs_sft.check_settings(work, _args(arms=["grpo"]))  # the same settings, other arms: a re-run goes on
     recorded = (work / "settings.json").read_text()
     with pytest.raises(SystemExit, match=r"start_steps 60 there, 44 asked"):
-        rl_vs_sft.check_settings(work, args(start_steps=44))
+        rl_vs_sft.check_settings(work, _args(start_steps=44))
     with pytest.raises(SystemExit, match=r"best_of_val False there, True asked"):
-        rl_vs_sft.check_settings(work, args(best_of_val=True))
+        rl_vs_sft.check_settings(work, _args(best_of_val=True))
     with pytest.raises(SystemExit, match=r"kb_seed 101 there, 102 asked.*overrides \[\] there"):
-        rl_vs_sft.check_settings(work, args(kb_seed=102, overrides=["x=1"]))
+        rl_vs_sft.check_settings(work, _args(kb_seed=102, overrides=["x=1"]))
+    for k, v in (("kb_kind", "lookalike"), ("sft_lr", 2e-5), ("sft_epochs", 3), ("rft_lr", 1e-5)):
+        with pytest.raises(SystemExit, match=rf"{k} .* there, {v!r} asked"):
+            rl_vs_sft.check_settings(work, _args(**{k: v}))
     assert (work / "settings.json").read_text() == recorded
     # the start curve shares the KB and demonstrations, not the arms' settings
-    rl_vs_sft.check_settings(work, args(start_curve=[20, 100], start_steps=44, minutes=3.0))
+    rl_vs_sft.check_settings(work, _args(start_curve=[20, 100], start_steps=44, minutes=3.0))
     with pytest.raises(SystemExit, match="start_curve"):
-        rl_vs_sft.check_settings(work, args(start_curve=[10, 50]))
+        rl_vs_sft.check_settings(work, _args(start_curve=[10, 50]))
 
 
-def test_earlier_runs_rows_count_only_under_the_same_settings_and_host_kind(tmp_path, capsys):
+def test_a_workdir_from_before_the_clock_counted_every_second_is_refused(tmp_path):
+    # an earlier version's settings.json: no kb_kind, clock, lr or epochs; its arms' minutes were
+    # the training steps' alone, so its finished arms are not this rule's
+    work = tmp_path / "kb101"
+    work.mkdir()
+    old = {k: v for k, v in vars(_args()).items() if k in rl_vs_sft.SETTINGS["shared"] + rl_vs_sft.SETTINGS["arms"]
+           and k not in rl_vs_sft.LEGACY}
+    (work / "settings.json").write_text(json.dumps(old))
+    with pytest.raises(SystemExit, match=r"clock 'training steps' there, 'every second' asked"):
+        rl_vs_sft.check_settings(work, _args())
+    # one that ran only the start curve (no arms group) holds nothing of the arms to refuse
+    curve = tmp_path / "curve"
+    curve.mkdir()
+    (curve / "settings.json").write_text(json.dumps({**{k: old[k] for k in rl_vs_sft.SETTINGS["shared"] if k in old},
+                                                     "start_curve": [20, 100]}))
+    rl_vs_sft.check_settings(curve, _args())
+    assert json.loads((curve / "settings.json").read_text())["clock"] == "every second"
+
+
+def test_earlier_runs_rows_count_only_under_the_same_settings_and_host_kind(tmp_path):
     xeon = "[hardware] cpu='Xeon' isa=amx torch=AVX512 threads=2 gpu=none native_bf16=yes (amx_bf16+avx512_bf16)"
     epyc = "[hardware] cpu='EPYC' isa=avx2 torch=AVX2 threads=2 gpu=none native_bf16=no (no amx_bf16)"
-    d = _seed_dir(tmp_path, [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], val_more=0.0,
-                  val_points=[(0, 0.0, 0.0), (2, 120.0, 1.0)])
-    row = rl_vs_sft.seed_row(1, d, KINDS, gain=0.05)
-    args = argparse.Namespace(kb_seed=101, start_steps=60, minutes=10.0, eval_limit=200, overrides=[], demo_args="",
-                              demos=1500, val_n=40, val_every=2, seeds=[3], gain=0.05)
-    old = {"kb_seed": 101, "start_steps": 60, "minutes": 10.0, "eval_limit": 200, "overrides": [], "demo_args": "",
-           "host": xeon, "rows": [row, {**row, "seed": 2}]}  # an older file: no demos / val_n / val_every
+    args = _args(kb_seed=[101], seeds=[3])
+    same = {k: getattr(args, k) for k in rl_vs_sft.MERGED}
+    row = _row(101, 1, {"grpo_minus_sft_more": 0.05})
     f = tmp_path / "old.json"
-    f.write_text(json.dumps(old))
+    f.write_text(json.dumps({**same, "kb_seeds": [101, 102], "host": xeon,
+                             "rows": [row, {**row, "seed": 2}, {**row, "kb_seed": 102, "seed": 3}]}))
     got = rl_vs_sft.earlier_rows([str(f)], args, "native bf16")
-    assert [(r["seed"], r["host"]) for r in got] == [(1, xeon), (2, xeon)]
+    assert [(r["kb_seed"], r["seed"], r["host"]) for r in got] == [(101, 1, xeon), (101, 2, xeon), (102, 3, xeon)]
     assert rl_vs_sft.host_kind_of(xeon) == "native bf16" and rl_vs_sft.host_kind_of(epyc) == "no native bf16 (fp32)"
     with pytest.raises(SystemExit, match="host kind 'native bf16' there, 'no native bf16 \\(fp32\\)' here"):
         rl_vs_sft.earlier_rows([str(f)], args, "no native bf16 (fp32)")
     for k, v, said in (("start_steps", 44, "start_steps 44 there, 60 here"), ("val_n", 50, "val_n 50 there, 40 here"),
-                       ("overrides", ["x=1"], r"overrides \['x=1'\] there, \[\] here")):
-        f.write_text(json.dumps({**old, k: v}))
+                       ("overrides", ["x=1"], r"overrides \['x=1'\] there, \[\] here"),
+                       ("rft_lr", 1e-5, "rft_lr 1e-05 there, None here")):
+        f.write_text(json.dumps({**same, k: v, "host": xeon, "rows": [row]}))
         with pytest.raises(SystemExit, match=said):
             rl_vs_sft.earlier_rows([str(f)], args, "native bf16")
-    f.write_text(json.dumps(old))
-    with pytest.raises(SystemExit, match="seed 2 of --with .* counted twice"):
-        rl_vs_sft.earlier_rows([str(f)], argparse.Namespace(**{**vars(args), "seeds": [2, 3]}), "native bf16")
-    with pytest.raises(SystemExit, match="seed 1 of --with .* counted twice"):
+    # a file of the two-arm version: its minutes counted the training steps only
+    old = {k: v for k, v in same.items() if k not in rl_vs_sft.LEGACY}
+    f.write_text(json.dumps({**old, "kb_seed": 101, "host": xeon, "rows": [{"seed": 1, "grpo_minus_sft": {}}]}))
+    with pytest.raises(SystemExit, match="clock 'training steps' there, 'every second' here"):
+        rl_vs_sft.earlier_rows([str(f)], args, "native bf16")
+    f.write_text(json.dumps({**same, "host": xeon, "rows": [{**row, "seed": 3}]}))
+    with pytest.raises(SystemExit, match="KB 101 seed 3 of --with .* counted twice"):
+        rl_vs_sft.earlier_rows([str(f)], args, "native bf16")
+    f.write_text(json.dumps({**same, "host": xeon, "rows": [row]}))
+    with pytest.raises(SystemExit, match="KB 101 seed 1 of --with .* counted twice"):
         rl_vs_sft.earlier_rows([str(f), str(f)], args, "native bf16")
-    # the table: the run's own host on top, the rows that ran elsewhere named under it
-    rows = [*got, {**row, "seed": 3, "host": epyc}]
-    text = tables.table(rows, tables.summary(rows), epyc, args)
-    assert f"Seeds 1, 2 ran on: {xeon}" in text and "over 3 seeds" in text
-    assert "Seed 3 ran on" not in text
 
 
 def test_the_best_step_is_the_highest_running_em_and_a_tie_goes_to_fewer_steps():
@@ -258,11 +446,11 @@ def test_the_best_step_is_the_highest_running_em_and_a_tie_goes_to_fewer_steps()
 
 
 def _best_seed(tmp_path):
-    """A seed whose SFT arm kept checkpoints 2, 4 and 6 (its last) and GRPO 2 and 3 (its last):
+    """A cell whose SFT arm kept checkpoints 2, 4 and 6 (its last) and GRPO 2 and 3 (its last):
     on the running-evaluation questions SFT peaks at step 4 (1.0; 6 overfits to 0.5) and GRPO never
     passes the start (0.5 at step 0, 0.5 at 2, 0.0 at 3): GRPO's best is the start."""
-    d = _seed_dir(tmp_path, [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], val_more=0.5,
-                  val_points=[(0, 0.0, 0.5), (2, 120.0, 0.5), (3, 180.0, 0.0)])
+    ems = {"start": [1, 0, 0, 0], "sft_more": [1, 1, 0, 0], "grpo": [1, 1, 1, 0]}
+    d = _seed_dir(tmp_path, ems, val_more=0.5, val_points={"grpo": [(0, 0.0, 0.5), (2, 120.0, 0.5), (3, 180.0, 0.0)]})
     for arm, steps in (("sft_more", (2, 4, 6)), ("grpo", (2, 3))):
         for k in steps:
             (d / arm / "checkpoints" / f"global_step_{k}").mkdir(parents=True)
@@ -274,6 +462,17 @@ def _best_seed(tmp_path):
     return d
 
 
+def _bests(tmp_path, d):
+    from agent_rl.demo.stages import Workdir
+
+    args = argparse.Namespace(val_n=1, eval_limit=4)
+    w, q = Workdir(tmp_path / "w"), tmp_path / "q.parquet"
+    first = {0: (d / "val_start", d / "eval_start")}
+    return {"sft_more": rl_vs_sft.best_checkpoint(w, d, "sft_more", q, q, "http://x", args,
+                                                  {**first, 6: (d / "val_sft_more", d / "eval_sft_more")}),
+            "grpo": rl_vs_sft.best_checkpoint(w, d, "grpo", q, q, "http://x", args, {**first, 3: (None, d / "eval_grpo")})}
+
+
 def test_each_arm_keeps_its_best_checkpoint_by_the_running_evaluation(tmp_path, monkeypatch):
     # every evaluation was made by hand: nothing runs (a stage that ran would be a defect here)
     from agent_rl.demo.stages import Workdir
@@ -281,24 +480,21 @@ def test_each_arm_keeps_its_best_checkpoint_by_the_running_evaluation(tmp_path, 
     monkeypatch.setattr(rl_vs_sft.stages, "run_stage", lambda *a, **k: pytest.fail(f"ran {a}"))
     d = _best_seed(tmp_path)
     assert rl_vs_sft.checkpoint_steps(d / "sft_more") == [2, 4, 6]
-    args = argparse.Namespace(val_n=1, eval_limit=4)
-    w, q = Workdir(tmp_path / "w"), tmp_path / "q.parquet"
-    first = {0: (d / "val_start", d / "eval_start")}
-    sft = rl_vs_sft.best_checkpoint(w, d, "sft_more", q, q, "http://x", args,
-                                    {**first, 6: (d / "val_sft_more", d / "eval_sft_more")})
-    grpo = rl_vs_sft.best_checkpoint(w, d, "grpo", q, q, "http://x", args, {**first, 3: (None, d / "eval_grpo")})
+    best = _bests(tmp_path, d)
+    sft, grpo = best["sft_more"], best["grpo"]
     assert sft["val_points"] == [(0, 0.5), (2, 0.0), (4, 1.0), (6, 0.5)]
     assert (sft["step"], sft["val_em"], sft["eval"]) == (4, 1.0, str(d / "eval_sft_more_4"))
     assert sft["minutes"] == pytest.approx(400.0 / 60)  # SFT_STEPS: 100 s a step
     assert (grpo["step"], grpo["minutes"], grpo["eval"]) == (0, 0.0, str(d / "eval_start"))
-    row = rl_vs_sft.best_row(d, KINDS, sft, grpo)
+    row = rl_vs_sft.best_row(d, KINDS, best)
     # report questions: start 1/4, SFT's best 4/4, GRPO's best (the start) 1/4
-    assert (row["sft"]["em"], row["grpo"]["em"]) == (1.0, 0.25)
-    assert row["grpo_minus_sft"]["diff"] == pytest.approx(-0.75)
-    assert row["sft_minus_start"]["diff"] == pytest.approx(0.75) and row["grpo_minus_start"]["diff"] == 0.0
+    assert (row["arms"]["sft_more"]["em"], row["arms"]["grpo"]["em"]) == (1.0, 0.25)
+    assert list(row["pairs"]) == ["grpo_minus_sft_more"] and row["pairs"]["grpo_minus_sft_more"]["diff"] == pytest.approx(-0.75)
+    assert row["minus_start"]["sft_more"]["diff"] == pytest.approx(0.75) and row["minus_start"]["grpo"]["diff"] == 0.0
     # a workdir whose arm kept no checkpoint (trained without --best-of-val) is named, not guessed at
     with pytest.raises(SystemExit, match="kept no checkpoints"):
-        rl_vs_sft.best_checkpoint(w, d, "sft_matched", q, q, "http://x", args, first)
+        rl_vs_sft.best_checkpoint(Workdir(tmp_path / "w"), d, "sft_matched", d, d, "http://x",
+                                  argparse.Namespace(val_n=1, eval_limit=4), {})
 
 
 def test_time_to_gain_by_the_checkpoints_scores_counts_the_first_checkpoint_past_the_bar(tmp_path):
@@ -310,90 +506,181 @@ def test_time_to_gain_by_the_checkpoints_scores_counts_the_first_checkpoint_past
     assert rl_vs_sft.minutes_to([(0, 0.0, 0.9), (4, 4.0, 0.6), (2, 2.0, 0.7)], 0.7) == 2.0
 
 
-def test_the_table_marks_a_time_to_gain_the_trainer_scored():
-    args = argparse.Namespace(kb_seed=101, start_steps=60, minutes=10.0, gain=0.05)
-    kind = {"start": 0.5, "sft_more": 0.5, "grpo": 0.5, "n": 2}
-    p = {"diff": 0.0, "ci_low": 0.0, "ci_high": 0.0}
-    row = {"seed": 1, "em_start": 0.5, "em_sft_more": 0.5, "em_grpo": 0.5, "em_sft_matched": 0.5,
-           "grpo_minus_sft": p, "grpo_minus_start": p, "sft_more_minus_start": p, "grpo_minus_sft_matched": p,
-           "by_kind": {"single": kind}, "searches": {"start": 1.0, "sft_more": 1.0, "grpo": 1.0},
-           "sft_more_steps": 6, "sft_more_minutes": 10.0, "grpo_steps": 4, "grpo_minutes": 9.0,
-           "sft_matched_steps": 5, "sft_matched_minutes": 8.3, "sft_matched_loss_gap": 0.0,
-           "time_to_gain_min": 4.0, "time_to_gain_by": "evaluation command"}
-    older = {k: v for k, v in row.items() if k != "time_to_gain_by"}  # a row of a run before the key
-    both = tables.table([row, {**older, "seed": 2}], tables.summary([row, {**older, "seed": 2}]), "", args)
-    assert "| 4.0 |" in both and "| 4.0 * |" in both and "* minutes to +5 from the trainer's" in both
-    alone = tables.table([row], tables.summary([row]), "", args)
-    assert "| 4.0 |" in alone and "*" not in alone
-
-
-def test_the_table_adds_the_best_checkpoints_only_for_rows_that_have_them(tmp_path, monkeypatch):
-    from agent_rl.demo.stages import Workdir
-
+def test_the_table_plot_and_record_add_the_best_checkpoints_only_for_rows_that_have_them(tmp_path, monkeypatch):
     monkeypatch.setattr(rl_vs_sft.stages, "run_stage", lambda *a, **k: pytest.fail(f"ran {a}"))
     d = _best_seed(tmp_path)
-    args = argparse.Namespace(kb_seed=101, start_steps=60, minutes=10.0, gain=0.05, val_n=1, eval_limit=4)
-    w, q = Workdir(tmp_path / "w"), tmp_path / "q.parquet"
-    first = {0: (d / "val_start", d / "eval_start")}
-    row = rl_vs_sft.seed_row(1, d, KINDS, gain=0.05)
-    row["best_checkpoints"] = rl_vs_sft.best_row(
-        d, KINDS, rl_vs_sft.best_checkpoint(w, d, "sft_more", q, q, "http://x", args,
-                                            {**first, 6: (d / "val_sft_more", d / "eval_sft_more")}),
-        rl_vs_sft.best_checkpoint(w, d, "grpo", q, q, "http://x", args, {**first, 3: (None, d / "eval_grpo")}))
+    row = rl_vs_sft.seed_row(101, 1, d, ["sft_more", "grpo"], KINDS, {}, gain=0.05)
+    row["best_checkpoints"] = rl_vs_sft.best_row(d, KINDS, _bests(tmp_path, d))
     older = {k: v for k, v in row.items() if k != "best_checkpoints"}
     rows = [row, {**older, "seed": 2}]
     summ = tables.summary(rows)
-    assert summ["best_checkpoints"]["seeds"] == 1 and summ["best_checkpoints"]["mean"] == pytest.approx(-0.75)
-    text = tables.table(rows, summ, "", args)
-    assert "| 1 | 4 (6.7 min), 100.0 | 0 (0.0 min), 50.0 | 25.0 / 100.0 / 25.0 | -75.0 [" in text
-    assert "GRPO best - SFT best: mean -75.0" in text and "over 1 seed." in text
-    assert "| 2 | 4 (" not in text
-    assert "best checkpoint" not in tables.table([older], tables.summary([older]), "", args)
-    json.dumps(row)  # the row goes into the benchmark's JSON as it is
+    b = summ["best_checkpoints"]
+    assert b["cells"] == 1 and b["pairs"]["grpo_minus_sft_more"]["mean"] == pytest.approx(-0.75)
+    text = tables.table(rows, summ, "", _args(val_n=1))
+    assert "| 101 | 1 | 4 (6.7 min), 100.0 | 0 (0.0 min), 50.0 | 25.0 / 100.0 / 25.0 | -75.0 [" in text
+    assert "Best checkpoints, GRPO - SFT more over 1 cell: mean -75.0" in text and "| 101 | 2 | 4 (" not in text
+    assert "best checkpoint" not in tables.table([older], tables.summary([older]), "", _args())
+    json.dumps(row)
+    # the plot: the models' bars, then each arm's best checkpoint; the right panel, GRPO's checkpoints
+    # by the command at the trainer's minutes for their steps, against SFT's best
+    assert tables.bars(row) == [("start", 0.25), ("SFT more", 0.5), ("GRPO", 0.75), ("SFT at GRPO's minutes", 0.25),
+                                ("SFT more's best checkpoint", 1.0), ("GRPO's best checkpoint", 0.25)]
+    assert tables.running_curves(row) == {"grpo": ([(0.0, 0.5), (2.0, 0.5), (3.0, 0.0)], 1.0)}
+    assert tables.running_curves(older) == {"grpo": ([(0.0, 0.5), (2.0, 0.5), (3.0, 0.0)], 0.5)}
+    assert tables.plot(rows, tmp_path / "p.png").stat().st_size > 0
+    # the record's figures: the best checkpoints' first; one cell's interval over questions
+    result = {"rows": rows, "summary": summ}
+    got = records.rl_vs_sft_headline(result)
+    assert got == tables.headline(result)
+    assert list(got)[0] == "GRPO \u2212 SFT more (best checkpoints)" and got[list(got)[0]].startswith("\u221275.0 [")
+    assert got["GRPO \u2212 SFT more (same minutes, last checkpoints)"] == \
+        "mean +25.0, t [+25.0, +25.0] over 2 cells (range +25.0 to +25.0)"  # the same +25.0 in both cells
+    assert got["agent EM: start / SFT more / GRPO"] == "25.0 / 50.0 / 75.0" and got["steps: SFT more / GRPO"] == "6,6 / 3,3"
 
 
-def test_the_plot_draws_best_checkpoints_by_one_scorer(tmp_path):
-    # a --best-of-val row: six bars (the four arms, then each arm's best checkpoint); the right
-    # panel's line is the evaluation command's score of GRPO's checkpoints at the trainer's minutes
-    # for those steps (step 6 has no trainer point: not drawn), against SFT's best checkpoint
-    row = {"seed": 1, "em_start": 0.5, "em_sft_more": 0.4, "em_sft_matched": 0.45, "em_grpo": 0.6,
-           "val_em_sft_more": 0.3,
-           "val_points": [[0, 0.0, 0.5], [4, 2.5, 0.7], [8, 5.0, 0.9]],
-           "best_checkpoints": {"sft": {"em": 0.55, "val_em": 0.65, "val_points": [[0, 0.65], [10, 0.6]]},
-                                "grpo": {"em": 0.7, "val_em": 0.8, "val_points": [[0, 0.65], [4, 0.8], [6, 0.75], [8, 0.7]]}}}
-    assert tables.bars(row) == [("start SFT", 0.5), ("SFT, same budget", 0.4), ("SFT, GRPO's minutes", 0.45),
-                                ("GRPO", 0.6), ("SFT's best checkpoint", 0.55), ("GRPO's best checkpoint", 0.7)]
-    assert tables.running_curve(row) == ([(0.0, 0.65), (2.5, 0.8), (5.0, 0.7)], 0.65)
-    older = {k: v for k, v in row.items() if k != "best_checkpoints"}  # without --best-of-val: the trainer's
-    assert len(tables.bars(older)) == 4
-    assert tables.running_curve(older) == ([(0.0, 0.5), (2.5, 0.7), (5.0, 0.9)], 0.3)
-    assert tables.plot([row, {**older, "seed": 2}], tmp_path / "p.png").stat().st_size > 0  # six bars beside four
+def test_the_records_figures_across_cells(tmp_path):
+    rows = [_row(11, 1, {"grpo_minus_sft_more": 0.04}), _row(12, 1, {"grpo_minus_sft_more": 0.09}),
+            _row(13, 1, {"grpo_minus_sft_more": 0.09})]
+    got = tables.headline({"rows": rows, "summary": tables.summary(rows)})
+    assert got["GRPO \u2212 SFT more (same minutes, last checkpoints)"] == \
+        "mean +7.3, t [+0.2, +14.5] over 3 cells (range +4.0 to +9.0)"
+    one = tables.headline({"rows": rows[:1], "summary": tables.summary(rows[:1])})
+    assert one["GRPO \u2212 SFT more (same minutes, last checkpoints)"] == "+4.0 [\u22126.0, +14.0] (1 cell)"
 
 
-def test_a_seeds_per_question_file_holds_every_models_answers_and_the_checkpoints_scores(tmp_path, monkeypatch):
-    from agent_rl.demo.stages import Workdir
-
+def test_a_cells_per_question_file_holds_every_models_answers_and_the_checkpoints_scores(tmp_path, monkeypatch):
     monkeypatch.setattr(rl_vs_sft.stages, "run_stage", lambda *a, **k: pytest.fail(f"ran {a}"))
     d = _best_seed(tmp_path)
-    args = argparse.Namespace(val_n=1, eval_limit=4)
-    w, q = Workdir(tmp_path / "w"), tmp_path / "q.parquet"
-    first = {0: (d / "val_start", d / "eval_start")}
-    row = rl_vs_sft.seed_row(3, d, KINDS, gain=0.05)
+    row = rl_vs_sft.seed_row(101, 3, d, ["sft_more", "grpo"], KINDS, {}, gain=0.05)
     without = json.loads(json.dumps(rl_vs_sft.per_question(d, KINDS, row)))  # as the file holds it
     assert sorted(without["models"]) == ["grpo", "sft_matched", "sft_more", "start"]
     assert without["running_evaluation"] == {"grpo_trainer_validation": {"0": 0.5, "2": 0.5, "3": 0.0}}
-    row["best_checkpoints"] = rl_vs_sft.best_row(
-        d, KINDS, rl_vs_sft.best_checkpoint(w, d, "sft_more", q, q, "http://x", args,
-                                            {**first, 6: (d / "val_sft_more", d / "eval_sft_more")}),
-        rl_vs_sft.best_checkpoint(w, d, "grpo", q, q, "http://x", args, {**first, 3: (None, d / "eval_grpo")}))
+    row["best_checkpoints"] = rl_vs_sft.best_row(d, KINDS, _bests(tmp_path, d))
     got = json.loads(json.dumps(rl_vs_sft.per_question(d, KINDS, row)))
-    assert got["seed"] == 3
+    assert (got["kb_seed"], got["seed"]) == (101, 3)
     # GRPO 3/4: q1-q3 right (q3 a bridge), 2 searches each; SFT's best (step 4) all four
     assert got["models"]["grpo"] == {"em": 75.0, "searches": 2.0, "by_kind": {"bridge": 50.0, "single": 100.0},
                                      "em_by_id": {"q1": 1.0, "q2": 1.0, "q3": 1.0, "q4": 0.0}}
     assert got["models"]["sft_more"]["em_by_id"] == {"q1": 1.0, "q2": 1.0, "q3": 0.0, "q4": 0.0}
-    assert got["models"]["sft_best_step_4"]["em"] == 100.0
+    assert got["models"]["sft_more_best_step_4"]["em"] == 100.0
     assert got["models"]["grpo_best_step_0"] == got["models"]["start"]  # GRPO never passed its start
     assert got["running_evaluation"] == {"sft_more": {"0": 0.5, "2": 0.0, "4": 1.0, "6": 0.5},
                                          "grpo": {"0": 0.5, "2": 0.5, "3": 0.0},
                                          "grpo_trainer_validation": {"0": 0.5, "2": 0.5, "3": 0.0}}
+
+
+def _fake_stage(cmd: list, what: str, tag: str) -> float:
+    """Each stage's files as its command would leave them, made up in no time: the KB (6 test
+    questions, 3 single and 3 bridge), demonstrations, SFT and RL runs (SFT 6 steps of 100 s,
+    RL 4 of 120 s with running evaluations), and evaluations whose answers depend on the model."""
+    import zlib
+
+    import pandas as pd
+
+    cmd = [str(c) for c in cmd]
+    opt = {k: v for k, v in zip(cmd, cmd[1:])}
+    over = dict(c.split("=", 1) for c in cmd if "=" in c and not c.startswith("-"))
+    if "synthetic" in cmd:
+        kb = Path(opt["--out"])
+        kb.mkdir(parents=True)
+        pd.DataFrame({"id": [f"kb_test_{i}" for i in range(6)], "kind": ["single", "bridge"] * 3,
+                      "question": ["q"] * 6}).to_parquet(kb / "test.parquet")
+        pd.DataFrame({"id": [f"kb_train_{i}" for i in range(9)]}).to_parquet(kb / "train.parquet")
+        (kb / "kind").write_text(opt.get("--kind", "standard"))
+    elif "model" in cmd and "data_prep" in cmd:
+        Path(opt["--out"]).mkdir(parents=True)
+        (Path(opt["--out"]) / ".complete").write_text("")
+    elif "demos" in cmd:
+        Path(opt["--out"]).parent.mkdir(parents=True, exist_ok=True)
+        Path(opt["--out"]).write_text(opt["--limit"])
+    elif "agent_rl.coldstart.cli" in cmd:
+        out = Path(over["trainer.default_local_dir"])
+        steps = min(6, int(over["trainer.total_training_steps"]) if over["trainer.total_training_steps"] != "null" else 6)
+        _metrics(out, [{"step": i, "sft/loss": 2.0 - 0.1 * i, "training/elapsed_s": 100.0 * i} for i in range(1, steps + 1)])
+        (out / "model").mkdir()
+        (out / "model" / "config.json").write_text(json.dumps(over))
+    elif "agent_rl.training.cli" in cmd:
+        _metrics(Path(over["trainer.default_local_dir"]), [{"step": s, "val/em": 0.1 * s, "training/elapsed_s": 120.0 * s}
+                                                           for s in range(5)])
+        (Path(over["trainer.default_local_dir"]) / "command.json").write_text(json.dumps(cmd))
+    elif "agent_rl.evaluation.cli" in cmd:
+        ids = list(pd.read_parquet(opt["--data"])["id"])[: int(opt["--limit"])]
+        recs = [{"id": i, "mode": "agent", "data_source": "kb", "em": float(zlib.crc32(f"{opt['--model']}{i}".encode()) % 2),
+                 "subem": 0.0, "f1": 0.0, "valid_format": True, "searches": 1, "turns": 2, "prediction": "x",
+                 "retrieval_hit": False, "trajectory": "<search>a name</search>"} for i in ids]
+        out = Path(opt["--out"])
+        out.mkdir(parents=True)
+        (out / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        report.write_summary(report.summarize(recs), out)
+    else:
+        raise AssertionError(f"unexpected stage {what}: {cmd}")
+    return 0.0
+
+
+def test_main_runs_every_arm_of_every_cell_and_writes_the_result_and_record(tmp_path, monkeypatch):
+    """The whole command on two lookalike KBs x one seed with every stage made up (_fake_stage):
+    each KB's workdir and settings, the KB kind passed to the builder, every arm on the clock that
+    counts every second, demonstrations of every training question for sft_all, and the run's
+    JSON, table, plot and record across both cells. A second run reuses everything."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def served(*a, **k):
+        yield "http://x"
+
+    monkeypatch.setattr(rl_vs_sft.stages, "run_stage", _fake_stage)
+    monkeypatch.setattr("benchmarks.kb_server.serve_index", served)
+    monkeypatch.setattr("agent_rl.evaluation.evaluate.resolve_model_dir", lambda p: Path(p))
+    argv = ["--kb-seed", "11", "12", "--kb-kind", "lookalike", "--seeds", "1", "--minutes", "10", "--eval-limit", "4",
+            "--val-n", "2", "--demos", "3", "--rft-lr", "1e-5", "--workdir", str(tmp_path / "w")]
+    assert rl_vs_sft.main(argv) == 0
+    for k in (11, 12):
+        work = tmp_path / "w" / f"lookalike_kb{k}"
+        assert (work / "kb" / "kind").read_text() == "lookalike"
+        assert (work / "demos" / "kb_train.parquet").read_text() == "3"
+        assert (work / "demos" / "kb_train_all.parquet").read_text() == "9"  # every training question
+        settings = json.loads((work / "settings.json").read_text())
+        assert (settings["kb_seed"], settings["kb_kind"], settings["clock"], settings["rft_lr"]) == (k, "lookalike", "every second", 1e-5)
+        d = work / "seed1"
+        for arm in ("sft_more", "sft_all"):
+            over = json.loads((d / arm / "model" / "config.json").read_text())
+            assert over["trainer.max_time_counts"] == "all" and over["trainer.max_time_s"] == "600"
+        assert json.loads((d / "sft_all" / "model" / "config.json").read_text())["data.train_files"] == \
+            f"[{work / 'demos' / 'kb_train_all.parquet'}]"
+        rft = json.loads((d / "rft" / "command.json").read_text())
+        assert "trainer.max_time_counts=all" in rft and "algorithm.adv_estimator=rejection_sampling" in rft
+        assert "trainer.max_time_counts=all" in json.loads((d / "grpo" / "command.json").read_text())
+        assert json.loads((d / "per_question.json").read_text())["kb_seed"] == k
+    result = json.loads((tmp_path / "w" / "rl_vs_sft.json").read_text())
+    assert result["kb_seeds"] == [11, 12] and result["arms"] == list(tables.ARMS) and result["kb_kind"] == "lookalike"
+    assert [(r["kb_seed"], r["seed"]) for r in result["rows"]] == [(11, 1), (12, 1)]
+    assert result["summary"]["cells"] == 2 and result["summary"]["pairs"]["grpo_minus_rft"]["df"] == 1
+    assert result["rows"][0]["steps"] == {"sft_more": 6, "rft": 4, "grpo": 4, "sft_all": 6}
+    assert "across KB x seed (t, df 1)" in (tmp_path / "w" / "rl_vs_sft.md").read_text()
+    rec = json.loads((tmp_path / "w" / "record.json").read_text())
+    assert rec["headline"] == tables.headline(result) and (tmp_path / "w" / "rl_vs_sft.png").stat().st_size > 0
+    # a second run finds every stage done; other settings in a KB's workdir are refused before anything runs
+    monkeypatch.setattr(rl_vs_sft.stages, "run_stage", lambda *a, **k: pytest.fail(f"ran {a}"))
+    assert rl_vs_sft.main(argv) == 0
+    with pytest.raises(SystemExit, match="rft_lr 1e-05 there, 2e-05 asked"):
+        rl_vs_sft.main([*argv[:-4], "--rft-lr", "2e-5", "--workdir", str(tmp_path / "w")])
+
+
+def test_main_draws_the_start_curve_on_one_kb(tmp_path, monkeypatch):
+    from contextlib import contextmanager
+
+    @contextmanager
+    def served(*a, **k):
+        yield "http://x"
+
+    monkeypatch.setattr(rl_vs_sft.stages, "run_stage", _fake_stage)
+    monkeypatch.setattr("benchmarks.kb_server.serve_index", served)
+    monkeypatch.setattr("agent_rl.evaluation.evaluate.resolve_model_dir", lambda p: Path(p))
+    argv = ["--kb-seed", "0", "--seeds", "1", "2", "--start-curve", "3", "6", "--eval-limit", "4", "--val-n", "2",
+            "--workdir", str(tmp_path / "w")]
+    assert rl_vs_sft.main(argv) == 0
+    curve = json.loads((tmp_path / "w" / "start_curve.json").read_text())
+    assert (curve["kb_seed"], sorted(curve["curves"])) == (0, ["1", "2"])
+    assert [p["step"] for p in curve["curves"]["1"]] == [3, 6] and not (tmp_path / "w" / "rl_vs_sft.json").exists()
+    with pytest.raises(SystemExit):  # one KB: the dev KB's curve chooses the start
+        rl_vs_sft.main(["--kb-seed", "0", "1", "--start-curve", "3", "6"])
