@@ -117,7 +117,9 @@ def time_to_gain(run_dir: Path, gain: float) -> dict:
     """From the run's metrics.jsonl: the step-0 val/em (the SFT model), and the RL minutes and
     step at which val/em first reached it + `gain` (None when it never did). RL minutes are the
     trainer's `training/elapsed_s`, which leaves its validations out (a --compare-ref arm of code
-    older than that counts them in)."""
+    older than that counts them in), unless the run counted every second
+    (trainer.max_time_counts=all: benchmarks/rl_vs_sft.py's arms), where the validations and
+    saves before a step are in its minutes."""
     from agent_rl.training.metrics import validation_points
 
     points = validation_points(run_dir)

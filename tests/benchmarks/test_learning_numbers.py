@@ -113,3 +113,17 @@ def test_time_to_gain_reads_the_running_evaluation(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(json.dumps(rows[1]) + "\n")
     with pytest.raises(ValueError, match="no step-0 val/em"):
         learning.time_to_gain(tmp_path, 0.05)
+
+
+def test_time_to_gain_under_every_second_counts_the_validations_in_the_minutes(tmp_path):
+    """trainer.max_time_counts=all (benchmarks/rl_vs_sft.py's arms): each step's
+    training/elapsed_s holds the validations (30 s each) and checkpoints (10 s each, every 4
+    steps) before it. Steps of 30 s, validated every 4: step 4 ends at 120 s, step 8 at 120 +
+    30 + 10 + 120 = 280 s; the gain (0.60 -> 0.65) at step 8 is 280 s of wall time, 4.67 minutes,
+    where the steps alone (trainer.max_time_counts=steps) would say 4.0."""
+    rows = [{"step": 0, "val/em": 0.60}, {"step": 4, "val/em": 0.62, "training/elapsed_s": 120.0},
+            {"step": 8, "val/em": 0.65, "training/elapsed_s": 280.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    t = learning.time_to_gain(tmp_path, 0.05)
+    assert (t["steps_to_gain"], t["time_to_gain_min"]) == (8, pytest.approx(280.0 / 60))
+    assert t["val_points"] == [(0, 0.0, 0.60), (4, 2.0, 0.62), (8, pytest.approx(280.0 / 60), 0.65)]
