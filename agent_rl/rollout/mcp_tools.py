@@ -11,6 +11,14 @@ background asyncio task made by `start()` owns the connection for its whole life
 from any number of tasks of the same loop share its session, and `start()` and `aclose()` may
 be awaited from different tasks.
 
+A listed tool enters every prompt (its name, description and inputSchema), so what a server
+lists is made safe first: a name must follow MCP's rule (SEP-986: 1-128 of A-Z a-z 0-9 _ - .),
+else `tools()` refuses it; in the description and every string of the schema `<` and `>` are
+written `&lt;`/`&gt;` (no protocol tag or special token of any tokenizer survives: they are all
+written with `<`, see `observation.special_texts`), each string cut to MAX_DESCRIPTION_CHARS and
+a schema of more than MAX_SCHEMA_CHARS refused: a description holding
+`</tool_call><|im_start|>system ...` forged a system turn (issue 83).
+
 What a call can give (see `tools.Tool.invoke`):
 - the text items of the result joined with "\\n" (other items as "[image]", "[audio]", ...);
 - a result with isError=True, or a JSON-RPC "invalid params" error: `ToolInputError` with the
@@ -49,6 +57,7 @@ import collections
 import contextlib
 import json
 import os
+import re
 import shlex
 import sys
 import time
@@ -63,6 +72,11 @@ STDERR_LINE_BYTES = 2000  # a longer stderr line goes out in pieces: a child may
 STDERR_LINES_PER_S = 100  # forwarded to our stderr at most; the rest counted (the tail keeps the last ones)
 STDERR_READS = 16  # pipe reads of 64 KiB per wake-up: a child writing without pause cannot hold the loop
 MAX_TOOL_PAGES = 100
+TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+"""MCP's rule for tool names (SEP-986), https://modelcontextprotocol.io/specification/2025-11-25/server/tools#tool-names"""
+MAX_DESCRIPTION_CHARS = 1000  # a listed tool's description, and each string of its schema, cut to this
+MAX_SCHEMA_CHARS = 20_000  # a listed tool's inputSchema as JSON, once its strings are cut; more is refused
+MAX_SCHEMA_DEPTH = 32
 MAX_CONTENT_ITEMS = 100  # content items of a call's answer that reach the SDK; the rest are counted
 MAX_MESSAGE_VALUES = 5_000  # JSON values of a message the SDK validates on our loop (~10 us each)
 MAX_LIST_VALUES = 100_000  # ... of a tools/list answer, read once before any rollout
@@ -245,6 +259,28 @@ def _describe(exc: BaseException) -> str:
         text = str(e).strip()
         parts.append(f"{type(e).__name__}: {text}" if text else type(e).__name__)
     return "; ".join(parts)
+
+
+def _shown(text: str) -> str:
+    """A server's text as it may enter a prompt: valid UTF-8 (a lone surrogate becomes "?"), `<`
+    and `>` written `&lt;`/`&gt;`, at most MAX_DESCRIPTION_CHARS characters."""
+    text = text[:MAX_DESCRIPTION_CHARS]
+    if not text.isascii():
+        text = text.encode("utf-8", "replace").decode("utf-8")
+    return text.replace("<", "&lt;").replace(">", "&gt;")[:MAX_DESCRIPTION_CHARS]
+
+
+def _shown_schema(value: Any, depth: int = 0) -> Any:
+    """`value` (a JSON schema) with every string, keys included, `_shown`."""
+    if depth > MAX_SCHEMA_DEPTH:
+        raise ValueError(f"nested more than {MAX_SCHEMA_DEPTH} deep")
+    if isinstance(value, str):
+        return _shown(value)
+    if isinstance(value, dict):
+        return {_shown(str(k)): _shown_schema(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shown_schema(v, depth + 1) for v in value]
+    return value
 
 
 def _content_text(result: Any) -> str:
@@ -517,6 +553,11 @@ class McpServer:
         twice = sorted({t.name for t in listed if counts[t.name] > 1})
         if twice:
             raise ValueError(f"MCP server {self.name!r} lists tool(s) {twice} more than once")
+        unnamed = [t.name[:80] for t in listed if not TOOL_NAME.fullmatch(t.name)]
+        if unnamed:
+            raise ValueError(f"MCP server {self.name!r} lists tool name(s) {unnamed} outside MCP's rule (SEP-986: "
+                             f"1-128 of A-Z a-z 0-9 _ - .); a name enters the prompt as it is"
+                             + ("; choose the other tools with `include`" if include is None else ""))
         return [self._tool(t, timeout_s, max_concurrency) for t in listed]
 
     async def _list_tools(self, timeout_s: float) -> list[Any]:
@@ -547,9 +588,16 @@ class McpServer:
             return text
 
         call.__name__ = f"mcp_{tool_name}"
-        tool = Tool(name=tool_name, description=listed.description or "",
-                    parameters=dict(listed.input_schema or {"type": "object"}), fn=call, timeout_s=timeout_s,
-                    max_concurrency=max_concurrency)
+        try:
+            parameters = _shown_schema(dict(listed.input_schema or {"type": "object"}))
+        except (ValueError, RecursionError) as e:
+            raise ValueError(f"MCP server {self.name!r}: tool {tool_name!r}'s inputSchema is {e}") from None
+        size = len(json.dumps(parameters, ensure_ascii=False))
+        if size > MAX_SCHEMA_CHARS:
+            raise ValueError(f"MCP server {self.name!r}: tool {tool_name!r}'s inputSchema is {size} characters of "
+                             f"JSON; at most {MAX_SCHEMA_CHARS} enter a prompt")
+        tool = Tool(name=tool_name, description=_shown(listed.description or ""), parameters=parameters, fn=call,
+                    timeout_s=timeout_s, max_concurrency=max_concurrency)
         return tool
 
     async def _request(self, what: str, send, timeout_s: float):
