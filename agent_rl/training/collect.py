@@ -22,9 +22,9 @@ trainer.max_staleness). A step takes `train_batch_size` groups:
   trainer.max_staleness versions is dropped and counted.
 
 A dropped or filtered group is replaced by the next one. A checkpoint holds `state()`
-(`ROLLOUTS`): the next key and every group submitted and not
-trained, with its trajectories in flight (`SavedGroup`); `restore` submits them again first,
-so a resumed run trains each prompt once and continues, not regenerates, what was sampled.
+(`ROLLOUTS`): the next key and every group submitted and not trained, with its trajectories
+in flight (`SavedGroup`); `restore` submits them again first, so a resumed run trains each
+prompt once and continues, not regenerates, what was sampled.
 """
 
 from __future__ import annotations
