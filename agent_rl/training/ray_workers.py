@@ -14,6 +14,13 @@ loop does anyway (rollout, then log-probs, then update). Ray sets OMP_NUM_THREAD
 actors with no CPUs, so each actor sets its torch threads explicitly. On GPU (untested
 here) the engine, actor rank i and critic rank i share GPU i (`GPU_SHARE`); tensor-parallel
 engines are not placed yet.
+
+Nodes (`trainer.nnodes`, veRL's meaning: the nodes the training workers spread over): on CPU
+a group's `num_actor_workers` ranks sit `num_actor_workers / nnodes` to a node (ranks 0..k-1
+on one, the next k on another) through a STRICT_SPREAD placement group of one bundle per
+node; the engine is one actor on one node. Gloo meets at rank 0's node IP and binds to the
+interface holding each node's Ray address. A cluster with fewer nodes than `nnodes` is
+refused in one line before anything starts (`check_cluster`).
 """
 
 from __future__ import annotations
@@ -60,19 +67,82 @@ def _actor_env(cfg: TrainConfig, engine: bool = False) -> dict:
     return {"env_vars": {**env, **(engine_env() if engine else {}), "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n}}
 
 
+class ClusterTooSmall(ValueError):
+    """The Ray cluster has fewer nodes able to hold the training workers than trainer.nnodes."""
+
+
+SPREAD_BUNDLE = {"CPU": 0.01}
+"""One node's bundle of a CPU group spread over trainer.nnodes nodes. The 0.01 CPU only marks
+the node (Ray refuses a bundle of zeros); the workers in it still ask for no CPUs."""
+PLACEMENT_TIMEOUT_S = 300
+"""How long a spread group may wait for its nodes (held by other work) before it is refused."""
+
+
+def check_nnodes(cfg: TrainConfig, world_size: int | None = None) -> None:
+    """trainer.nnodes against the workers it spreads (config only, before Ray): on CPU the
+    `world_size` ranks (default trainer.num_actor_workers) must fill every node alike."""
+    tr = cfg.trainer
+    n = tr.num_actor_workers if world_size is None else world_size
+    if tr.n_gpus_per_node <= 0 and tr.nnodes > 1 and n % tr.nnodes:
+        raise ValueError(f"trainer.num_actor_workers={n} does not spread over trainer.nnodes={tr.nnodes}: on CPU each "
+                         f"node runs num_actor_workers / nnodes of them (veRL: nnodes x n_gpus_per_node); "
+                         f"make it a multiple of {tr.nnodes}")
+
+
+def check_cluster(cfg: TrainConfig, world_size: int | None = None) -> None:
+    """Refuse (ClusterTooSmall, one line) a connected cluster with fewer alive nodes able to
+    hold a training worker (a CPU bundle; on GPU runs n_gpus_per_node GPUs) than
+    trainer.nnodes: their placement group would wait for ever."""
+    check_nnodes(cfg, world_size)
+    tr = cfg.trainer
+    if tr.nnodes <= 1:
+        return
+    key, need = ("GPU", tr.n_gpus_per_node) if tr.n_gpus_per_node > 0 else ("CPU", SPREAD_BUNDLE["CPU"])
+    alive = [n for n in ray.nodes() if n["Alive"]]
+    able = [n for n in alive if n["Resources"].get(key, 0) >= need]
+    if len(able) < tr.nnodes:
+        gcs = ray.get_runtime_context().gcs_address
+        what = "CPUs" if key == "CPU" else f"{need} GPUs"
+        raise ClusterTooSmall(f"trainer.nnodes={tr.nnodes}, but the Ray cluster at {gcs} has {len(able)} node(s) with "
+                              f"{what} ({len(alive)} alive): join the others (`ray start --address={gcs}` on each host) "
+                              "or lower trainer.nnodes")
+
+
+def _spread_group(cfg: TrainConfig, world_size: int, role: str) -> Any:
+    """The STRICT_SPREAD placement group of a CPU group over trainer.nnodes > 1 nodes (one
+    bundle per node), ready; None otherwise (a single node, or GPU runs: `_placement`)."""
+    if cfg.trainer.n_gpus_per_node > 0 or cfg.trainer.nnodes <= 1:
+        return None
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    check_cluster(cfg, world_size)
+    pg = placement_group([dict(SPREAD_BUNDLE)] * cfg.trainer.nnodes, strategy="STRICT_SPREAD", name=f"agent_rl_{role}")
+    if not pg.wait(PLACEMENT_TIMEOUT_S):
+        remove_placement_group(pg)
+        raise ClusterTooSmall(f"the {role} workers' {cfg.trainer.nnodes} nodes (STRICT_SPREAD, {SPREAD_BUNDLE} each) "
+                              f"were not free within {PLACEMENT_TIMEOUT_S}s: `ray status` shows what holds them")
+    return pg
+
+
 GPU_SHARE = {"rollout": 0.2, "actor": 0.4, "critic": 0.4}
 """GPU runs (untested here: no GPU): the engine, actor rank i and critic rank i share GPU i,
 as veRL's colocated workers do; these are their fractions of the device."""
 _GPU_GROUP: list = []
 
 
-def _placement(cfg: TrainConfig, role: str, rank: int) -> dict:
-    """Ray resources of one actor: no CPUs on CPU runs (see module docstring); on GPU runs a
-    share of GPU `rank` through one placement group of one bundle per GPU."""
-    if cfg.trainer.n_gpus_per_node <= 0:
-        return {"num_cpus": 0}
-    from ray.util.placement_group import placement_group
+def _placement(cfg: TrainConfig, role: str, rank: int, spread: Any = None, world_size: int = 1) -> dict:
+    """Ray resources of one actor: no CPUs on CPU runs (see module docstring), in bundle
+    rank // (world_size / nnodes) of `spread` (the group's `_spread_group`) when there is one;
+    on GPU runs a share of GPU `rank` through one placement group of one bundle per GPU."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    if cfg.trainer.n_gpus_per_node <= 0:
+        if spread is None:
+            return {"num_cpus": 0}
+        per_node = world_size // cfg.trainer.nnodes
+        return {"num_cpus": 0, "scheduling_strategy": PlacementGroupSchedulingStrategy(
+            spread, placement_group_bundle_index=rank // per_node)}
+    from ray.util.placement_group import placement_group
 
     n = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
     if not _GPU_GROUP:
@@ -164,6 +234,9 @@ class RolloutWorker:
     async def stream_snapshot(self) -> list:
         return await self._stream().snapshot()
 
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
     async def shutdown(self) -> None:
         if self.stream is not None:
             await self.stream.aclose()
@@ -182,6 +255,8 @@ def make_rollout_worker(cfg: TrainConfig, retriever: Any = None) -> Any:
     `retriever`: optional in-process search object replacing the HTTP client (tests)."""
     worker = RolloutWorker.options(runtime_env=_actor_env(cfg, engine=True), **_placement(cfg, "rollout", 0)).remote(cfg, retriever)
     ray.get(worker.start.remote())
+    if cfg.trainer.nnodes > 1:
+        print(f"[workers] engine on node {ray.get(worker.node_id.remote())[:8]}", flush=True)
     return worker
 
 
@@ -203,8 +278,18 @@ class TrainWorkerHost:
             port = s.getsockname()[1]
         return ray.util.get_node_ip_address(), port
 
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
     def setup(self, factory: Callable[..., Any], rank: int, world_size: int, master: tuple[str, int]) -> None:
         os.environ.update(MASTER_ADDR=master[0], MASTER_PORT=str(master[1]), RANK=str(rank), WORLD_SIZE=str(world_size))
+        # gloo binds to what the hostname resolves to, 127.0.1.1 on many Linux hosts: peers on
+        # other nodes could not reach it. Bind to the interface holding the address Ray
+        # reaches this node by, unless the user named one (GLOO_SOCKET_IFNAME).
+        if world_size > 1 and "GLOO_SOCKET_IFNAME" not in os.environ:
+            iface = _interface_of(ray.util.get_node_ip_address())
+            if iface:
+                os.environ["GLOO_SOCKET_IFNAME"] = iface
         self.worker = factory(rank=rank, world_size=world_size, init_method=f"tcp://{master[0]}:{master[1]}")
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -228,19 +313,36 @@ class TrainWorkerHost:
         return getattr(self.worker, method)(batch.select(idx)), idx
 
 
+def _interface_of(ip: str) -> str | None:
+    """The name of this host's network interface holding `ip`, if any."""
+    import psutil  # a Ray dependency
+
+    return next((name for name, addrs in psutil.net_if_addrs().items() if any(a.address == ip for a in addrs)), None)
+
+
 class WorkerGroup:
-    """N data-parallel training workers built by `factory(rank=, world_size=)` in Ray actors."""
+    """N data-parallel training workers built by `factory(rank=, world_size=)` in Ray actors,
+    spread over trainer.nnodes nodes (module docstring)."""
 
     def __init__(self, cfg: TrainConfig, factory: Callable[..., Any], world_size: int, role: str = "actor"):
         if world_size < 1:
             raise ValueError(f"trainer.num_actor_workers must be >= 1, got {world_size}")
         self.world_size = world_size
+        self.spread = _spread_group(cfg, world_size, role)
         self.hosts = [
-            TrainWorkerHost.options(runtime_env=_actor_env(cfg), **_placement(cfg, role, rank)).remote(torch_threads(cfg))
+            TrainWorkerHost.options(runtime_env=_actor_env(cfg), **_placement(cfg, role, rank, self.spread, world_size))
+            .remote(torch_threads(cfg))
             for rank in range(world_size)
         ]
-        master = ray.get(self.hosts[0].address.remote())
+        if self.spread is not None:
+            nodes = " ".join(f"{r}@{n[:8]}" for r, n in enumerate(self.node_ids()))
+            print(f"[workers] {role} ranks over trainer.nnodes={cfg.trainer.nnodes} nodes (rank@node): {nodes}", flush=True)
+        master = ray.get(self.hosts[0].address.remote())  # rank 0's node IP: reachable from every node
         ray.get([h.setup.remote(factory, r, world_size, master) for r, h in enumerate(self.hosts)])
+
+    def node_ids(self) -> list[str]:
+        """The Ray node id of each rank's process, by rank."""
+        return ray.get([h.node_id.remote() for h in self.hosts])
 
     def call_all(self, method: str, *args: Any) -> list[Any]:
         """`method(*args)` on every rank (collectives inside need all ranks); results by rank."""
@@ -278,3 +380,8 @@ class WorkerGroup:
         for h in self.hosts:
             ray.kill(h)
         self.hosts = []
+        if self.spread is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self.spread)
+            self.spread = None
