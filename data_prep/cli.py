@@ -107,7 +107,7 @@ def _cmd_synthetic(args) -> int:
 
     try:
         stats = generate_kb(args.out, seed=args.seed, n_entities=args.entities,
-                            n_train=args.train, n_test=args.test)
+                            n_train=args.train, n_test=args.test, kind=args.kind)
     except FileExistsError as e:  # --out holds files this command did not write: usage
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -115,6 +115,9 @@ def _cmd_synthetic(args) -> int:
     print(f"{stats['entities']} entities ({stats['people']} people, {stats['organisations']} organisations, "
           f"{stats['works']} works, {stats['cities']} cities), {stats['passages']} passages")
     print(f"questions: {kinds}")
+    if args.kind == "lookalike":
+        print(f"lookalike: {stats['names_shared']} names shared by 2-4 people; questions with a namesake to tell apart: "
+              + ", ".join(f"{s} {n}" for s, n in stats["questions_with_namesakes"].items()))
     print(f"written {stats['passages']} passages, {stats['train']} train and {stats['test']} test "
           f"questions -> {args.out} in {stats['seconds']:.1f}s")
     return 0
@@ -283,6 +286,11 @@ def build_parser(with_index_args: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--entities", type=int, default=2000, metavar="N", help="number of entities (default 2000)")
     p.add_argument("--train", type=int, default=5000, metavar="N", help="train questions (default 5000)")
     p.add_argument("--test", type=int, default=500, metavar="N", help="test questions (default 500)")
+    p.add_argument("--kind", default="standard", choices=("standard", "lookalike"),
+                   help="standard (default): unique names, the demonstrations' name-only searches are the best; "
+                        "lookalike: people share names with 1-3 namesakes and a question about a person gives an "
+                        "attribute that tells them apart, so a search with the attribute beats the demonstrations' "
+                        "name-only one (benchmarks/kb_headroom.py measures by how much)")
     p.set_defaults(func=_cmd_synthetic)
 
     p = sub.add_parser("model", help="write the embedded policy (SmolLM2-135M-Instruct) as an HF directory",

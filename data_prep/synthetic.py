@@ -23,19 +23,38 @@ the founder of Y born?"), ``comparison`` ("Who was born first, X or Z?"). Per ro
 ``golden_answers[0]`` is the canonical answer as passages write it, followed by aliases
 (a person's full name with middle name, as the biography's first sentence gives it).
 
+Knowledge-base kinds (``generate_kb(kind=...)``, ``synthetic --kind``): ``standard`` (the default, above: every name unique, so the demonstrations'
+hop queries, the name and what is asked, are the best searches there are) and ``lookalike``,
+a knowledge base with room above imitation (issue 85). There people come in groups of 2-4
+namesakes (same first name and surname) with different birth years, birthplaces and
+occupations, and a question about a person gives, beside the name, the attribute that tells
+the namesakes apart: the birthplace when it asks the birth year ("When was Orla Venn of
+Varnholt born?"), the occupation when it asks the birthplace ("Where was the painter Orla
+Venn born?"); a founder's or author's birth year question gives the birthplace too. A
+search for the name alone (`hop_queries`: what the demonstrations search, what a user
+scripts) brings a namesake's passage first about 2 times in 3, the name with the attribute
+(`attribute_queries`) the right one mostly (`benchmarks/kb_headroom.py` measures both). Only
+a biography states the occupation there, so that a search for it finds the biography.
+Questions about organisations alone keep unique names. Per row also `hop_attributes` (the
+attribute each hop's attribute query adds, "" for none) and `namesakes` (how many entities
+have the name each hop searches). The standard kind is byte-for-byte what it was for a seed.
+
 Train/test split: people together with the organisations they founded and the works they
 wrote form clusters; clusters (and cities) are assigned to train or test, and a question
 belongs to a split only if every entity it names or passes through is in that split. So
 no test question shares text or entities with a train question (final answers such as
-a city or a year may of course recur).
+a city or a year may of course recur, and so may a lookalike question's attribute: a city or
+an occupation that only tells namesakes apart, whose own passage no hop reads).
 """
 
 from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,6 +81,10 @@ _ORG_SUFFIX = {
     "Industries": "manufacturing company", "Bank": "bank", "Shipping": "shipping company",
     "Mills": "textile manufacturer", "Observatory": "observatory",
 }
+_NAMESAKES = [2, 2, 3, 3, 4]
+"""Sizes of the lookalike kind's groups of people with one name: a person is one of 3 on
+average, so a name-only search that lands on one of them at random finds the right one 5 times
+in 14."""
 _TITLE_NOUNS = ["Tide", "Gate", "Winter", "Harbour", "Crown", "Lantern", "Orchard", "Letters",
                 "Bridge", "Garden", "Song", "Voyage", "Mirror", "Archive", "Frontier", "Weaver"]
 _GENRES = ["novel", "poetry collection", "history", "play", "essay collection", "travelogue", "biography"]
@@ -122,6 +145,8 @@ class City:
     kind: str
     test: bool = False
     pid: str = ""
+    stem: str = ""
+    """The stem it shares with near-identical names (Varn- of Varnholt, Varnhaven)."""
 
 
 @dataclass
@@ -187,9 +212,23 @@ class World:
     people: list[Person]
     orgs: list[Org]
     works: list[Work]
+    lookalike: bool = False
+    """People share names (`_namesakes`); only a biography says a person's occupation."""
 
 
-def _build_world(rng: random.Random, n_entities: int) -> World:
+def _namesakes(rng: random.Random, left: int, most: int) -> int:
+    """How many people of the lookalike kind share the next name: 2 to 4 and at most `most`
+    (namesakes are born in cities of different stems), never leaving a last group of one
+    (`left` people are still to be made)."""
+    size = min(rng.choice(_NAMESAKES), left, most)
+    if left - size == 1:
+        size = size + 1 if size < most else size - 1
+    return size
+
+
+def _build_world(rng: random.Random, n_entities: int, lookalike: bool = False) -> World:
+    """The entities of a knowledge base; `lookalike`: people come in groups of 2-4 with the
+    same name (`_namesakes`), told apart by birth year and birthplace."""
     n_cities = max(8, round(n_entities * 0.08))
     n_orgs = max(4, round(n_entities * 0.24))
     n_works = max(4, round(n_entities * 0.20))
@@ -203,12 +242,14 @@ def _build_world(rng: random.Random, n_entities: int) -> World:
     cities = []
     city_names: set[str] = set()
     while len(cities) < n_cities:
-        name = rng.choice(city_stems) + rng.choice(_CITY_SUFFIX)
+        stem = rng.choice(city_stems)
+        name = stem + rng.choice(_CITY_SUFFIX)
         if name.lower() in used or name.lower() in _BLOCK or name in city_names:
             continue
         city_names.add(name)
         cities.append(City(name, rng.choice(countries), rng.choice(["north", "south", "east", "west", "centre"]),
-                           rng.choice(["city", "port city", "market town", "river town", "cathedral city", "mountain town"])))
+                           rng.choice(["city", "port city", "market town", "river town", "cathedral city", "mountain town"]),
+                           stem=stem))
     used |= {c.name.lower() for c in cities}
 
     # People: first names and surname stems are reused so names collide partially.
@@ -227,13 +268,24 @@ def _build_world(rng: random.Random, n_entities: int) -> World:
         if f"{first} {surname}" in names or surname.lower() in _BLOCK or surname.lower() in reserved:
             continue
         names.add(f"{first} {surname}")
-        birth = rng.randint(1780, 1950)
-        death = birth + rng.randint(48, 96)
-        middle = rng.choice(pool) if rng.random() < 0.3 else None
-        if middle == first:
-            middle = None
-        people.append(Person(first, surname, middle, female, birth, death if death <= 2020 else None,
-                             rng.randrange(n_cities), rng.choice(_OCC_OTHER), stem))
+        size = _namesakes(rng, n_people - len(people), len({c.stem for c in cities})) if lookalike else 1
+        births: list[int] = []
+        places: list[int] = []
+        while len(births) < size:
+            birth = rng.randint(1780, 1950)
+            death = birth + rng.randint(48, 96)
+            middle = rng.choice(pool) if rng.random() < 0.3 else None
+            if middle == first:
+                middle = None
+            birthplace = rng.randrange(n_cities)
+            # namesakes are told apart by birth year and birthplace: both differ, and the
+            # birthplaces are not near-identical names (Varnholt, Varnhaven) either
+            if any(abs(birth - b) < 5 for b in births) or cities[birthplace].stem in {cities[c].stem for c in places}:
+                continue
+            births.append(birth)
+            places.append(birthplace)
+            people.append(Person(first, surname, middle, female, birth, death if death <= 2020 else None,
+                                 birthplace, rng.choice(_OCC_OTHER), stem))
     used |= {p.surname.lower() for p in people}
 
     # Organisations: a stem with several suffixes (Zentrix Labs, Zentrix Press) plus
@@ -286,7 +338,15 @@ def _build_world(rng: random.Random, n_entities: int) -> World:
         options = [j for j, o in enumerate(orgs) if o.year <= joined and o.founder != i]
         if options:
             p.employer, p.joined = rng.choice(options), joined
-    return World(countries, cities, people, orgs, works)
+    if lookalike:  # and by occupation: each namesake has their own
+        taken: dict[str, set[str]] = {}
+        for p in people:
+            had = taken.setdefault(p.name, set())
+            if p.occupation in had:
+                pool = _OCC_FOUNDER if p.founded else _OCC_AUTHOR if p.wrote else _OCC_OTHER
+                p.occupation = rng.choice([o for o in pool if o not in had])
+            had.add(p.occupation)
+    return World(countries, cities, people, orgs, works, lookalike)
 
 
 def _assign_splits(rng: random.Random, w: World, test_frac: float) -> None:
@@ -328,10 +388,23 @@ def _fill(rng: random.Random, lead: list[str], fillers: list[str], lo: int = 40,
     return text
 
 
-def _people_passages(rng: random.Random, w: World, i: int) -> tuple[str, str]:
+def _people_passages(rng: random.Random, w: World, i: int, kin: list[Person] = ()) -> tuple[str, str]:
+    """A person's biography and career passage. `kin`: the lookalike kind's namesakes (the
+    person among them), whose birthplaces and occupations tell them apart: neither passage
+    mentions them beyond the person's own in the biography, so that a search for the name with
+    one of them finds its biography and no namesake's passage."""
     p = w.people[i]
     city = w.cities[p.birthplace].name
-    other = w.cities[rng.randrange(len(w.cities))].name
+    homes = {k.birthplace for k in kin}
+
+    def some_city() -> City:
+        while True:
+            c = w.cities[rng.randrange(len(w.cities))]
+            if c.name not in {w.cities[h].name for h in homes}:
+                return c
+
+    spouses = [o for o in _OCC_OTHER if o not in {k.occupation for k in kin}]
+    other = some_city().name
     pron, pos, obj = ("she", "her", "her") if p.female else ("he", "his", "him")
     Pron, Pos = pron.capitalize(), pos.capitalize()
     occ = p.occupation
@@ -354,7 +427,7 @@ def _people_passages(rng: random.Random, w: World, i: int) -> tuple[str, str]:
         f"{p.surname} was the {rng.choice(['eldest', 'second', 'third', 'youngest'])} of {rng.randint(3, 7)} children.",
         f"{Pron} studied at the {_word(rng, 2)} Academy in {other}.",
         f"{Pron} was known for {rng.choice(['a meticulous working style', 'long walking tours', 'an extensive correspondence', 'a large private library', 'popular public lectures', 'a sharp wit'])}.",
-        f"In {y(20, 35)}, {pron} married {_article(rng.choice(_OCC_OTHER))} from {other}.",
+        f"In {y(20, 35)}, {pron} married {_article(rng.choice(spouses))} from {other}.",
         f"{p.surname} spent {pos} early years in {city}, where {pos} family kept a small {rng.choice(['bakery', 'bookshop', 'farm', 'workshop', 'inn'])}.",
         f"{Pos} letters and notebooks are kept in the municipal archive of {other}.",
         f"{Pron} received the {_word(rng, 2)} Medal in {y(30, 60)}.",
@@ -376,15 +449,19 @@ def _people_passages(rng: random.Random, w: World, i: int) -> tuple[str, str]:
         facts.insert(0, f"From {p.joined} {pron} worked for {w.orgs[p.employer].name}.")
     career_fill = [
         f"{p.surname} retired in {y(55, 70)}.",
-        f"{Pron} travelled widely in {w.cities[rng.randrange(len(w.cities))].country}.",
+        f"{Pron} travelled widely in {some_city().country}.",
         f"{Pron} served on the board of the {_word(rng, 2)} Society.",
-        f"{Pos} methods influenced a generation of younger {occ}s.",
-        f"Colleagues described {obj} as {rng.choice(['demanding but fair', 'tireless', 'impatient with routine', 'an excellent teacher'])}.",
+        f"{Pos} methods influenced a generation of younger {'colleagues' if kin else occ + 's'}.",
+        f"Colleagues described {obj} as {rng.choice(['demanding but fair', 'tireless', 'impatient with routine', 'an excellent mentor' if kin else 'an excellent teacher'])}.",
         f"In {y(30, 50)} {pron} gave a celebrated lecture in {other}.",
-        f"{Pron} kept a workshop in {w.cities[rng.randrange(len(w.cities))].name} for many years.",
+        f"{Pron} kept a workshop in {some_city().name} for many years.",
         f"Several of {pos} students later became well known in their own right.",
     ]
-    career = _fill(rng, [f"{p.name} began {pos} career as {_article(occ)} in {other}."] + facts[:5], career_fill)
+    # with namesakes, a career passage stating the occupation would answer a search for it in
+    # place of the biography
+    began = f"{p.name} began {pos} career in {other}." if kin else \
+        f"{p.name} began {pos} career as {_article(occ)} in {other}."
+    career = _fill(rng, [began] + facts[:5], career_fill)
     return bio, career
 
 
@@ -461,8 +538,11 @@ def _write_passages(rng: random.Random, w: World) -> list[dict]:
 
     for c in w.cities:
         c.pid = add(c.name, _city_passage(rng, w, c))
+    kin: dict[str, list[Person]] = {}
+    for p in w.people if w.lookalike else ():
+        kin.setdefault(p.name, []).append(p)
     for i, p in enumerate(w.people):
-        bio, career = _people_passages(rng, w, i)
+        bio, career = _people_passages(rng, w, i, kin.get(p.name, []))
         p.bio_pid = add(p.name, bio)
         p.career_pid = add(p.name, career)
     for o in w.orgs:
@@ -486,6 +566,14 @@ class _Q:
     hop_queries: list[str]
     hop_answers: list[str]
     keys: list[tuple[str, int]]  # entities named or passed through (decide the split)
+    attribute_queries: list[str] | None = None
+    """The lookalike kind's: each hop query with the attribute that tells its person from the
+    namesakes (the question gives it) put after the name; the hop query where there is none."""
+    hop_attributes: list[str] | None = None
+    """The lookalike kind's: per hop, that attribute ("" where the hop needs none)."""
+    namesakes: list[int] | None = None
+    """The lookalike kind's: per hop, how many entities have the name its hop query searches
+    (1: the name is unique)."""
 
 
 def _candidates(rng: random.Random, w: World) -> list[_Q]:
@@ -544,24 +632,7 @@ def _candidates(rng: random.Random, w: World) -> list[_Q]:
         q("single", "country", ["In which country is {x}?", "{x} is in which country?", "Which country is {x} located in?"],
           [c.country], [c.pid], [f"{c.name} country"], [c.country], [("c", m)], x=c.name)
 
-    # Comparisons pair relatives (same first name or surname stem, same organisation or
-    # title stem) so the two retrievals must tell near-identical names apart, plus some
-    # random pairs; both members always come from the same split.
-    def pairs(items: list, family) -> list[tuple[int, int]]:
-        out = []
-        for flag in (False, True):
-            split = [i for i in range(len(items)) if items[i].test == flag]
-            groups: dict[str, list[int]] = {}
-            for i in split:
-                for key in family(items[i]):
-                    groups.setdefault(key, []).append(i)
-            for members in groups.values():
-                out += list(zip(members, members[1:]))
-            if len(split) > 1:
-                out += [tuple(rng.sample(split, 2)) for _ in range(len(split) // 2)]
-        return [(a, b) if rng.random() < 0.5 else (b, a) for a, b in out]
-
-    for a_, b_ in pairs(P, lambda x: [x.first, x.family]):
+    for a_, b_ in _pairs(rng, P, lambda x: [x.first, x.family]):
         a, b = P[a_], P[b_]
         if a.birth != b.birth:
             win = a if a.birth < b.birth else b
@@ -569,7 +640,7 @@ def _candidates(rng: random.Random, w: World) -> list[_Q]:
                                            "Who is older, {a} or {b}?"],
               win.aliases, [a.bio_pid, b.bio_pid], [f"{a.name} birth year", f"{b.name} birth year"],
               [str(a.birth), str(b.birth)], [("p", a_), ("p", b_)], a=a.name, b=b.name)
-    for a_, b_ in pairs(O, lambda x: [x.stem]):
+    for a_, b_ in _pairs(rng, O, lambda x: [x.stem]):
         a, b = O[a_], O[b_]
         if a.year != b.year:
             win = a if a.year < b.year else b
@@ -577,7 +648,7 @@ def _candidates(rng: random.Random, w: World) -> list[_Q]:
                                               "Which was established earlier, {a} or {b}?"],
               [win.name], [a.pid, b.pid], [f"{a.name} founding year", f"{b.name} founding year"],
               [str(a.year), str(b.year)], [("o", a_), ("o", b_)], a=a.name, b=b.name)
-    for a_, b_ in pairs(W, lambda x: [x.stem]):
+    for a_, b_ in _pairs(rng, W, lambda x: [x.stem]):
         a, b = W[a_], W[b_]
         if a.year != b.year:
             win = a if a.year < b.year else b
@@ -585,7 +656,106 @@ def _candidates(rng: random.Random, w: World) -> list[_Q]:
                                                 "Which came out earlier, {a} or {b}?"],
               [win.title], [a.pid, b.pid], [f"{a.title} publication year", f"{b.title} publication year"],
               [str(a.year), str(b.year)], [("w", a_), ("w", b_)], a=a.title, b=b.title)
-    # the same pair can come from two families (or a random draw): keep one question
+    return _unique(qs)
+
+
+def _lookalike_candidates(rng: random.Random, w: World) -> list[_Q]:
+    """The lookalike kind's questions. Every question about a person gives, beside the name
+    it shares with 1-3 namesakes, one attribute that tells them apart: the birthplace when it
+    asks for the birth year, the occupation when it asks for the birthplace (a year in the
+    query barely moves the default dense encoder: on the dev KB it found the right namesake
+    42% of the time, the birthplace 90%, the occupation 80%). The hop queries
+    (what demonstrations search) name the person only, as a user's script would; the
+    attribute queries add the attribute. A bridge through an organisation's founder or a work's
+    author gives the person's birthplace: its second hop searches the name the first one found
+    (with the birthplace, in the attribute query). Questions about an organisation alone are
+    the standard kind's: unique names, both strategies the same search."""
+    qs: list[_Q] = []
+    P, O, C = w.people, w.orgs, w.cities
+    namesakes = Counter(p.name for p in P)
+
+    def q(kind, rel, templates, answers, support, hops, ha, keys, **fmt):
+        """`hops`: per hop (its query, the name it searches, the attribute or "")."""
+        hq = [query for query, _, _ in hops]
+        aq = [query.replace(name, f"{name} {attr}", 1) if attr else query for query, name, attr in hops]
+        qs.append(_Q(kind, rel, rng.choice(templates).format(**fmt), answers, support, hq, ha, keys,
+                     aq, [attr for _, _, attr in hops], [namesakes.get(name, 1) for _, name, _ in hops]))
+
+    for i, p in enumerate(P):
+        city = C[p.birthplace]
+        q("single", "birth_year", ["In what year was {x} of {c} born?", "When was {x} of {c} born?",
+                                   "In which year was the {x} from {c} born?", "When was the {x} from {c} born?"],
+          [str(p.birth)], [p.bio_pid], [(f"{p.name} birth year", p.name, city.name)], [str(p.birth)], [("p", i)],
+          x=p.name, c=city.name)
+        q("single", "birthplace", ["Where was the {occ} {x} born?", "In which city was the {occ} {x} born?",
+                                   "What is the birthplace of {x}, the {occ}?", "What city was the {occ} {x} born in?"],
+          [city.name], [p.bio_pid], [(f"{p.name} birthplace", p.name, p.occupation)], [city.name], [("p", i)],
+          x=p.name, occ=p.occupation)
+        q("bridge", "birthplace>country", ["In which country was the {occ} {x} born?",
+                                           "What is the country of birth of {x}, the {occ}?"],
+          [city.country], [p.bio_pid, city.pid], [(f"{p.name} birthplace", p.name, p.occupation),
+                                                  (f"{city.name} country", city.name, "")],
+          [city.name, city.country], [("p", i), ("c", p.birthplace)], x=p.name, occ=p.occupation)
+    for j, o in enumerate(O):
+        f, city = P[o.founder], C[o.hq]
+        q("single", "founder", ["Who founded {x}?", "Who was the founder of {x}?", "{x} was founded by whom?",
+                                "Which person founded {x}?"],
+          f.aliases, [o.pid], [(f"founder of {o.name}", o.name, "")], [f.name], [("o", j), ("p", o.founder)], x=o.name)
+        q("single", "founding_year", ["In what year was {x} founded?", "When was {x} founded?",
+                                      "What year was {x} established?"],
+          [str(o.year)], [o.pid], [(f"{o.name} founding year", o.name, "")], [str(o.year)], [("o", j)], x=o.name)
+        home = C[f.birthplace].name
+        q("bridge", "founder>birth_year", ["In what year was the founder of {x}, a native of {c}, born?",
+                                           "When was the founder of {x}, who came from {c}, born?"],
+          [str(f.birth)], [o.pid, f.bio_pid], [(f"founder of {o.name}", o.name, ""), (f"{f.name} birth year", f.name, home)],
+          [f.name, str(f.birth)], [("o", j), ("p", o.founder)], x=o.name, c=home)
+    for k, wk in enumerate(w.works):
+        a = P[wk.author]
+        home = C[a.birthplace].name
+        q("bridge", "author>birth_year", ["In what year was the author of {x}, a native of {c}, born?",
+                                          "When was the writer of {x}, who came from {c}, born?"],
+          [str(a.birth)], [wk.pid, a.bio_pid], [(f"author of {wk.title}", wk.title, ""), (f"{a.name} birth year", a.name, home)],
+          [a.name, str(a.birth)], [("w", k), ("p", wk.author)], x=wk.title, c=home)
+    for a_, b_ in _pairs(rng, P, lambda x: [x.first, x.family]):
+        a, b = P[a_], P[b_]
+        if a.birth != b.birth and a.name != b.name:  # namesakes' answer would be either
+            win = a if a.birth < b.birth else b
+            ca, cb = C[a.birthplace].name, C[b.birthplace].name
+            q("comparison", "born_first", ["Who was born first, {a} of {ca} or {b} of {cb}?",
+                                           "Who was born earlier, the {a} from {ca} or the {b} from {cb}?"],
+              win.aliases, [a.bio_pid, b.bio_pid], [(f"{a.name} birth year", a.name, ca), (f"{b.name} birth year", b.name, cb)],
+              [str(a.birth), str(b.birth)], [("p", a_), ("p", b_)], a=a.name, b=b.name, ca=ca, cb=cb)
+    for a_, b_ in _pairs(rng, O, lambda x: [x.stem]):
+        a, b = O[a_], O[b_]
+        if a.year != b.year:
+            win = a if a.year < b.year else b
+            q("comparison", "founded_first", ["Which was founded first, {a} or {b}?", "Which is older, {a} or {b}?",
+                                              "Which was established earlier, {a} or {b}?"],
+              [win.name], [a.pid, b.pid], [(f"{a.name} founding year", a.name, ""), (f"{b.name} founding year", b.name, "")],
+              [str(a.year), str(b.year)], [("o", a_), ("o", b_)], a=a.name, b=b.name)
+    return _unique(qs)
+
+
+def _pairs(rng: random.Random, items: list, family) -> list[tuple[int, int]]:
+    """Comparison pairs: relatives (same first name or surname stem, same organisation or
+    title stem: each `family(item)` key) so the two retrievals must tell near-identical names
+    apart, plus some random pairs; both members always come from the same split."""
+    out = []
+    for flag in (False, True):
+        split = [i for i in range(len(items)) if items[i].test == flag]
+        groups: dict[str, list[int]] = {}
+        for i in split:
+            for key in family(items[i]):
+                groups.setdefault(key, []).append(i)
+        for members in groups.values():
+            out += list(zip(members, members[1:]))
+        if len(split) > 1:
+            out += [tuple(rng.sample(split, 2)) for _ in range(len(split) // 2)]
+    return [(a, b) if rng.random() < 0.5 else (b, a) for a, b in out]
+
+
+def _unique(qs: list[_Q]) -> list[_Q]:
+    """The same pair can come from two families (or a random draw): keep one question."""
     seen, unique = set(), []
     for x in qs:
         key = (x.relation, tuple(sorted(x.support_ids)))
@@ -632,11 +802,49 @@ def _entity_test(w: World, key: tuple[str, int]) -> bool:
 
 
 def _rows(qs: list[_Q], split: str) -> list[dict]:
+    """The QA rows; a lookalike question's carry its `attribute_queries`, `hop_attributes`
+    and `namesakes` too."""
     return [{
         "id": f"kb_{split}_{i}", "question": q.question, "golden_answers": q.answers,
         "data_source": "kb", "split": split, "kind": q.kind, "relation": q.relation,
         "support_ids": q.support_ids, "hop_queries": q.hop_queries, "hop_answers": q.hop_answers,
+        **({} if q.attribute_queries is None else {
+            "attribute_queries": q.attribute_queries, "hop_attributes": q.hop_attributes, "namesakes": q.namesakes}),
     } for i, q in enumerate(qs)]
+
+
+# ---------------------------------------------------------------------------------------
+# reading a passage
+
+_FACTS = {
+    # a passage states its own facts in its first sentence(s), before any filler sentence
+    "birth_year": re.compile(r"\b(\d{4})\b"),  # a biography's first year
+    "founding_year": re.compile(r"\b(\d{4})\b"),  # an organisation's first year
+    "publication_year": re.compile(r"\b(\d{4})\b"),  # a work's first year
+    "birthplace": re.compile(r"\b[Bb]orn (?:\d{4} in |in \d{4} in |in )([A-Z][\w'-]*)"),
+    "country": re.compile(r"\bin (?:the \w+ of )?([A-Z][\w'-]*)"),
+    "headquarters": re.compile(r"\b(?:headquartered|based|headquarters) in ([A-Z][\w'-]*)"),
+    "founder": re.compile(r"\bby ([A-Z][\w'-]* [A-Z][\w'-]*)|^([A-Z][\w'-]* [A-Z][\w'-]*) founded\b"),
+    "author": re.compile(r"\bby ([A-Z][\w'-]* [A-Z][\w'-]*)|^([A-Z][\w'-]* [A-Z][\w'-]*) wrote\b"),
+}
+_COMPARED = {"born_first": "birth_year", "founded_first": "founding_year", "published_first": "publication_year"}
+
+
+def hop_facts(relation: str) -> list[str]:
+    """The fact each hop of a `relation` question reads: "founder>birthplace" -> founder,
+    then birthplace; "born_first" -> birth_year twice."""
+    if relation in _COMPARED:
+        return [_COMPARED[relation]] * 2
+    return relation.split(">")
+
+
+def read_fact(fact: str, text: str) -> str | None:
+    """What a passage's text (without its title line) says about `fact` ("birth_year",
+    "birthplace", "country", "founder", ...), read the way a scripted reader reads it: from the
+    passage's first sentences, whatever entity the passage is about; None where it says none.
+    On a question's own support passage it gives the hop answer (tests/data_prep check it)."""
+    m = _FACTS[fact].search(text)
+    return None if m is None else next(g for g in m.groups() if g)
 
 
 KB_FILES = ("corpus.jsonl", "train.parquet", "test.parquet", "kb_meta.json")
@@ -650,8 +858,14 @@ def kb_finished(out_dir: str | Path) -> bool:
     return (out / COMPLETE).is_file() or all((out / name).is_file() for name in KB_FILES)
 
 
+KB_KINDS = ("standard", "lookalike")
+"""`standard`: unique names, the hop queries the best searches; `lookalike`: people share
+names, and a search for the name alone finds a namesake about 2 times in 3 where the question's
+attribute put into the query finds the right one (module docstring)."""
+
+
 def generate_kb(out_dir: str | Path, seed: int = 0, n_entities: int = 2000,
-                n_train: int = 5000, n_test: int = 500) -> dict:
+                n_train: int = 5000, n_test: int = 500, kind: str = "standard") -> dict:
     """Generate the knowledge base into `out_dir`: ``corpus.jsonl``, ``train.parquet``,
     ``test.parquet`` (and ``kb_meta.json`` with the seed and counts). Returns the counts.
 
@@ -665,16 +879,19 @@ def generate_kb(out_dir: str | Path, seed: int = 0, n_entities: int = 2000,
     or a kill leaves the earlier set whole, never old and new files side by side."""
     import pandas as pd
 
+    if kind not in KB_KINDS:
+        raise ValueError(f"kind {kind!r}: one of {', '.join(KB_KINDS)}")
+    lookalike = kind == "lookalike"
     out = Path(out_dir)
     check_replaceable(out, COMPLETE, "a generated knowledge base", "choose another --out, or move it away first",
                       own=KB_FILES)
     t0 = time.time()
     rng = random.Random(seed)
-    world = _build_world(rng, n_entities)
+    world = _build_world(rng, n_entities, lookalike)
     test_frac = min(0.5, max(0.08, 1.5 * n_test / max(1, n_train + n_test)))
     _assign_splits(rng, world, test_frac)
     passages = _write_passages(rng, world)
-    cands = _candidates(rng, world)
+    cands = (_lookalike_candidates if lookalike else _candidates)(rng, world)
     pools = {"train": [], "test": []}
     for c in cands:
         flags = {_entity_test(world, k) for k in c.keys}
@@ -693,13 +910,19 @@ def generate_kb(out_dir: str | Path, seed: int = 0, n_entities: int = 2000,
         "works": len(world.works), "passages": len(passages), "train": len(train), "test": len(test),
         "kinds": kinds,
     }
+    if lookalike:  # the standard kind's file stays as it was
+        names = Counter(p.name for p in world.people)
+        stats["kb_kind"] = kind
+        stats["names_shared"] = sum(n > 1 for n in names.values())
+        stats["questions_with_namesakes"] = {s: sum(max(q.namesakes) > 1 for q in qs)
+                                             for s, qs in (("train", train), ("test", test))}
     tmp = temp_dir_beside(out)
     try:
         write_jsonl(passages, tmp / "corpus.jsonl")
         for split, qs in (("train", train), ("test", test)):
             pd.DataFrame(_rows(qs, split)).to_parquet(tmp / f"{split}.parquet", index=False)
         (tmp / "kb_meta.json").write_text(json.dumps(stats, indent=1) + "\n")
-        (tmp / COMPLETE).write_text(f"seed {seed}\n")
+        (tmp / COMPLETE).write_text(f"seed {seed}\n" + (f"kind {kind}\n" if lookalike else ""))
         replace_dir(tmp, out)  # fsyncs the set, then one rename
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -243,3 +243,141 @@ def test_the_set_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
     with pytest.raises(FileExistsError, match="index"):
         generate_kb(out, **TINY)
     assert (out / "index").is_dir()
+
+
+# ---------------------------------------------------------------------------------------
+# the knowledge-base kinds
+
+STANDARD_DIGESTS = {
+    # sha256 over corpus.jsonl, kb_meta.json, .complete and both splits' rows as JSON, of the
+    # files written before the lookalike kind existed (main d88ee4f): the default is unchanged
+    (0, 200, 400, 60): "02bf0b206a442705caba94e583db015d1f040d0950e0cdb3c8a6c0a429d99308",
+    (5, 60, 40, 10): "54495337cb31081a22bfd8dc765a686c003f5d3f223d27b64c3d53b1a5bc8a28",
+}
+
+
+def _digest(kb) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for name in ("corpus.jsonl", "kb_meta.json", ".complete"):
+        h.update((kb / name).read_bytes())
+    for split in ("train", "test"):
+        h.update(pd.read_parquet(kb / f"{split}.parquet").to_json(orient="records").encode())
+    return h.hexdigest()
+
+
+def test_the_standard_kind_is_what_it_was(small_kb, tmp_path):
+    out, *_ = small_kb
+    assert _digest(out) == STANDARD_DIGESTS[(0, 200, 400, 60)]
+    generate_kb(tmp_path / "kb", seed=5, n_entities=60, n_train=40, n_test=10, kind="standard")
+    assert _digest(tmp_path / "kb") == STANDARD_DIGESTS[(5, 60, 40, 10)]
+    with pytest.raises(ValueError, match="lookalike"):
+        generate_kb(tmp_path / "other", kind="lookalikes")
+
+
+LOOKALIKE = dict(seed=7, n_entities=300, n_train=500, n_test=80, kind="lookalike")
+
+
+@pytest.fixture(scope="module")
+def lookalike_kb(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lookalike")
+    stats = generate_kb(out, **LOOKALIKE)
+    corpus = {p["id"]: p["contents"] for p in map(json.loads, open(out / "corpus.jsonl", encoding="utf-8"))}
+    splits = {s: read_qa(out / f"{s}.parquet") for s in ("train", "test")}
+    return out, stats, corpus, splits
+
+
+def test_lookalike_people_come_in_groups_told_apart_by_their_attributes():
+    import random
+
+    w = _build_world(random.Random(7), 600, lookalike=True)
+    groups: dict[str, list] = {}
+    for p in w.people:
+        groups.setdefault(p.name, []).append(p)
+    assert all(2 <= len(g) <= 4 for g in groups.values())
+    assert Counter(map(len, groups.values())).keys() == {2, 3, 4}
+    for g in groups.values():
+        births = sorted(p.birth for p in g)
+        assert all(b - a >= 5 for a, b in zip(births, births[1:]))
+        for attr in (lambda p: w.cities[p.birthplace].name, lambda p: p.occupation):
+            assert len({attr(p) for p in g}) == len(g)
+    standard = _build_world(random.Random(7), 600)  # unique names
+    assert not standard.lookalike and len({p.name for p in standard.people}) == len(standard.people)
+
+
+def test_only_a_persons_biography_names_what_tells_the_namesakes_apart(lookalike_kb):
+    """A namesake's passages never name another's birthplace or occupation, and a career passage
+    never the occupation: the attribute query has one passage to find."""
+    out, stats, corpus, splits = lookalike_kb
+    bios = {}  # biography passage id -> (name, birthplace, occupation), from the rows' own hops
+    for df in splits.values():
+        for r in df.itertuples():
+            for k, (pid, q, attr) in enumerate(zip(r.support_ids, r.hop_queries, r.hop_attributes)):
+                if attr:
+                    bios.setdefault(pid, {})["city" if q.endswith("birth year") else "occupation"] = attr
+    assert len(bios) > 20
+    by_title: dict[str, list[str]] = {}
+    for pid, contents in corpus.items():
+        by_title.setdefault(contents.split("\n")[0], []).append(pid)
+    for pid, attrs in bios.items():
+        title = corpus[pid].split("\n")[0]
+        others = [o for o in by_title[title] if o != pid]
+        assert len(others) >= 3  # its own career passage and at least one namesake's two
+        for attr in attrs.values():
+            assert occurs(attr, corpus[pid])
+            assert not any(occurs(attr, corpus[o]) for o in others), (title, attr)
+
+
+def test_lookalike_questions_give_the_attribute_their_demonstrations_leave_out(lookalike_kb):
+    out, stats, corpus, splits = lookalike_kb
+    assert check_invariants(corpus, splits)["problems"] == []
+    assert json.loads((out / "kb_meta.json").read_text())["kb_kind"] == "lookalike"
+    counts = Counter()
+    for df in splits.values():
+        assert {"attribute_queries", "hop_attributes", "namesakes"} <= set(df.columns)
+        for r in df.itertuples():
+            person_hops = 0
+            for q, aq, attr, n in zip(r.hop_queries, r.attribute_queries, r.hop_attributes, r.namesakes):
+                if attr:  # a hop that searches a person: the name has namesakes, the question the attribute
+                    person_hops += 1
+                    assert n >= 2 and occurs(attr, r.question) and occurs(attr, aq) and not occurs(attr, q)
+                    assert aq.replace(f" {attr}", "", 1) == q
+                else:
+                    assert aq == q and n == 1
+            counts[r.relation, person_hops] += 1
+            if r.kind == "comparison" and person_hops:
+                assert r.hop_queries[0].split(" birth")[0] != r.hop_queries[1].split(" birth")[0]
+    # every question about a person names its attribute; about organisations alone, none
+    assert {rel for (rel, hops) in counts if hops} == {"birth_year", "birthplace", "birthplace>country", "born_first",
+                                                       "founder>birth_year", "author>birth_year"}
+    assert all(hops == 0 for (rel, hops) in counts if rel in ("founder", "founding_year", "founded_first"))
+    share = sum(n for (rel, hops), n in counts.items() if hops) / sum(counts.values())
+    assert share > 0.5
+    assert stats["questions_with_namesakes"] == {s: int(sum(max(n) > 1 for n in df.namesakes)) for s, df in splits.items()}
+
+
+@pytest.mark.parametrize("fixture", ["small_kb", "lookalike_kb"])
+def test_the_scripted_reader_reads_every_hop_answer_from_its_support_passage(fixture, request):
+    from data_prep.synthetic import hop_facts, read_fact
+
+    _, _, corpus, splits = request.getfixturevalue(fixture)
+    n = 0
+    for df in splits.values():
+        for r in df.itertuples():
+            for fact, pid, ans in zip(hop_facts(r.relation), r.support_ids, r.hop_answers, strict=True):
+                assert read_fact(fact, corpus[pid].split("\n", 1)[1]) == ans, (fact, corpus[pid])
+                n += 1
+    assert n > 400
+
+
+def test_synthetic_kind_option_writes_a_lookalike_kb(tmp_path, capsys):
+    from data_prep.cli import main
+
+    out = tmp_path / "kb"
+    assert main(["synthetic", "--out", str(out), "--kind", "lookalike", "--entities", "120", "--train", "60",
+                 "--test", "20", "--seed", "7"]) == 0
+    printed = capsys.readouterr().out
+    assert "lookalike:" in printed and "names shared by 2-4 people" in printed
+    assert (out / ".complete").read_text() == "seed 7\nkind lookalike\n"
+    assert check_kb(out)["ok"]
