@@ -4,12 +4,15 @@ Invariants (must hold for every question, else the KB is broken):
 - every support passage exists, and ``len(support_ids) == len(hop_queries) == len(hop_answers)``;
 - answer in support: ``golden_answers[0]`` occurs in the question's support passages, and
   each ``hop_answers[i]`` occurs in passage ``support_ids[i]`` (whole words, case-insensitive);
-- train and test share no question text (normalised as for EM).
+- train and test share no question text (normalised as for EM);
+- the lookalike kind (`hop_attributes`): each hop's attribute occurs in the question, in that
+  hop's attribute query and in its support passage, and not in its (name-only) hop query.
 
 Figures: counts per split and kind, passage lengths, how often *every* alias occurs in the
 support (aliases may legitimately sit only in the person's own biography), and, for each
 index given, recall@k of the supporting passage for single-hop questions (question text as
-the query) and for every hop (its hop query as the query).
+the query) and for every hop (its hop query as the query); on the lookalike kind also for the
+hops whose name has namesakes, by the name-only hop query and by the attribute query.
 """
 
 from __future__ import annotations
@@ -28,6 +31,10 @@ def occurs(answer: str, text: str) -> bool:
     return re.search(r"(?<!\w)" + re.escape(answer.lower()) + r"(?!\w)", text.lower()) is not None
 
 
+LOOKALIKE_COLUMNS = ("attribute_queries", "hop_attributes", "namesakes")
+"""The columns a lookalike knowledge base's rows add (`data_prep.synthetic`)."""
+
+
 def _load(kb_dir: Path):
     import pandas as pd
 
@@ -38,8 +45,9 @@ def _load(kb_dir: Path):
         corpus = {p["id"]: p["contents"] for p in map(json.loads, f)}
     splits = {s: pd.read_parquet(kb_dir / f"{s}.parquet") for s in ("train", "test")}
     for df in splits.values():
-        for col in ("golden_answers", "support_ids", "hop_queries", "hop_answers"):
-            df[col] = [list(v) for v in df[col]]
+        for col in ("golden_answers", "support_ids", "hop_queries", "hop_answers", *LOOKALIKE_COLUMNS):
+            if col in df.columns:
+                df[col] = [list(v) for v in df[col]]
     return corpus, splits
 
 
@@ -74,9 +82,13 @@ def check_invariants(corpus: dict[str, str], splits: dict) -> dict:
             for alias in r.golden_answers:
                 n_alias += 1
                 n_alias_ok += occurs(alias, support)
+            if "hop_attributes" in df.columns:
+                out["problems"] += _attribute_problems(split, r, corpus)
     out["answer_in_support"] = n_ans / max(n_q, 1)
     out["hop_answer_in_passage"] = n_hop_ok / max(n_hops, 1)
     out["every_alias_in_support"] = n_alias_ok / max(n_alias, 1)
+    if all("namesakes" in df.columns for df in splits.values()):
+        out["with_namesakes"] = {split: int(sum(max(n) > 1 for n in df["namesakes"])) for split, df in splits.items()}
     train_q = {normalize_question(q) for q in splits["train"]["question"]}
     shared = [q for q in splits["test"]["question"] if normalize_question(q) in train_q]
     out["shared_questions"] = len(shared)
@@ -85,15 +97,41 @@ def check_invariants(corpus: dict[str, str], splits: dict) -> dict:
     return out
 
 
+def _attribute_problems(split: str, r, corpus: dict[str, str]) -> list[str]:
+    """A lookalike row's attribute invariants (module docstring)."""
+    out = []
+    for k, (attr, hq, aq, pid) in enumerate(zip(r.hop_attributes, r.hop_queries, r.attribute_queries, r.support_ids)):
+        if not attr:
+            if aq != hq:
+                out.append(f"{split} {r.id}: hop {k} has no attribute but an attribute query {aq!r}")
+            continue
+        where = {"the question": r.question, "its attribute query": aq, f"passage {pid}": corpus[pid]}
+        out += [f"{split} {r.id}: attribute {attr!r} of hop {k} not in {name}"
+                for name, text in where.items() if not occurs(attr, text)]
+        if occurs(attr, hq):
+            out.append(f"{split} {r.id}: the name-only hop query {hq!r} holds the attribute {attr!r}")
+    return out
+
+
 def retrieval_recall(searcher, splits: dict, topk: int = 3, max_queries: int = 500, seed: int = 0) -> dict:
     """recall@topk of the supporting passage: single-hop questions (question as the query)
-    and all hops of test questions (hop query as the query); at most `max_queries` each."""
+    and all hops of test questions (hop query as the query); on the lookalike kind also the
+    test hops whose name has namesakes, by hop query and by attribute query (one sample of
+    hops for both); at most `max_queries` each."""
     rng = random.Random(seed)
     single = [(r.question, r.support_ids[0]) for df in splits.values()
               for r in df.itertuples() if r.kind == "single"]
     hops = [(q, pid) for r in splits["test"].itertuples() for q, pid in zip(r.hop_queries, r.support_ids)]
+    figures = [("single_hop_question", single), ("hop_query", hops)]
+    if "namesakes" in splits["test"].columns:
+        namesake_hops = [(q, aq, pid) for r in splits["test"].itertuples()
+                         for q, aq, pid, n in zip(r.hop_queries, r.attribute_queries, r.support_ids, r.namesakes) if n > 1]
+        if len(namesake_hops) > max_queries:  # one sample for both: the figures are paired
+            namesake_hops = random.Random(seed).sample(namesake_hops, max_queries)
+        figures += [("namesake_hop_query", [(q, pid) for q, _, pid in namesake_hops]),
+                    ("namesake_attribute_query", [(aq, pid) for _, aq, pid in namesake_hops])]
     out = {}
-    for name, pairs in (("single_hop_question", single), ("hop_query", hops)):
+    for name, pairs in figures:
         if len(pairs) > max_queries:
             pairs = rng.sample(pairs, max_queries)
         if not pairs:
@@ -141,6 +179,9 @@ def format_report(r: dict, topk: int = 3) -> str:
         f"every alias in support (informational): {r['every_alias_in_support']:.2%}",
         f"test questions shared with train: {r['shared_questions']}",
     ]
+    if "with_namesakes" in r:
+        lines.append("questions with a hop whose name has namesakes: "
+                     + ", ".join(f"{s} {n}" for s, n in r["with_namesakes"].items()))
     for index, rec in r["recall"].items():
         for name, v in rec.items():
             lines.append(f"recall@{topk} {name} [{index}]: {v['recall']:.3f} ({v['queries']} queries)")

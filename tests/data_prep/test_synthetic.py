@@ -10,7 +10,7 @@ from collections import Counter
 import pandas as pd
 import pytest
 
-from data_prep.kb_check import check_invariants, check_kb, occurs, retrieval_recall
+from data_prep.kb_check import check_invariants, check_kb, format_report, occurs, retrieval_recall
 from data_prep.qa import read_qa
 from data_prep.synthetic import _BLOCK, _build_world, generate_kb
 
@@ -381,3 +381,31 @@ def test_synthetic_kind_option_writes_a_lookalike_kb(tmp_path, capsys):
     assert "lookalike:" in printed and "names shared by 2-4 people" in printed
     assert (out / ".complete").read_text() == "seed 7\nkind lookalike\n"
     assert check_kb(out)["ok"]
+
+
+def test_kbcheck_checks_the_lookalike_attributes(lookalike_kb, tmp_path):
+    out, stats, corpus, splits = lookalike_kb
+    report = check_kb(out)
+    assert report["ok"] and report["with_namesakes"] == stats["questions_with_namesakes"]
+    assert "questions with a hop whose name has namesakes: train" in format_report(report)
+    for name in ("corpus.jsonl", "train.parquet"):
+        (tmp_path / name).write_bytes((out / name).read_bytes())
+    test = pd.read_parquet(out / "test.parquet")
+    i = next(i for i, a in enumerate(test.hop_attributes) if a[0])
+    test.at[i, "attribute_queries"] = test.hop_queries[i]  # the attribute left out of its query
+    test.to_parquet(tmp_path / "test.parquet")
+    report = check_kb(tmp_path)
+    assert not report["ok"]
+    assert report["problems"] == [f"test {test.id[i]}: attribute {a!r} of hop {k} not in its attribute query"
+                                  for k, a in enumerate(test.hop_attributes[i]) if a]
+
+
+def test_recall_pairs_the_namesake_hops_queries(lookalike_kb):
+    _, _, _, splits = lookalike_kb
+    gold = {q: pid for df in splits.values() for r in df.itertuples()
+            for qs in (r.hop_queries, r.attribute_queries) for q, pid in zip(qs, r.support_ids)}
+    attribute_queries = {q for r in splits["test"].itertuples() for q, a in zip(r.attribute_queries, r.hop_attributes) if a}
+    # a searcher that finds the support passage for attribute queries only
+    rec = retrieval_recall(_Oracle(lambda q: [gold[q]] if q in attribute_queries else ["x"]), splits, topk=1)
+    assert rec["namesake_attribute_query"]["recall"] == 1.0 and rec["namesake_hop_query"]["recall"] == 0.0
+    assert rec["namesake_attribute_query"]["queries"] == rec["namesake_hop_query"]["queries"] > 0
