@@ -78,13 +78,13 @@ class LatencyRetriever:
 
 
 def build_items(tokenizer, questions, prompt_kind: str) -> list[Item]:
-    from agent_rl.rollout import observation as O
+    from agent_rl.rollout import observation
     from agent_rl.rollout.protocol import SEARCH_R1 as P
 
     demo = ""
     if prompt_kind == "few_shot":
         demo = "".join(
-            f"Question: {q}\n<search> {s} </search>{O.format_observation(f'Doc 1(Title: {s}) {d}')}<answer> {a} </answer>\n\n"
+            f"Question: {q}\n<search> {s} </search>{observation.format_observation(f'Doc 1(Title: {s}) {d}')}<answer> {a} </answer>\n\n"
             for q, s, d, a in DEMOS
         )
     items = []
@@ -103,7 +103,7 @@ async def batch_per_turn(engine, tokenizer, retriever, items, cfg, sampling) -> 
     the sequences active at each turn."""
     from dataclasses import replace
 
-    from agent_rl.rollout import observation as O
+    from agent_rl.rollout import observation
     from agent_rl.rollout.observation import format_passages
     from agent_rl.rollout.protocol import SEARCH_R1 as P
     from agent_rl.rollout.protocol import encode_text
@@ -142,10 +142,10 @@ async def batch_per_turn(engine, tokenizer, retriever, items, cfg, sampling) -> 
         try:  # one batched request per turn, as Search-R1's batch_search
             texts = [format_passages(r) for r in await retriever.search([q for _, q in real], cfg.retriever.topk)] if real else []
         except Exception:  # noqa: BLE001 - same recovery as the manager: error observations
-            texts = [O.SEARCH_ERROR_TEXT] * len(real)
+            texts = [observation.SEARCH_ERROR_TEXT] * len(real)
         tool_s += time.perf_counter() - tt
         searches += len(real)
-        obs = {i: O.tool_observation(tokenizer, t, cfg.data.max_obs_length).ids for (i, _), t in zip(real, texts)}
+        obs = {i: observation.tool_observation(tokenizer, t, cfg.data.max_obs_length).ids for (i, _), t in zip(real, texts)}
         for i, q in queries:
             add = obs[i] if q is not None else encode_text(tokenizer, P.feedback(action))
             add = add[: budget - resp_len[i]]

@@ -55,7 +55,7 @@ from agent_rl.coldstart.plan import (
     write_segments,
 )
 from agent_rl.config import TrainConfig
-from agent_rl.rollout import observation as O
+from agent_rl.rollout import observation
 from agent_rl.rollout.protocol import ActionProtocol, encode_text, protocol_for
 from agent_rl.rollout.engine import GenerateResult, Sampling
 from agent_rl.types import Trajectory
@@ -104,8 +104,8 @@ class CachedSearch:
 def visible_observation(tokenizer: Any, docs: list[Any], max_obs_length: int, protocol: ActionProtocol | None = None) -> str:
     """The observation text the policy reads for `docs` (formatted, framed by the protocol and
     truncated by the rollout's own functions)."""
-    frame = (O.OBS_OPEN, O.OBS_CLOSE) if protocol is None else protocol.observation_frame()
-    ids = O.tool_observation(tokenizer, O.format_passages(docs), max_obs_length, frame).ids
+    frame = (observation.OBS_OPEN, observation.OBS_CLOSE) if protocol is None else protocol.observation_frame()
+    ids = observation.tool_observation(tokenizer, observation.format_passages(docs), max_obs_length, frame).ids
     return tokenizer.decode(ids, skip_special_tokens=True)
 
 
@@ -211,7 +211,7 @@ async def _chains(unanswered: list[tuple[dict, str]], results: dict, search: Sea
     for (row, first), cs in zip(unanswered, cands):
         demo = None
         for c in cs:
-            if not any(contains(O.split_passage(d)[0], c) for d in results.get(c) or []):  # found what it looked up
+            if not any(contains(observation.split_passage(d)[0], c) for d in results.get(c) or []):  # found what it looked up
                 continue
             try:
                 demo = await _one_demo(row, Plan([first, c], [c, None], chain=True), results, tokenizer, cfg, seed,

@@ -146,10 +146,10 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path | None = None,
     from agent_rl.training.metrics import MetricsLogger
     from agent_rl.training.run import Run
 
-    d, tr = cfg.data, cfg.trainer
-    run_dir = Path(run_dir or tr.default_local_dir)
-    if tr.torch_threads:
-        torch.set_num_threads(tr.torch_threads)
+    d, trainer_cfg = cfg.data, cfg.trainer
+    run_dir = Path(run_dir or trainer_cfg.default_local_dir)
+    if trainer_cfg.torch_threads:
+        torch.set_num_threads(trainer_cfg.torch_threads)
     torch.manual_seed(d.seed)
     check_tokenizer(d.train_files + d.val_files, cfg.actor_rollout_ref.model.path)
     train, skipped = load_demos(d.train_files, d.max_length, d.train_data_num)
@@ -158,14 +158,14 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path | None = None,
         raise ValueError(f"no demonstrations of at most data.max_length={d.max_length} tokens in {d.train_files}")
     bs = min(d.train_batch_size, len(train))
     steps_per_epoch = math.ceil(len(train) / bs)
-    total = tr.total_training_steps or tr.total_epochs * steps_per_epoch
+    total = trainer_cfg.total_training_steps or trainer_cfg.total_epochs * steps_per_epoch
     print(f"[sft] {len(train)} demonstrations ({skipped} longer than {d.max_length} tokens skipped), "
           f"{len(val)} for validation; {total} steps of {bs}", flush=True)
 
     inputs = {"actor_rollout_ref.model.path": cfg.actor_rollout_ref.model.path,
               **{f"data.train_files[{i}]": f for i, f in enumerate(d.train_files)},
               **{f"data.val_files[{i}]": f for i, f in enumerate(d.val_files)}}
-    run = Run(tr, run_dir, total, "sft", inputs=inputs)
+    run = Run(trainer_cfg, run_dir, total, "sft", inputs=inputs)
     latest = run.start()  # resume_mode=disable: an earlier run here is moved aside
     model_dir = run_dir / "model"
     clear_partial_model(model_dir)
@@ -174,7 +174,7 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path | None = None,
         if reason is not None and model_finished(model_dir):
             print(f"[sft] {latest} has finished ({reason}): nothing to do; model: {model_dir}", flush=True)
             return model_dir
-    elif tr.resume_mode == "auto" and model_finished(model_dir):
+    elif trainer_cfg.resume_mode == "auto" and model_finished(model_dir):
         # a model saved by a run without checkpoints: training again would overwrite it
         print(f"[sft] {model_dir} exists and {run_dir / 'checkpoints'} has no checkpoint to continue from: "
               f"nothing to do (trainer.resume_mode=disable trains again from the start)", flush=True)
@@ -187,9 +187,9 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path | None = None,
         run.restore(latest)
         actor.call_all("load", str(latest / "actor"))
         print(f"[sft] resumed from {latest} at step {run.step} ({run.trained_s:.0f}s trained)", flush=True)
-    console = "console" in tr.logger
-    logger = MetricsLogger(run_dir, [s for s in tr.logger if s != "console"], to_dict(cfg), tr.project_name,
-                           tr.experiment_name, resume_step=run.step)
+    console = "console" in trainer_cfg.logger
+    logger = MetricsLogger(run_dir, [s for s in trainer_cfg.logger if s != "console"], to_dict(cfg), trainer_cfg.project_name,
+                           trainer_cfg.experiment_name, resume_step=run.step)
 
     from tqdm import tqdm
 
@@ -211,11 +211,11 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path | None = None,
                     "timing/step": dt,
                 })
                 # validation at the run's last step counts in its time (the budget is the run's)
-                if val and ((tr.test_freq > 0 and step % tr.test_freq == 0) or run.stopping(extra_s=run.elapsed())):
+                if val and ((trainer_cfg.test_freq > 0 and step % trainer_cfg.test_freq == 0) or run.stopping(extra_s=run.elapsed())):
                     metrics["sft/val_loss"] = validation_loss(actor, val, bs)
                 run.end_step()
                 metrics["training/elapsed_s"] = run.trained_s
-                if step % tr.log_freq == 0 or run.stopping():
+                if step % trainer_cfg.log_freq == 0 or run.stopping():
                     logger.log(metrics, step)
                     if console:
                         bar.write(f"step {step} | " + " | ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items())))

@@ -123,9 +123,9 @@ class RolloutDataWriter:
     `trainer.rollout_data_dir` is set (the tokenizer is loaded the first time)."""
 
     def __init__(self, cfg: Any) -> None:
-        tr = cfg.trainer
-        self.dir = tr.rollout_data_dir
-        self.freq, self.n = tr.rollout_data_freq, tr.rollout_data_n
+        trainer_cfg = cfg.trainer
+        self.dir = trainer_cfg.rollout_data_dir
+        self.freq, self.n = trainer_cfg.rollout_data_freq, trainer_cfg.rollout_data_n
         self.model_path, self.reward_cfg = cfg.actor_rollout_ref.model.path, cfg.reward
         self._tokenizer: Any = None
 
