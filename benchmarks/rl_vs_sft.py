@@ -110,10 +110,10 @@ DEV_KB_SEEDS = {"standard": 0, "lookalike": 7}
 benchmarks/kb_headroom.py's DEV_KB_SEED): never report on it."""
 DEV_KB_SEED = DEV_KB_SEEDS["standard"]
 
-START_STEPS = {True: 60, False: 60}
-"""The start SFT's steps by whether bf16 is native (`--start-steps` overrides), each chosen on the
-dev KB from its host kind's start curve, two seeds: the smallest checkpoint after which the mean
-EM rises by no more than 2 points (docs/real_data.md). fp32 used 44 before its curve ran."""
+START_STEPS = 60
+"""The start SFT's steps (`--start-steps` overrides): on each host kind's start curve on the dev
+KB, two seeds, the smallest checkpoint after which the mean EM rises by no more than 2 points
+(docs/real_data.md); both kinds' curves gave 60."""
 
 CLOCK = "every second"
 """What an arm's minutes count (settings.json's `clock`): every second from its first step."""
@@ -176,12 +176,6 @@ def earlier_rows(paths: list[str], args, kind: str) -> list[dict]:
             seen.add(cell)
             rows.append({**r, "kb_seed": cell[0], "host": r.get("host", e["host"])})
     return rows
-
-
-def default_start_steps() -> int:
-    from data_prep.hardware import default_device, native_bf16
-
-    return START_STEPS[native_bf16(default_device())[0]]
 
 
 def check_settings(work: Path, args) -> None:
@@ -695,7 +689,7 @@ def main(argv: list[str] | None = None) -> int:
     records.add_args(ap)
     args = ap.parse_args(argv)
     if args.start_steps is None:
-        args.start_steps = default_start_steps()
+        args.start_steps = START_STEPS
     if args.start_curve and (args.start_curve[0] < 1 or args.start_curve[1] < args.start_curve[0]):
         ap.error("--start-curve EVERY STEPS: 1 <= EVERY <= STEPS")
     if args.start_curve and len(args.kb_seed) > 1:

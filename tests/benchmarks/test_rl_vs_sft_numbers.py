@@ -356,16 +356,6 @@ def test_the_start_curve_trains_once_keeps_every_checkpoint_and_scores_each(tmp_
     assert tables.curve_plot({5: pts}, tmp_path / "c.png").stat().st_size > 0
 
 
-def test_the_start_follows_the_host_kind_unless_given(monkeypatch):
-    # both kinds' curves on the dev KB chose 60; the lookup still goes by kind
-    assert rl_vs_sft.START_STEPS == {True: 60, False: 60}
-    monkeypatch.setattr(rl_vs_sft, "START_STEPS", {True: 60, False: 44})
-    monkeypatch.setenv("AGENT_RL_NATIVE_BF16", "1")
-    assert rl_vs_sft.default_start_steps() == 60
-    monkeypatch.setenv("AGENT_RL_NATIVE_BF16", "0")
-    assert rl_vs_sft.default_start_steps() == 44
-
-
 def test_a_workdir_made_with_other_settings_is_refused_and_left_alone(tmp_path):
     work = tmp_path / "kb101"
     rl_vs_sft.check_settings(work, _args())
