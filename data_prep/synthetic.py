@@ -23,21 +23,23 @@ the founder of Y born?"), ``comparison`` ("Who was born first, X or Z?"). Per ro
 ``golden_answers[0]`` is the canonical answer as passages write it, followed by aliases
 (a person's full name with middle name, as the biography's first sentence gives it).
 
-Knowledge-base kinds (``generate_kb(kind=...)``, ``synthetic --kind``): ``standard`` (the default, above: every name unique, so the demonstrations'
-hop queries, the name and what is asked, are the best searches there are) and ``lookalike``,
-a knowledge base with room above imitation (issue 85). There people come in groups of 2-4
-namesakes (same first name and surname) with different birth years, birthplaces and
-occupations, and a question about a person gives, beside the name, the attribute that tells
-the namesakes apart: the birthplace when it asks the birth year ("When was Orla Venn of
-Varnholt born?"), the occupation when it asks the birthplace ("Where was the painter Orla
-Venn born?"); a founder's or author's birth year question gives the birthplace too. A
-search for the name alone (`hop_queries`: what the demonstrations search, what a user
-scripts) brings a namesake's passage first about 2 times in 3, the name with the attribute
-(`attribute_queries`) the right one mostly (`benchmarks/kb_headroom.py` measures both). Only
-a biography states the occupation there, so that a search for it finds the biography.
-Questions about organisations alone keep unique names. Per row also `hop_attributes` (the
-attribute each hop's attribute query adds, "" for none) and `namesakes` (how many entities
-have the name each hop searches). The standard kind is byte-for-byte what it was for a seed.
+Knowledge-base kinds (``generate_kb(kind=...)``, ``synthetic --kind``): ``standard`` (the
+default, above: every name unique, so the demonstrations' hop queries, the name and what is
+asked, are the best searches there are) and ``lookalike``, a knowledge base with room above
+imitation (issue 85). There people come in groups of 2-4 namesakes (same first name and
+surname) with different birth years, birthplaces (of different stems) and occupations, and a
+question about a person gives, beside the name, the attribute that tells the namesakes
+apart: the birthplace when it asks the birth year ("When was Orla Venn of Varnholt born?"),
+the occupation when it asks the birthplace ("Where was the painter Orla Venn born?"); a
+founder's or author's birth year question gives the birthplace too. A search for the name
+alone (`hop_queries`: what the demonstrations search, what a user scripts) brings a
+namesake's passage first about 2 times in 3, the name with the attribute
+(`attribute_queries`) mostly the right one (`benchmarks/kb_headroom.py` measures both).
+Only a person's biography names their birthplace and occupation among the namesakes'
+passages, so that a search with one finds it. Questions about organisations alone keep
+unique names. Per row also `hop_attributes` (the attribute each hop's attribute query adds,
+"" for none) and `namesakes` (how many entities have the name each hop searches). The
+standard kind is byte-for-byte what it was for a seed.
 
 Train/test split: people together with the organisations they founded and the works they
 wrote form clusters; clusters (and cities) are assigned to train or test, and a question
@@ -220,6 +222,7 @@ def _namesakes(rng: random.Random, left: int, most: int) -> int:
     """How many people of the lookalike kind share the next name: 2 to 4 and at most `most`
     (namesakes are born in cities of different stems), never leaving a last group of one
     (`left` people are still to be made)."""
+    most = min(most, max(_NAMESAKES))
     size = min(rng.choice(_NAMESAKES), left, most)
     if left - size == 1:
         size = size + 1 if size < most else size - 1
@@ -662,11 +665,12 @@ def _candidates(rng: random.Random, w: World) -> list[_Q]:
 def _lookalike_candidates(rng: random.Random, w: World) -> list[_Q]:
     """The lookalike kind's questions. Every question about a person gives, beside the name
     it shares with 1-3 namesakes, one attribute that tells them apart: the birthplace when it
-    asks for the birth year, the occupation when it asks for the birthplace (a year in the
-    query barely moves the default dense encoder: on the dev KB it found the right namesake
-    42% of the time, the birthplace 90%, the occupation 80%). The hop queries
-    (what demonstrations search) name the person only, as a user's script would; the
-    attribute queries add the attribute. A bridge through an organisation's founder or a work's
+    asks for the birth year, the occupation when it asks for the birthplace. (On the dev KB,
+    seed 7, with the default dense encoder, the right namesake's biography came first for 33%
+    of the name-only searches, 89% with the birthplace, 78% with the occupation, and 42% with
+    the birth year, which the encoder barely tells apart: so no question gives a year.) The
+    hop queries (what demonstrations search) name the person only, as a user's script would;
+    the attribute queries add the attribute. A bridge through an organisation's founder or a work's
     author gives the person's birthplace: its second hop searches the name the first one found
     (with the birthplace, in the attribute query). Questions about an organisation alone are
     the standard kind's: unique names, both strategies the same search."""
