@@ -163,14 +163,16 @@ def prepare_kb(args) -> tuple[Path, dict]:
         kb = Path(args.kb)
         return kb, json.loads((kb / "kb_meta.json").read_text())
     kb = Path(args.workdir) / "kb"
-    want = {"seed": args.kb_seed, "entities": args.entities, "kind": args.kind}
+    asked = Path(args.workdir) / "kb_settings.json"  # what the KB there was generated with
+    want = {"seed": args.kb_seed, "entities": args.entities, "train": args.train, "test": args.test, "kind": args.kind}
     if kb_finished(kb):
-        meta = json.loads((kb / "kb_meta.json").read_text())
-        have = {"seed": meta["seed"], "entities": meta["entities"], "kind": meta.get("kb_kind", "standard")}
-        if have == want and (meta["train"], meta["test"]) <= (args.train, args.test):
-            return kb, meta
-        raise SystemExit(f"{kb} holds another knowledge base ({have}); choose another --workdir")
-    generate_kb(kb, seed=args.kb_seed, n_entities=args.entities, n_train=args.train, n_test=args.test, kind=args.kind)
+        have = json.loads(asked.read_text()) if asked.is_file() else None
+        if have != want:
+            raise SystemExit(f"{kb} holds another knowledge base ({have}); choose another --workdir")
+    else:
+        generate_kb(kb, seed=args.kb_seed, n_entities=args.entities, n_train=args.train, n_test=args.test,
+                    kind=args.kind)
+        asked.write_text(json.dumps(want) + "\n")
     return kb, json.loads((kb / "kb_meta.json").read_text())
 
 
@@ -197,7 +199,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--test", type=int, default=500, help="KB test questions (default 500)")
     ap.add_argument("--kb", help="an existing KB directory instead (its kb_meta.json says the kind)")
     where = ap.add_mutually_exclusive_group()
-    where.add_argument("--index", help="index dir over the KB's corpus (default WORKDIR/kb_index_flat; a flat "
+    where.add_argument("--index", help="index dir over the KB's corpus (default WORKDIR/kb_index_flat, or "
+                                       "<KB>_index_flat beside --kb; a flat "
                                        "index with the default encoder is built there when missing)")
     where.add_argument("--retriever-url", help="a running retriever over the KB's corpus instead")
     ap.add_argument("--splits", nargs="+", default=["test", "train"], choices=("train", "test"))
@@ -221,12 +224,16 @@ def main(argv: list[str] | None = None) -> dict:
     kb, meta = prepare_kb(args)
     kind = meta.get("kb_kind", "standard")
     rows = {s: pd.read_parquet(kb / f"{s}.parquet").to_dict("records") for s in args.splits}
-    index = Path(args.index) if args.index else Path(args.workdir) / "kb_index_flat"
+    # beside its KB: a --kb of its own never meets the work dir's index of another corpus
+    index = Path(args.index) if args.index else kb.with_name(f"{kb.name}_index_flat") if args.kb \
+        else Path(args.workdir) / "kb_index_flat"
     served = nullcontext(args.retriever_url) if args.retriever_url else serve_index(index, kb / "corpus.jsonl", kind="flat")
     with served as url:
+        t_ready = time.time()
         res = asyncio.run(measure(rows, url, topk))
     print(f"KB {kb} (kind {kind}, seed {meta['seed']}, {meta['entities']} entities, {meta['passages']} passages); "
-          f"top-{topk} passage per search, read by data_prep.synthetic.read_fact; {time.time() - t0:.0f}s")
+          f"top-{topk} passage per search, read by data_prep.synthetic.read_fact; KB, index and server "
+          f"{t_ready - t0:.0f}s, the policies {time.time() - t_ready:.0f}s")
     for split, t in res.items():
         print()
         print(table(split, t))
