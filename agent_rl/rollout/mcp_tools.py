@@ -44,8 +44,10 @@ stdio child's stdout passes through a relay process (`RELAY`, the SDK's process 
 untouched: the child is the relay's, in its process group) that parses each message first,
 where its cost stalls nothing: a call's answer keeps its first MAX_CONTENT_ITEMS content items
 (then a text item counting the rest), a message of more than MAX_MESSAGE_VALUES JSON values
-(a tool list: MAX_LIST_VALUES) becomes an error answer to its request, a line that is not JSON
-is dropped (as the SDK would). The streamable HTTP transport has no relay (see `_transport`).
+(a tool list: MAX_LIST_VALUES) becomes an error answer to its request, a call's answer over
+MAX_LINE_BYTES keeps the head of each text item (a 10 MB line cost the SDK over 1 s on our loop)
+and any other message over it is an error answer (dropped if its id is not at either end), a
+line that is not JSON is dropped (as the SDK would). The streamable HTTP transport has no relay (see `_transport`).
 
 `mcp` is imported inside the methods, so importing this module stays cheap.
 """
@@ -80,11 +82,12 @@ MAX_SCHEMA_DEPTH = 32
 MAX_CONTENT_ITEMS = 100  # content items of a call's answer that reach the SDK; the rest are counted
 MAX_MESSAGE_VALUES = 5_000  # JSON values of a message the SDK validates on our loop (~10 us each)
 MAX_LIST_VALUES = 100_000  # ... of a tools/list answer, read once before any rollout
+MAX_LINE_BYTES = 4 << 20  # a message the SDK would buffer and copy on our loop (10 MB: over 1 s)
 
 RELAY = r"""
 import json, subprocess, sys
 
-MAX_ITEMS, MAX_VALUES, MAX_LIST_VALUES = map(int, sys.argv[1:4])
+MAX_ITEMS, MAX_VALUES, MAX_LIST_VALUES, MAX_BYTES = map(int, sys.argv[1:5])
 
 
 def values(msg, limit):
@@ -99,9 +102,30 @@ def values(msg, limit):
     return n
 
 
+def error(msg, why):
+    if not (isinstance(msg, dict) and "id" in msg and ("result" in msg or "error" in msg)):
+        sys.stderr.write(f"[relay] a message with {why}, dropped\n")
+        return None
+    return {"jsonrpc": "2.0", "id": msg["id"], "error": {"code": -32603, "message": f"the answer holds {why}"}}
+
+
+def shorter(msg, size):
+    # a call's answer keeps the head of each text item (an observation reads far less); any
+    # other message over MAX_BYTES (a 10 MB schema) is an error answer to its request
+    content = (msg.get("result") or {}).get("content") if isinstance(msg, dict) else None
+    if isinstance(content, list):
+        room = MAX_BYTES // (2 * max(1, len(content)))
+        for item in content:
+            if isinstance(item, dict) and isinstance(item.get("text"), str) and len(item["text"]) > room:
+                item["text"] = item["text"][:room] + f" [cut at {room} of {len(item['text'])} characters]"
+        if len(json.dumps(msg)) <= MAX_BYTES:
+            return msg
+    return error(msg, f"{size} bytes, more than the client reads ({MAX_BYTES})")
+
+
 def bounded(line):
     # a value is the first, or follows "[", "," or ":": fewer of those than MAX_ITEMS, nothing to cap
-    if line.count(b",") + line.count(b":") + line.count(b"[") < MAX_ITEMS:
+    if len(line) <= MAX_BYTES and line.count(b",") + line.count(b":") + line.count(b"[") < MAX_ITEMS:
         return line
     try:
         msg = json.loads(line.decode("utf-8", "replace"), strict=False)
@@ -116,19 +140,18 @@ def bounded(line):
         result["content"] = content[:MAX_ITEMS] + [note]
     limit = MAX_LIST_VALUES if isinstance(result, dict) and "tools" in result else MAX_VALUES
     if values(msg, limit) > limit:
-        if not (isinstance(msg, dict) and "id" in msg and ("result" in msg or "error" in msg)):
-            sys.stderr.write(f"[relay] a message of more than {limit} JSON values, dropped\n")
-            return None
-        msg = {"jsonrpc": "2.0", "id": msg["id"], "error": {
-            "code": -32603, "message": f"the answer holds more than {limit} JSON values, more than the client reads"}}
-        changed = True
+        msg, changed = error(msg, f"more than {limit} JSON values, more than the client reads"), True
+    elif len(line) > MAX_BYTES:
+        msg, changed = shorter(msg, len(line)), True
+    if msg is None:
+        return None
     return (json.dumps(msg) + "\n").encode() if changed else line
 
 
 try:
-    child = subprocess.Popen(sys.argv[5:], stdout=subprocess.PIPE, bufsize=1 << 20)
+    child = subprocess.Popen(sys.argv[6:], stdout=subprocess.PIPE, bufsize=1 << 20)
 except OSError as e:
-    sys.exit(f"cannot start {sys.argv[5]!r}: {e}")
+    sys.exit(f"cannot start {sys.argv[6]!r}: {e}")
 try:
     for line in child.stdout:
         line = bounded(line)
@@ -140,7 +163,7 @@ except BrokenPipeError:
 sys.exit(child.wait())
 """
 """The relay between a stdio child's stdout and the SDK (see the module docstring), run as
-`python -I -S -c RELAY MAX_ITEMS MAX_VALUES MAX_LIST_VALUES -- command...`: the standard library
+`python -I -S -c RELAY MAX_ITEMS MAX_VALUES MAX_LIST_VALUES MAX_BYTES -- command...`: the standard library
 only, so it starts in milliseconds; the child inherits its stdin and stderr."""
 
 
@@ -440,7 +463,8 @@ class McpServer:
 
         # "replace": with the SDK's "strict", one bad byte on stdout stops its reader while the
         # server lives on, and every later call times out (tests/agent_rl/test_mcp_calculator_fuzz.py)
-        relay = ["-I", "-S", "-c", RELAY, str(MAX_CONTENT_ITEMS), str(MAX_MESSAGE_VALUES), str(MAX_LIST_VALUES), "--"]
+        limits = (MAX_CONTENT_ITEMS, MAX_MESSAGE_VALUES, MAX_LIST_VALUES, MAX_LINE_BYTES)
+        relay = ["-I", "-S", "-c", RELAY, *map(str, limits), "--"]
         params = StdioServerParameters(command=sys.executable, args=[*relay, *self.command], env=self.env,
                                        encoding_error_handler="replace")
         try:

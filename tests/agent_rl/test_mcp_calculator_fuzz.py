@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agent_rl.rollout import mcp_tools
 from agent_rl.rollout.mcp_tools import McpCallError, McpConnectError, McpServer, McpTimeoutError, _content_text
 from agent_rl.rollout.tools import ToolInputError, ToolResult, calculate, calculator_tool
 
@@ -73,7 +74,10 @@ def test_a_batch_of_hostile_results_each_ends_as_a_tool_result_in_time(tmp_path)
         assert got["empty"] == ToolResult("")
         assert got["image"] == ToolResult("[image]\n[resource file:///b.bin]")
         assert got["resource"] == ToolResult("resource text\n[resource link file:///c.txt]")
-        assert got["big"].ok and len(got["big"].text) == 10_000_003 and got["big"].text.endswith("END")
+        # 10 MB of text: the relay keeps the head (an observation reads far less), marked as cut
+        big = got["big"]
+        assert big.ok and big.text.endswith("characters]") and "[cut at" in big.text
+        assert len(big.text.encode()) < mcp_tools.MAX_LINE_BYTES
         assert got["non_json"] == ToolResult("after the noise")  # the noise line is skipped
         assert got["never"].error == "timeout" and not got["never"].ok
         assert got["stderr"] == ToolResult("stderr done")
@@ -144,7 +148,7 @@ def test_a_server_flooding_stderr_for_ever_still_answers_and_times_out_in_time(t
     ("hang-list", McpTimeoutError),
     ("nested-schema", McpTimeoutError),  # the SDK drops the line it cannot parse: no answer
     ("invalid-schema", McpCallError),
-    ("huge-schema", None),
+    ("huge-schema", McpCallError),  # 10 MB: over the relay's MAX_LINE_BYTES, answered as an error
     ("stderr-flood", None),
     ("stderr-line", None),
 ])
