@@ -450,10 +450,15 @@ BETTER = STRATEGIES[1]
 
 def query_strategy(query: str, question: dict) -> str | None:
     """The strategy (STRATEGIES) a search `query` follows on a KB question (its row of the KB's
-    test.parquet), or None where that cannot be told. data_prep.synthetic exposes no classifier
-    of a query yet, so every query is None here and the tables say n/a; the classifier the KB
-    module exposes is what this calls once it exists."""
-    return None
+    test.parquet): "name + attribute" when it holds one of the attributes the question gives to
+    tell namesakes apart (the lookalike kind's `hop_attributes`, any case), "name only" when it
+    holds none; None where the row has none (the standard kind): n/a in the tables."""
+    given = question.get("hop_attributes")  # a list, or the numpy array of a parquet row
+    attributes = [a.lower() for a in (list(given) if given is not None else []) if isinstance(a, str) and a]
+    if not attributes:
+        return None
+    q = query.lower()
+    return BETTER if any(a in q for a in attributes) else STRATEGIES[0]
 
 
 def search_queries(trajectory: str) -> list[str]:

@@ -142,7 +142,18 @@ def test_the_better_strategy_is_counted_by_question_kind_from_each_trajectorys_q
     assert rl_vs_sft.better_share({"unknown": 4}) is None and rl_vs_sft.better_share({}) is None
     assert rl_vs_sft.search_queries("<search>a b</search><information><search>x</search></information>") == [
         "a b", "x"]  # (an observation's tags are neutralised before they reach a trajectory)
-    assert rl_vs_sft.query_strategy("Ann Lee birth year", {"attribute_queries": ["Ann Lee 1901 birth year"]}) is None
+
+
+
+def test_a_query_is_the_better_strategy_when_it_holds_an_attribute_the_question_gives():
+    row = {"hop_attributes": ["Varnholt", ""], "namesakes": [3, 1]}
+    assert rl_vs_sft.query_strategy("Orla Venn of varnholt birth year", row) == "name + attribute"
+    assert rl_vs_sft.query_strategy("Orla Venn birth year", row) == "name only"
+    assert rl_vs_sft.query_strategy("Orla Venn birth year", {"hop_attributes": ["", ""]}) is None  # nothing to tell
+    assert rl_vs_sft.query_strategy("Ann Lee birth year", {}) is None  # the standard kind
+    import numpy as np  # a row of pandas' to_dict("records") holds numpy arrays
+
+    assert rl_vs_sft.query_strategy("painter Orla Venn", {"hop_attributes": np.array(["painter"])}) == "name + attribute"
 
 
 def _args(**kw) -> argparse.Namespace:
