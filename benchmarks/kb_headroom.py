@@ -38,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 from data_prep.hardware import offline_env  # noqa: E402
+from benchmarks import records  # noqa: E402
 
 offline_env()
 
@@ -208,6 +209,7 @@ def main(argv: list[str] | None = None) -> dict:
                     help="training YAML whose retriever.topk the policies search with (default: the benchmarks')")
     ap.add_argument("--workdir", help="default runs/kb_headroom/<kind>_kb<seed>_e<entities>")
     ap.add_argument("--json", help="also write the result here")
+    records.add_args(ap)
     args = ap.parse_args(argv)
     args.workdir = args.workdir or str(ROOT / "runs" / "kb_headroom" / f"{args.kind}_kb{args.kb_seed}_e{args.entities}")
 
@@ -246,6 +248,7 @@ def main(argv: list[str] | None = None) -> dict:
            "topk": topk, "splits": res, "bar": BAR}
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    records.keep(args, "kb_headroom", out, default_dir=Path(args.workdir))
     return out
 
 

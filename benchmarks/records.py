@@ -140,6 +140,17 @@ def gpu_loop_headline(result: dict) -> dict[str, str]:
     return out
 
 
+def kb_headroom_headline(result: dict) -> dict[str, str]:
+    """Per split: agent EM of the demonstrations' strategy (name only) and of the better one (name
+    + attribute), and the gap the bar is on."""
+    out = {}
+    for split, t in result["splits"].items():
+        a = t["all"]
+        out[f"{split}: name only → name + attribute (agent EM)"] = (
+            f"{a['name only']:.1f} → {a['name + attribute']:.1f} ({a['gap']:+.1f}; bar {result['bar']:.0f})")
+    return out
+
+
 def generic_headline(result: dict) -> dict[str, str]:
     """Any other benchmark: its top-level figures (the full JSON holds the rest)."""
     out = {k: f"{v:.4g}" for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -150,7 +161,7 @@ def generic_headline(result: dict) -> dict[str, str]:
 
 HEADLINES: dict[str, Callable[[dict], dict[str, str]]] = {
     "rl_vs_sft": rl_vs_sft_headline, "start_curve": start_curve_headline,
-    "miss_recovery": miss_recovery_headline, "gpu_loop": gpu_loop_headline,
+    "miss_recovery": miss_recovery_headline, "gpu_loop": gpu_loop_headline, "kb_headroom": kb_headroom_headline,
 }
 """A benchmark's headline from its result; generic_headline for the rest."""
 
