@@ -72,14 +72,14 @@ class LocalActor:
     def __init__(self, worker: Any):
         self.worker = worker
 
-    def update(self, method: str, batch: Any) -> dict[str, float]:
-        return getattr(self.worker, method)(batch)
+    def update(self, method: Callable[..., Any], batch: Any) -> dict[str, float]:
+        return method(self.worker, batch)
 
-    def per_token(self, method: str, batch: Any) -> Any:
-        return getattr(self.worker, method)(batch)
+    def per_token(self, method: Callable[..., Any], batch: Any) -> Any:
+        return method(self.worker, batch)
 
-    def call_all(self, method: str, *args: Any) -> list[Any]:
-        return [getattr(self.worker, method)(*args)]
+    def call_all(self, method: Callable[..., Any], *args: Any) -> list[Any]:
+        return [method(self.worker, *args)]
 
     def shutdown(self) -> None:
         self.worker = None
@@ -102,11 +102,12 @@ def make_actor(cfg: SFTConfig, total_steps: int) -> Any:
 def validation_loss(actor: Any, trajs: list[Trajectory], batch_size: int) -> float:
     """Token-mean NLL of the loss-mask tokens of `trajs` under the current policy."""
     from agent_rl.training.batch import TokenBatch
+    from agent_rl.training.workers.actor import ActorWorker
 
     nll, tokens = 0.0, 0.0
     for i in range(0, len(trajs), batch_size):
         batch = TokenBatch.from_trajectories(trajs[i : i + batch_size])
-        logp = actor.per_token("compute_log_probs", batch)
+        logp = actor.per_token(ActorWorker.compute_log_probs, batch)
         nll -= float((logp * batch.loss_mask).sum())
         tokens += float(batch.loss_mask.sum())
     return nll / max(tokens, 1.0)
@@ -145,6 +146,7 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path | None = None,
     from agent_rl.training.batch import TokenBatch
     from agent_rl.training.metrics import MetricsLogger
     from agent_rl.training.run import Run
+    from agent_rl.training.workers.actor import ActorWorker
 
     d, trainer_cfg = cfg.data, cfg.trainer
     run_dir = Path(run_dir or trainer_cfg.default_local_dir)
@@ -185,7 +187,7 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path | None = None,
     actor = make_actor(cfg, total)
     if latest is not None:
         run.restore(latest)
-        actor.call_all("load", str(latest / "actor"))
+        actor.call_all(ActorWorker.load, str(latest / "actor"))
         print(f"[sft] resumed from {latest} at step {run.step} ({run.trained_s:.0f}s trained)", flush=True)
     console = "console" in trainer_cfg.logger
     logger = MetricsLogger(run_dir, [s for s in trainer_cfg.logger if s != "console"], to_dict(cfg), trainer_cfg.project_name,
@@ -202,7 +204,7 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path | None = None,
                 order = epoch_order(len(train), epoch, d.shuffle, d.seed)
                 batch = TokenBatch.from_trajectories([train[j] for j in order[i * bs : (i + 1) * bs]])
                 t0 = time.perf_counter()
-                metrics = actor.update("update_sft", batch)
+                metrics = actor.update(ActorWorker.update_sft, batch)
                 dt = time.perf_counter() - t0
                 metrics.update({
                     "sft/tokens_per_s": batch.num_tokens / dt,
@@ -225,11 +227,11 @@ def run_sft(cfg: SFTConfig, run_dir: str | Path | None = None,
                 if on_step is not None:
                     on_step(step, metrics)
                 if run.save_due():
-                    run.save({}, to_dict(cfg), lambda p: actor.call_all("save", str(p / "actor")),
-                             actor.call_all("state_bytes")[0])
+                    run.save({}, to_dict(cfg), lambda p: actor.call_all(ActorWorker.save, str(p / "actor")),
+                             actor.call_all(ActorWorker.state_bytes)[0])
         if (msg := run.stop_message()) is not None:
             print("\n" + msg, flush=True)
-        save_final_model(lambda d: actor.call_all("save", d), model_dir, {"step": run.step, "trained_s": run.trained_s})
+        save_final_model(lambda d: actor.call_all(ActorWorker.save, d), model_dir, {"step": run.step, "trained_s": run.trained_s})
     finally:
         logger.close()
         actor.shutdown()

@@ -7,6 +7,8 @@
   GPU) through a MASTER_ADDR/PORT taken from rank 0. The driver hands every rank the same
   batch through the object store (one copy); each rank works on its own token-balanced shard
   (`agent_rl.training.batch.shard`) and per-token results are put back in batch order here.
+  A group is asked to run a worker's method by the method itself (`ActorWorker.update_policy`),
+  never by its name: a renamed method fails where it is named, not on a remote rank.
 
 Resources: on CPU every actor asks for `num_cpus=0`, so they all fit a 2-core machine
 (Ray would otherwise refuse to place them); they time-share the cores, which is what the
@@ -32,6 +34,16 @@ from typing import Any, Callable
 import ray
 
 from agent_rl.config import TrainConfig
+
+WorkerMethod = Callable[..., Any]
+"""A function of the hosted worker and arguments: a worker class's method
+(`ActorWorker.compute_log_probs`) or e.g. `operator.attrgetter("fsdp")`."""
+
+
+def _checked(method: WorkerMethod) -> WorkerMethod:
+    if not callable(method):
+        raise TypeError(f"a worker group runs a method, e.g. ActorWorker.update_policy, not {method!r}")
+    return method
 
 
 def init_ray(address: str | None) -> bool:
@@ -292,8 +304,8 @@ class TrainWorkerHost:
                 os.environ["GLOO_SOCKET_IFNAME"] = iface
         self.worker = factory(rank=rank, world_size=world_size, init_method=f"tcp://{master[0]}:{master[1]}")
 
-    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.worker, method)(*args, **kwargs)
+    def call(self, method: WorkerMethod, *args: Any) -> Any:
+        return method(self.worker, *args)
 
     def export_weights(self, transport: str, rank0: bool = True) -> Any:
         """The policy's HF-format weights (LoRA merged), packed for `transport`; ranks other
@@ -305,12 +317,12 @@ class TrainWorkerHost:
             return None
         return get_transport(transport).export(self.worker)
 
-    def call_on_shard(self, method: str, batch: Any, rank: int, world_size: int) -> tuple[Any, Any]:
-        """`method(shard)` on this rank's part of `batch`; returns (result, shard row indices)."""
+    def call_on_shard(self, method: WorkerMethod, batch: Any, rank: int, world_size: int) -> tuple[Any, Any]:
+        """`method(worker, shard)` on this rank's part of `batch`; returns (result, shard row indices)."""
         from agent_rl.training.batch import shard_indices
 
         idx = shard_indices(batch.seq_lens.tolist(), rank, world_size)
-        return getattr(self.worker, method)(batch.select(idx)), idx
+        return method(self.worker, batch.select(idx)), idx
 
 
 def _interface_of(ip: str) -> str | None:
@@ -344,9 +356,9 @@ class WorkerGroup:
         """The Ray node id of each rank's process, by rank."""
         return ray.get([h.node_id.remote() for h in self.hosts])
 
-    def call_all(self, method: str, *args: Any) -> list[Any]:
-        """`method(*args)` on every rank (collectives inside need all ranks); results by rank."""
-        return ray.get([h.call.remote(method, *args) for h in self.hosts])
+    def call_all(self, method: WorkerMethod, *args: Any) -> list[Any]:
+        """`method(worker, *args)` on every rank (collectives inside need all ranks); results by rank."""
+        return ray.get([h.call.remote(_checked(method), *args) for h in self.hosts])
 
     def export_weights(self, transport: str) -> Any:
         """ObjectRef of rank 0's packed weights (passed on to the engine, never fetched here).
@@ -355,26 +367,26 @@ class WorkerGroup:
         refs = [h.export_weights.remote(transport, r == 0) for r, h in enumerate(self.hosts)]
         return refs[0]
 
-    def per_token(self, method: str, batch: Any) -> Any:
+    def per_token(self, method: WorkerMethod, batch: Any) -> Any:
         """(B, R) per-token result of `method` on each rank's shard, rows back in batch order."""
         from agent_rl.training.batch import concat_rows
 
         ref = ray.put(batch)
-        outs = ray.get([h.call_on_shard.remote(method, ref, r, self.world_size) for r, h in enumerate(self.hosts)])
+        outs = ray.get([h.call_on_shard.remote(_checked(method), ref, r, self.world_size) for r, h in enumerate(self.hosts)])
         parts = [o for o, idx in outs if len(idx)]
         idxs = [idx for o, idx in outs if len(idx)]
         return concat_rows(parts, [list(i) for i in idxs], len(batch))
 
-    def update(self, method: str, batch: Any) -> dict[str, float]:
+    def update(self, method: WorkerMethod, batch: Any) -> dict[str, float]:
         """Run an update on every rank's shard (gradients are summed across ranks inside);
         the workers reduce metrics over all ranks, so rank 0's are the batch's."""
         ref = ray.put(batch)
-        outs = ray.get([h.call_on_shard.remote(method, ref, r, self.world_size) for r, h in enumerate(self.hosts)])
+        outs = ray.get([h.call_on_shard.remote(_checked(method), ref, r, self.world_size) for r, h in enumerate(self.hosts)])
         return outs[0][0]
 
-    def rank0(self, method: str, *args: Any) -> Any:
-        """`method(*args)` on rank 0 only (questions every rank would answer alike)."""
-        return ray.get(self.hosts[0].call.remote(method, *args))
+    def rank0(self, method: WorkerMethod, *args: Any) -> Any:
+        """`method(worker, *args)` on rank 0 only (questions every rank would answer alike)."""
+        return ray.get(self.hosts[0].call.remote(_checked(method), *args))
 
     def shutdown(self) -> None:
         for h in self.hosts:

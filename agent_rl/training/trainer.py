@@ -38,6 +38,8 @@ from agent_rl.training.identity import check_resume, train_identity
 from agent_rl.training.metrics import MetricsLogger, RisingRate, StepTimer, batch_metrics, write_validation
 from agent_rl.training.rollout_data import RolloutDataWriter
 from agent_rl.training.run import Run, finished_reason, resume_checkpoint
+from agent_rl.training.workers.actor import ActorWorker
+from agent_rl.training.workers.critic import CriticWorker
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +55,6 @@ class RayTrainer:
         of the HTTP client for `retriever.url` (tests without a server)."""
         from agent_rl.training.ray_workers import WorkerGroup, make_rollout_worker
         from agent_rl.training.weight_sync import WeightSync
-        from agent_rl.training.workers.actor import ActorWorker
-        from agent_rl.training.workers.critic import CriticWorker
 
         self.cfg = cfg
         self.run_dir = Path(run_dir or cfg.trainer.default_local_dir)
@@ -107,22 +107,22 @@ class RayTrainer:
                 # 2. log-probs of the policy that sampled (recomputed), the reference, values
                 if self._needs_old_log_probs(len(batch)):
                     with t("old_log_prob"):
-                        batch = batch.with_fields(old_logprobs=self.actor.per_token("compute_log_probs", batch))
+                        batch = batch.with_fields(old_logprobs=self.actor.per_token(ActorWorker.compute_log_probs, batch))
                 if self.use_ref:
                     with t("ref"):
-                        batch = batch.with_fields(ref_logprobs=self.actor.per_token("compute_ref_log_probs", batch))
+                        batch = batch.with_fields(ref_logprobs=self.actor.per_token(ActorWorker.compute_ref_log_probs, batch))
                 if self.critic is not None:
                     with t("values"):
-                        batch = batch.with_fields(values=self.critic.per_token("compute_values", batch))
+                        batch = batch.with_fields(values=self.critic.per_token(CriticWorker.compute_values, batch))
                 # 3. advantages (outcome reward on the last sampled token, optional KL in reward)
                 with t("adv"):
                     batch, adv_metrics = self._advantages(batch, mask)
                 # 4. updates, then push the new policy into the engine
                 if self.critic is not None:
                     with t("update_critic"):
-                        metrics.update(self.critic.update("update_critic", batch))
+                        metrics.update(self.critic.update(CriticWorker.update_critic, batch))
                 with t("update_actor"):
-                    metrics.update(self.actor.update("update_policy", batch))
+                    metrics.update(self.actor.update(ActorWorker.update_policy, batch))
                 self.collector.before_push(t)  # one_step_off: the batch generating finishes on its weights
                 with t("sync"):
                     self.sync.push(self.step)
@@ -159,7 +159,7 @@ class RayTrainer:
         """Old log-probs are always the trainer's, never the engine's. A single on-policy
         update (one epoch, one mini-batch) takes them from its own forward pass (ratio = 1
         exactly, as veRL), saving a pass; the in-reward KL needs them before the update."""
-        return self.cfg.algorithm.use_kl_in_reward or self.actor.rank0("needs_old_log_probs", num_sequences)
+        return self.cfg.algorithm.use_kl_in_reward or self.actor.rank0(ActorWorker.needs_old_log_probs, num_sequences)
 
     def _advantages(self, batch: TokenBatch, mask: torch.Tensor) -> tuple[TokenBatch, dict[str, float]]:
         """Token rewards -> (optional in-reward KL) -> advantages and returns, all on `mask`."""
@@ -212,14 +212,14 @@ class RayTrainer:
     # ------------------------------------------------------------------ checkpoints
     def save(self) -> Path:
         def save_workers(d: Path) -> None:
-            self.actor.call_all("save", str(d / "actor"))
+            self.actor.call_all(ActorWorker.save, str(d / "actor"))
             if self.critic is not None:
-                self.critic.call_all("save", str(d / "critic"))
+                self.critic.call_all(CriticWorker.save, str(d / "critic"))
             rollouts = self.collector.state()  # ahead modes: the groups not trained yet, with their trajectories in flight
             if rollouts is not None:
                 (d / ROLLOUTS).write_text(json.dumps(rollouts))
 
-        expected = self.actor.rank0("state_bytes") + (self.critic.rank0("state_bytes") if self.critic else 0)
+        expected = self.actor.rank0(ActorWorker.state_bytes) + (self.critic.rank0(CriticWorker.state_bytes) if self.critic else 0)
         return self.run.save({"data": self.loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict()},
                              to_dict(self.cfg), save_workers, expected)
 
@@ -227,9 +227,9 @@ class RayTrainer:
         if path is None:
             return
         state = self.run.restore(path)
-        self.actor.call_all("load", str(path / "actor"))
+        self.actor.call_all(ActorWorker.load, str(path / "actor"))
         if self.critic is not None:
-            self.critic.call_all("load", str(path / "critic"))
+            self.critic.call_all(CriticWorker.load, str(path / "critic"))
         self.loader.load_state_dict(state["data"])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.sync.push(self.step)  # the engine started from the base model

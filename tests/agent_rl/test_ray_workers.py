@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 
 import pytest
 import torch
@@ -55,17 +56,17 @@ def test_two_ranks_match_one_rank(model_dir):
 
     one = WorkerGroup(cfg, factory, 1)
     try:
-        ref = one.per_token("compute_log_probs", batch)
+        ref = one.per_token(ActorWorker.compute_log_probs, batch)
     finally:
         one.shutdown()
     two = WorkerGroup(cfg, factory, 2)
     try:
-        got = two.per_token("compute_log_probs", batch)
+        got = two.per_token(ActorWorker.compute_log_probs, batch)
         assert got.shape == ref.shape
         valid = batch.response_valid_mask().bool()
         assert torch.allclose(got[valid], ref[valid], atol=1e-4)  # same rows, same order
         assert (got[~valid] == 0).all()
-        metrics = two.update("update_policy", batch.with_fields(old_logprobs=got))
+        metrics = two.update(ActorWorker.update_policy, batch.with_fields(old_logprobs=got))
         assert metrics["actor/grad_norm"] > 0 and all(math.isfinite(v) for v in metrics.values())
     finally:
         two.shutdown()
@@ -90,7 +91,7 @@ def test_fsdp_group_exports_full_weights_from_rank0(tiny_policy):
                                           "actor_rollout_ref.actor.bf16_autocast=false"])
     group = WorkerGroup(cfg, functools.partial(ActorWorker, cfg.actor_rollout_ref, 10), 2)
     try:
-        assert group.call_all("__getattribute__", "fsdp") == [True, True]
+        assert group.call_all(operator.attrgetter("fsdp")) == [True, True]
         packed = ray.get(group.export_weights("object_store"), timeout=300)
     finally:
         group.shutdown()
@@ -99,3 +100,15 @@ def test_fsdp_group_exports_full_weights_from_rank0(tiny_policy):
     assert got.keys() == want.keys()
     for name, tensor in want.items():
         assert got[name].shape == tensor.shape and torch.equal(got[name], tensor), name
+
+
+def test_a_group_is_asked_by_the_method_not_its_name():
+    """A worker method's name in a string would fail only on a remote rank, after the group
+    started; the group refuses it in the driver (`ActorWorker.update_policy` is the form)."""
+    from agent_rl.training.ray_workers import _checked
+    from agent_rl.training.workers.actor import ActorWorker
+
+    assert _checked(ActorWorker.update_policy) is ActorWorker.update_policy
+    assert _checked(operator.attrgetter("fsdp"))(type("W", (), {"fsdp": True})()) is True
+    with pytest.raises(TypeError, match="ActorWorker.update_policy, not 'update_policy'"):
+        _checked("update_policy")

@@ -17,6 +17,7 @@ from agent_rl.coldstart import demos as D
 from agent_rl.coldstart import sft
 from agent_rl.config import SFTConfig, TrainConfig, load_config
 from agent_rl.training.batch import TokenBatch
+from agent_rl.training.workers.actor import ActorWorker
 
 ROOT_CFG = str(Path(__file__).resolve().parents[2] / "configs" / "sft" / "demo_cpu.yaml")
 
@@ -199,17 +200,17 @@ class FakeActor:
     def __init__(self, die_in_final_save: bool = False):
         self.die_in_final_save, self.updates, self.loaded = die_in_final_save, 0, []
 
-    def update(self, method: str, batch) -> dict[str, float]:
+    def update(self, method, batch) -> dict[str, float]:
         self.updates += 1
         return {"sft/loss": 1.0}
 
-    def call_all(self, method: str, *args):
-        if method == "state_bytes":  # the free-space check before a checkpoint
+    def call_all(self, method, *args):
+        if method is ActorWorker.state_bytes:  # the free-space check before a checkpoint
             return [64]
         path = Path(args[0])
-        if method == "load":
+        if method is ActorWorker.load:
             self.loaded.append(path)
-        elif method == "save":
+        elif method is ActorWorker.save:
             path.mkdir(parents=True, exist_ok=True)
             (path / "config.json").write_text("{}")
             if self.die_in_final_save and "checkpoints" not in path.parts:
@@ -259,11 +260,11 @@ def test_a_leftover_model_tmp_is_removed_and_a_failed_save_keeps_the_previous_mo
     (tmp_path / "model.tmp").mkdir()
     (tmp_path / "model.tmp" / "config.json").write_text("{}")  # a killed save's half model
     assert not sft.model_finished(tmp_path / "model.tmp")
-    sft.save_final_model(lambda d: FakeActor().call_all("save", d), model_dir, {"step": 1})
+    sft.save_final_model(lambda d: FakeActor().call_all(ActorWorker.save, d), model_dir, {"step": 1})
     assert "removing" in capsys.readouterr().out and not (tmp_path / "model.tmp").exists()
     assert sft.model_finished(model_dir) and json.loads((model_dir / ".complete").read_text()) == {"step": 1}
     with pytest.raises(KeyboardInterrupt):
-        sft.save_final_model(lambda d: FakeActor(die_in_final_save=True).call_all("save", d), model_dir, {"step": 2})
+        sft.save_final_model(lambda d: FakeActor(die_in_final_save=True).call_all(ActorWorker.save, d), model_dir, {"step": 2})
     assert sft.model_finished(model_dir) and json.loads((model_dir / ".complete").read_text()) == {"step": 1}
     assert (model_dir / "model.safetensors").is_file()
     (model_dir / ".complete").unlink()  # config.json alone is not a finished model

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from agent_rl.training.weight_sync import pack_weights, unpack_weights
+from agent_rl.training.workers.actor import ActorWorker
 
 
 def test_pack_unpack_round_trip_keeps_names_shapes_dtypes_and_values():
@@ -88,11 +89,11 @@ def test_push_makes_engine_logprobs_equal_the_trainers(sync_setup, model_dir):
     # Before any update: engine (fp32) == trainer (fp32) on the engine's own greedy ids.
     before = ray.get(rollout.generate.remote(prompt_ids, 24))
     batch = _batch_of(prompt_ids, before, advantage=1.0)
-    trainer_before = actor.per_token("compute_log_probs", batch)[0, : len(before.token_ids)]
+    trainer_before = actor.per_token(ActorWorker.compute_log_probs, batch)[0, : len(before.token_ids)]
     assert torch.allclose(trainer_before, torch.tensor(before.logprobs), atol=1e-4), (trainer_before, before.logprobs)
 
     # One real policy update (raise the likelihood of these ids), then push.
-    metrics = actor.update("update_policy", batch.with_fields(old_logprobs=actor.per_token("compute_log_probs", batch)))
+    metrics = actor.update(ActorWorker.update_policy, batch.with_fields(old_logprobs=actor.per_token(ActorWorker.compute_log_probs, batch)))
     assert metrics["actor/grad_norm"] > 0
     first = sync.push()
     print(f"\n[weight sync] first push ({sync.transport}): {first:.2f}s, engine side {sync.last_engine_seconds:.2f}s")
@@ -101,12 +102,12 @@ def test_push_makes_engine_logprobs_equal_the_trainers(sync_setup, model_dir):
 
     after = ray.get(rollout.generate.remote(prompt_ids, 24))
     batch_after = _batch_of(prompt_ids, after)
-    trainer_after = actor.per_token("compute_log_probs", batch_after)[0, : len(after.token_ids)]
+    trainer_after = actor.per_token(ActorWorker.compute_log_probs, batch_after)[0, : len(after.token_ids)]
     engine_after = torch.tensor(after.logprobs)
     assert torch.allclose(trainer_after, engine_after, atol=1e-4), (trainer_after - engine_after).abs().max()
     # ...and differ from what the engine computed before the push (= the reference policy,
     # which the first check tied to the pre-push engine).
-    ref_after = actor.per_token("compute_ref_log_probs", batch_after)[0, : len(after.token_ids)]
+    ref_after = actor.per_token(ActorWorker.compute_ref_log_probs, batch_after)[0, : len(after.token_ids)]
     assert (ref_after - engine_after).abs().max() > 1e-2
     # the update raised the likelihood of the reinforced ids
     if after.token_ids == before.token_ids:

@@ -8,6 +8,7 @@ the engine would be handed; skipped where Ray is not installed."""
 from __future__ import annotations
 
 import functools
+import operator
 
 import pytest
 import torch
@@ -48,16 +49,16 @@ def test_actor_and_critic_share_the_gpu_and_weights_reach_the_engine_seat(tiny_p
     try:
         actor = WorkerGroup(cfg, functools.partial(ActorWorker, cfg.actor_rollout_ref, 10), 1)
         critic = WorkerGroup(cfg, functools.partial(CriticWorker, cfg, 10), 1, "critic")
-        assert str(actor.rank0("__getattribute__", "device")).startswith("cuda")
-        assert str(critic.rank0("__getattribute__", "device")).startswith("cuda")
-        metrics = actor.update("update_sft", batch)
+        assert str(actor.rank0(operator.attrgetter("device"))).startswith("cuda")
+        assert str(critic.rank0(operator.attrgetter("device"))).startswith("cuda")
+        metrics = actor.update(ActorWorker.update_sft, batch)
         assert metrics["sft/loss"] > 0
-        values = critic.per_token("compute_values", batch)
+        values = critic.per_token(CriticWorker.compute_values, batch)
         assert values.shape == batch.loss_mask.shape and torch.isfinite(values).all()
 
         seat = ray.remote(EngineSeat).options(**ray_workers._placement(cfg, "rollout", 0)).remote()
         sums, devices, gpu_ids = ray.get(seat.load.remote(actor.export_weights("cuda_ipc"), "cuda_ipc"), timeout=300)
-        want = {k: float(t.double().sum()) for k, t in actor.rank0("named_weights_for_sync")}
+        want = {k: float(t.double().sum()) for k, t in actor.rank0(ActorWorker.named_weights_for_sync)}
         assert sums == want and devices == ["cuda"] and gpu_ids == ["0"]
         # the three seats fill GPU 0's bundle of the placement group: 0.4 + 0.4 + 0.2
         bundle = {k: v for k, v in ray.cluster_resources().items() if k.startswith("GPU_group_0_")}

@@ -121,11 +121,11 @@ def test_cuda_ipc_push_makes_engine_logprobs_equal_the_trainers(policy_dir):
         batch = _batch_of(prompt_ids, before, advantage=1.0)
         n = len(before.token_ids)
         assert n == TOKENS
-        gap0 = _gap(actor.per_token("compute_log_probs", batch)[0, :n], torch.tensor(before.logprobs))
+        gap0 = _gap(actor.per_token(ActorWorker.compute_log_probs, batch)[0, :n], torch.tensor(before.logprobs))
         print(f"\n[weight sync] before the push: engine vs trainer mean {gap0[0]:.4f} max {gap0[1]:.4f} nats")
         assert gap0[0] < BF16_MEAN and gap0[1] < BF16_MAX
 
-        metrics = actor.update("update_policy", batch.with_fields(old_logprobs=actor.per_token("compute_log_probs", batch)))
+        metrics = actor.update(ActorWorker.update_policy, batch.with_fields(old_logprobs=actor.per_token(ActorWorker.compute_log_probs, batch)))
         assert metrics["actor/grad_norm"] > 0
         first = sync.push(version=1)
         again = sync.push(version=1)
@@ -137,8 +137,8 @@ def test_cuda_ipc_push_makes_engine_logprobs_equal_the_trainers(policy_dir):
         m = len(after.token_ids)
         assert m == TOKENS
         engine_after = torch.tensor(after.logprobs)
-        gap1 = _gap(actor.per_token("compute_log_probs", batch_after)[0, :m], engine_after)
-        moved = _gap(actor.per_token("compute_ref_log_probs", batch_after)[0, :m], engine_after)
+        gap1 = _gap(actor.per_token(ActorWorker.compute_log_probs, batch_after)[0, :m], engine_after)
+        moved = _gap(actor.per_token(ActorWorker.compute_ref_log_probs, batch_after)[0, :m], engine_after)
         print(f"[weight sync] after: engine vs trainer mean {gap1[0]:.4f} max {gap1[1]:.4f}; "
               f"engine vs the weights before the push: mean {moved[0]:.4f} max {moved[1]:.4f}")
         assert gap1[0] < BF16_MEAN and gap1[1] < BF16_MAX
