@@ -232,10 +232,10 @@ COLUMNS = ("native bf16", "no native bf16 (fp32)", "GPU")
 
 EXPECT = [
     ("`make demo`: minutes after set-up",
-     [("demo_native_bf16", "minutes after set-up"), ("demo_fp32_emulated", "minutes after set-up"),
+     [("demo_native_bf16", "minutes after set-up"), ("demo_fp32_avx2", "minutes after set-up"),
       ("gpu_loop_h200_run11", "demo minutes (stages summed)")]),
     ("`make demo`: GRPO's own model − its SFT model, agent EM on 200 held-out questions",
-     [("demo_native_bf16", "GRPO's own model − its SFT model"), ("demo_fp32_emulated", "GRPO's own model − its SFT model"),
+     [("demo_native_bf16", "GRPO's own model − its SFT model"), ("demo_fp32_avx2", "GRPO's own model − its SFT model"),
       ("gpu_loop_h200_run11", "GRPO's own model − its SFT model")]),
     ("`rl_vs_sft.py --demos 50 --best-of-val` on KB 101, the knowledge base its settings were chosen on: "
      "GRPO's best − SFT's best",

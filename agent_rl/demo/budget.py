@@ -9,6 +9,7 @@ host's speeds come from `agent_rl.demo.calibrate` (`Speeds`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -182,5 +183,18 @@ def rl_seconds_left(remaining_s: float, sp: Speeds, eval_limit: int, eval_scale:
     """Re-fitted after SFT and its evaluations: GRPO gets what is left but its own start-up, its
     validations on the selection questions and the evaluation of its model, the last two charged
     `eval_scale` times their estimate (eval_overrun of the SFT model's evaluation)."""
-    generation_s = sp.select_s + sp.eval_s(eval_limit, "rl")
-    return max(0.0, remaining_s - SIZES.rl_overhead_s - sp.engine_load_s - eval_scale * generation_s)
+    return max(0.0, remaining_s - _rl_fixed_s(sp, eval_limit, eval_scale))
+
+
+def _rl_fixed_s(sp: Speeds, eval_limit: int, eval_scale: float = 1.0) -> float:
+    return SIZES.rl_overhead_s + sp.engine_load_s + eval_scale * (sp.select_s + sp.eval_s(eval_limit, "rl"))
+
+
+def rl_skipped(remaining_s: float, budget_minutes: float, sp: Speeds, eval_limit: int,
+               eval_scale: float = 1.0) -> dict:
+    """Why GRPO did not run and the budget that would run it: min_rl_steps steps with GRPO's
+    start-up, validations and its model's evaluation (rl_seconds_left's charges) against the
+    `remaining_s` there were after SFT and its evaluation."""
+    need_s = _rl_fixed_s(sp, eval_limit, eval_scale) + max(60.0, SIZES.min_rl_steps * sp.rl_step_s)
+    return {"minutes_left": remaining_s / 60, "minutes_needed": need_s / 60, "steps": SIZES.min_rl_steps,
+            "budget_minutes": budget_minutes, "budget_to_run": math.ceil(budget_minutes + (need_s - remaining_s) / 60)}

@@ -23,7 +23,7 @@ from typing import Any
 
 from agent_rl.demo import selection, stages
 from agent_rl.demo.budget import (SIZES, Budget, Speeds, default_budget_minutes, eval_overrun, fit_budget,
-                                  rl_seconds_left)
+                                  rl_seconds_left, rl_skipped)
 from agent_rl.demo.report import write_report
 from agent_rl.demo.stages import ROOT, Workdir
 from data_prep.synthetic import kb_finished
@@ -160,7 +160,7 @@ class Demo:
         rl_s = 60 * args.rl_minutes if args.rl_minutes is not None else (
             rl_seconds_left(left(), sp, eval_limit, scale) if budget.rl_minutes > 0 else 0.0)
         budget.rl_minutes, budget.rl_steps = rl_s / 60, int(rl_s / sp.rl_step_s)
-        chosen = None
+        chosen, skipped = None, None
         if rl_s >= 60:
             n = selection.write_selection_questions(w.kb / "test.parquet", w.selection, eval_limit, SIZES.select_n)
             print(f"\n[demo] {left() / 60:.1f} minutes left: GRPO gets {rl_s / 60:.1f}, validated on {n} selection "
@@ -179,10 +179,13 @@ class Demo:
                       f"over the {chosen['chosen']} model", flush=True)
             evals["SFT+RL"] = self.evaluate("SFT+RL", w.rl_dir, url, eval_limit, ("agent",))
         else:
-            print(f"\n[demo] GRPO skipped: {rl_s / 60:.1f} minutes left for it on this host "
-                  "(--rl-minutes N or a larger --budget-minutes to run it)", flush=True)
+            skipped = {"rl_minutes": args.rl_minutes} if args.rl_minutes is not None else \
+                rl_skipped(left(), budget_s / 60, sp, eval_limit, scale)
+            hint = ("--rl-minutes N" if args.rl_minutes is not None
+                    else f"--budget-minutes {skipped['budget_to_run']} runs about {skipped['steps']} steps")
+            print(f"\n[demo] GRPO skipped: {rl_s / 60:.1f} minutes left for it on this host ({hint})", flush=True)
         return write_report(w.runs, evals, w.rl_dir if "SFT+RL" in evals else None, budget, w.kb / "test.parquet",
-                            self.stage_s, chosen)
+                            self.stage_s, chosen, skipped)
 
 
 def show_retrieval(base_url: str, qa_path: Path, n: int = 3) -> None:

@@ -58,6 +58,21 @@ def expectations(hardware: dict, data: dict | None = None) -> str:
     return "\n\n".join(out) + "\n"
 
 
+def grpo_skipped_markdown(skipped: dict, budget: Budget | None) -> str:
+    """The report's first section where GRPO did not run: why, and the command that runs it."""
+    text = "## GRPO did not run\n\nThe demo hands over the SFT model: no GRPO step ran, so this report compares nothing "
+    if "rl_minutes" in skipped:
+        return text + f"with RL (`--rl-minutes {skipped['rl_minutes']:g}` asked for that).\n\n"
+    cal = budget.calibration if budget is not None else {}
+    return text + (
+        f"with RL. At this host's calibrated speed (update {cal.get('update_tok_s', 0):.0f} tok/s, generation "
+        f"{cal.get('gen_tok_s', 0):.0f} tok/s), {skipped['steps']} GRPO steps with their start-up, validations and "
+        f"the evaluation of GRPO's model need about {skipped['minutes_needed']:.1f} minutes; "
+        f"{skipped['minutes_left']:.1f} of the {skipped['budget_minutes']:.1f}-minute budget were left after SFT and "
+        f"its evaluation. A run from scratch with `python -m agent_rl.demo --budget-minutes "
+        f"{skipped['budget_to_run']}` fits them.\n\n")
+
+
 def demo_headline(summary: dict) -> dict[str, str]:
     """The record's headline from plan.json's summary: the model handed over and GRPO's own model
     against the SFT model, and the minutes the stages took."""
@@ -68,6 +83,8 @@ def demo_headline(summary: dict) -> dict[str, str]:
         if "selection" in summary:
             out["the model handed over − its SFT model"] = pts(summary["selection"]["handed_over_minus_sft"])
         out["GRPO's own model − its SFT model"] = f"{paired(diff)} ({diff['n']} questions)"
+    if "grpo_skipped" in summary:
+        out["GRPO steps"] = "0 (did not fit the budget: the SFT model handed over)"
     if summary.get("stage_s"):
         out["minutes (stages summed)"] = f"{sum(summary['stage_s'].values()) / 60:.1f}"
     return out
@@ -83,11 +100,12 @@ def question_kinds(test_parquet: Path) -> dict[str, str]:
 
 def write_report(runs: Path, evals: dict[str, Path], rl_dir: Path | None, budget: Budget | None = None,
                  test_parquet: Path | None = None, stage_s: dict[str, float] | None = None,
-                 chosen: dict | None = None) -> Path:
+                 chosen: dict | None = None, skipped: dict | None = None) -> Path:
     """Markdown led by the model handed over (`chosen`: agent_rl.demo.selection.choose) and SFT vs
     SFT+RL (agent EM on the same held-out questions, the paired 95% interval of the difference,
     by question kind, searches per question, the GRPO curves as PNG), then every model x mode as
-    context, the hardware line, the budget and stage times."""
+    context, the hardware line, the budget and stage times. `skipped`: why GRPO did not run
+    (agent_rl.demo.budget.rl_skipped, or {"rl_minutes": N} when asked not to), said first."""
     from agent_rl.evaluation.plot import plot_run
     from agent_rl.demo.selection import selection_markdown
     from agent_rl.evaluation.report import (ALL, comparison, comparison_markdown, paired_comparison,
@@ -97,6 +115,9 @@ def write_report(runs: Path, evals: dict[str, Path], rl_dir: Path | None, budget
     stage_s = stage_s or {}
     text = "# Demo report\n\n"
     summary: dict = {}
+    if skipped is not None:
+        summary["grpo_skipped"] = skipped
+        text += grpo_skipped_markdown(skipped, budget)
     if rl_dir is not None and "SFT" in evals and "SFT+RL" in evals:
         kinds = question_kinds(test_parquet) if test_parquet is not None else None
         cmp = paired_comparison(evals["SFT"], evals["SFT+RL"], group_of=kinds)

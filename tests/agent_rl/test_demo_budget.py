@@ -10,7 +10,7 @@ import time
 import pytest
 
 from agent_rl.demo.budget import (SIZES, Speeds, default_budget_minutes, eval_overrun, fit_budget, needed_s,
-                                  rl_seconds_left)
+                                  rl_seconds_left, rl_skipped)
 
 BUDGET_MINUTES, EVAL_LIMIT, MIN_RL_STEPS = SIZES.budget_minutes, SIZES.eval_limit, SIZES.min_rl_steps
 RL_SHARE, SFT_STEPS = SIZES.rl_share, SIZES.sft_steps
@@ -113,6 +113,51 @@ def test_grpo_is_charged_for_evaluations_that_ran_over():
     assert plain == pytest.approx(900.0 - 45 - 8 - 308.0)
     assert plain - over == pytest.approx(0.5 * 308.0)
     assert rl_seconds_left(400.0, SLOW, EVAL_LIMIT, 1.5) == 0.0
+
+
+def test_a_skipped_grpo_names_the_budget_that_runs_its_least_steps():
+    """Where GRPO did not fit, the demo says what min_rl_steps steps would need and the budget
+    that fits them. SLOW by hand: a step 5440/100 + 14400/130 = 165.17 s, three 495.5 s; GRPO's
+    fixed part 45 + 8 + (80 + 228) = 361 s, its evaluations charged 1.5x: 53 + 462 = 515 s."""
+    s = rl_skipped(300.0, 33.0, SLOW, EVAL_LIMIT)
+    assert s["steps"] == MIN_RL_STEPS == 3 and s["minutes_left"] == pytest.approx(5.0)
+    assert s["minutes_needed"] == pytest.approx((361 + 3 * (54.4 + 14400 / 130)) / 60)  # 14.28
+    assert s["budget_to_run"] == 43  # ceil(33 + (856.5 - 300) / 60 = 42.28)
+    assert rl_skipped(300.0, 33.0, SLOW, EVAL_LIMIT, 1.5)["budget_to_run"] == 45  # ceil(33 + 11.84)
+    # a budget that left what the steps need would have run them: then GRPO's share is positive
+    need_s = 60 * s["minutes_needed"]
+    assert rl_seconds_left(need_s, SLOW, EVAL_LIMIT) == pytest.approx(3 * SLOW.rl_step_s)
+
+
+def test_report_says_first_that_grpo_did_not_run_and_how_to_run_it(tmp_path):
+    """A demo whose budget fit no GRPO step (a 2-core AVX2 host at the default budget) said so
+    only in its log; the report compared nothing and did not say why. Now its first section does,
+    and the record's headline says 0 steps."""
+    import json
+
+    from agent_rl.evaluation import report
+    from agent_rl.demo.budget import Budget
+    from agent_rl.demo.records import read_record
+    from agent_rl.demo.report import write_report
+
+    recs = [{"mode": "agent", "data_source": "kb", "id": f"q{i}", "em": float(i < 2), "subem": 0.0, "f1": 0.0,
+             "searches": 1, "turns": 2, "valid_format": True, "retrieval_hit": 1.0, "prediction": "x"} for i in range(4)]
+    d = tmp_path / "sft"
+    d.mkdir()
+    (d / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    report.write_summary(report.summarize(recs), d)
+    plan = Budget(demos=1500, sft_minutes=16.9, rl_minutes=0, eval_limit=4, base_eval_limit=4,
+                  estimate_s={"sft": 1000.0}, budget_minutes=33.0,
+                  calibration={"update_tok_s": 84.0, "gen_tok_s": 57.0})
+    skipped = rl_skipped(0.0, 33.0, Speeds(84.0, 57.0, 30.0), EVAL_LIMIT)
+    md = write_report(tmp_path, {"SFT": d}, None, plan, None, skipped=skipped).read_text()
+    assert md.index("## GRPO did not run") < md.index("Every model and mode")
+    assert "update 84 tok/s, generation 57 tok/s" in md
+    assert f"`python -m agent_rl.demo --budget-minutes {skipped['budget_to_run']}` fits them" in md
+    assert "What GRPO adds" not in md
+    assert read_record(tmp_path).headline["GRPO steps"].startswith("0 ")
+    md = write_report(tmp_path, {"SFT": d}, None, plan, None, skipped={"rl_minutes": 0.0}).read_text()
+    assert "(`--rl-minutes 0` asked for that)" in md
 
 
 def test_report_leads_with_what_grpo_adds(tmp_path):

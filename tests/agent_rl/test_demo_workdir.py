@@ -116,8 +116,9 @@ def fake_stages(monkeypatch) -> tuple[list[list[str]], dict[str, list], list[dic
                                      [{"id": f"q{i}", "metric": float(i < right)} for i in range(10)])
         return 0.0
 
-    def fake_report(runs, evals, rl_dir, budget=None, test_parquet=None, stage_s=None, chosen=None):
+    def fake_report(runs, evals, rl_dir, budget=None, test_parquet=None, stage_s=None, chosen=None, skipped=None):
         seen["report"] = [runs, *evals.values(), rl_dir, test_parquet, chosen and chosen["model"]]
+        fake_report.skipped = skipped  # why GRPO did not run (not a path: kept apart from `seen`)
         choices.append(chosen)
         return Path(runs) / "report.md"
 
@@ -213,8 +214,13 @@ def test_grpo_is_charged_for_the_sft_evaluations_overrun_not_the_bases(slow, tmp
     grpo_ran = any("agent_rl.training.cli" in " ".join(c) for c in cmds)
     if slow == "SFT":
         assert "the SFT evaluation took" in out and "GRPO skipped" in out and not grpo_ran
+        # the report is told why, with the budget that fits min_rl_steps (more than the 60 given)
+        skipped = pipeline.write_report.skipped
+        assert skipped["steps"] == 3 and skipped["budget_to_run"] > 60
+        assert f"--budget-minutes {skipped['budget_to_run']} runs about 3 steps" in out
     else:
         assert "the SFT evaluation took" not in out and "GRPO skipped" not in out and grpo_ran
+        assert pipeline.write_report.skipped is None
 
 
 @pytest.mark.parametrize("bad, says", [("actor_rollout_ref.rollout.enforce_eagre=false",
