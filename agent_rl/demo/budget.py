@@ -111,9 +111,9 @@ class Budget:
 def needed_s(sp: Speeds, eval_limit: int = SIZES.eval_limit, base_eval_limit: int = SIZES.base_eval_limit) -> float:
     """The least time the stages after calibration need on this host: the evaluations,
     min_sft_steps of SFT and min_rl_steps of GRPO with their overheads."""
-    evals = sp.eval_s(base_eval_limit, "base") + sp.eval_s(eval_limit, "sft") + sp.eval_s(eval_limit, "rl")
-    return (SIZES.demos_s + SIZES.sft_overhead_s + SIZES.rl_overhead_s + sp.engine_load_s + sp.select_s + evals
-            + SIZES.min_sft_steps * sp.sft_step_s + SIZES.min_rl_steps * sp.rl_step_s)
+    evals = sp.eval_s(base_eval_limit, "base") + sp.eval_s(eval_limit, "sft")
+    return (SIZES.demos_s + SIZES.sft_overhead_s + evals + SIZES.min_sft_steps * sp.sft_step_s
+            + _rl_fixed_s(sp, eval_limit) + SIZES.min_rl_steps * sp.rl_step_s)
 
 
 def default_budget_minutes(sp: Speeds, spent_s: float, native_bf16: bool = False) -> float:
@@ -187,6 +187,8 @@ def rl_seconds_left(remaining_s: float, sp: Speeds, eval_limit: int, eval_scale:
 
 
 def _rl_fixed_s(sp: Speeds, eval_limit: int, eval_scale: float = 1.0) -> float:
+    """GRPO's time besides its steps: start-up, engine load, its validations and its model's
+    evaluation (the last two `eval_scale` times their estimate)."""
     return SIZES.rl_overhead_s + sp.engine_load_s + eval_scale * (sp.select_s + sp.eval_s(eval_limit, "rl"))
 
 

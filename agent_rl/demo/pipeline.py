@@ -179,10 +179,11 @@ class Demo:
                       f"over the {chosen['chosen']} model", flush=True)
             evals["SFT+RL"] = self.evaluate("SFT+RL", w.rl_dir, url, eval_limit, ("agent",))
         else:
-            skipped = {"rl_minutes": args.rl_minutes} if args.rl_minutes is not None else \
-                rl_skipped(left(), budget_s / 60, sp, eval_limit, scale)
-            hint = ("--rl-minutes N" if args.rl_minutes is not None
-                    else f"--budget-minutes {skipped['budget_to_run']} runs about {skipped['steps']} steps")
+            if args.rl_minutes is not None:
+                skipped, hint = {"rl_minutes": args.rl_minutes}, "--rl-minutes N"
+            else:
+                skipped = rl_skipped(left(), budget_s / 60, sp, eval_limit, scale)
+                hint = f"--budget-minutes {skipped['budget_to_run']} runs about {skipped['steps']} steps"
             print(f"\n[demo] GRPO skipped: {rl_s / 60:.1f} minutes left for it on this host ({hint})", flush=True)
         return write_report(w.runs, evals, w.rl_dir if "SFT+RL" in evals else None, budget, w.kb / "test.parquet",
                             self.stage_s, chosen, skipped)
