@@ -88,6 +88,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -102,8 +103,9 @@ offline_env()
 
 from agent_rl.demo import stages  # noqa: E402
 from agent_rl.demo.stages import Workdir  # noqa: E402
-from benchmarks.rl_vs_sft_tables import (ARMS, PAIRS, RL_ARMS, curve_plot, curve_table, pair_name, plot,  # noqa: E402
-                                         summary, table)
+from benchmarks import rl_vs_sft_choice as choice  # noqa: E402
+from benchmarks.rl_vs_sft_tables import (ARMS, PAIRS, RL_ARMS, best_step, curve_plot, curve_table,  # noqa: E402
+                                         pair_name, plot, summary, table)
 
 DEV_KB_SEEDS = {"standard": 0, "lookalike": 7}
 """Each KB kind's knowledge base every design decision was tuned on (the lookalike kind's is
@@ -123,7 +125,8 @@ CLOCK_OVERRIDE = "trainer.max_time_counts=all"
 SETTINGS = {"shared": ("kb_seed", "kb_kind", "demos", "demo_args", "eval_limit", "val_n"),
             "arms": ("start_steps", "minutes", "clock", "val_every", "overrides", "best_of_val", "sft_val_every",
                      "sft_lr", "sft_epochs", "rft_lr"),
-            "curve": ("start_curve",)}
+            "curve": ("start_curve",),
+            "choice": ("start_steps", "minutes", "clock", "val_every", "overrides", "sft_val_every")}
 """What a workdir's finished stages depend on, by mode: a re-run may reuse them only under the same.
 Which arms run is not among them: an arm's stages do not depend on the others'."""
 LEGACY = {"kb_kind": "standard", "clock": "training steps", "sft_lr": None, "sft_epochs": None, "rft_lr": None}
@@ -183,7 +186,7 @@ def check_settings(work: Path, args) -> None:
     with other settings (another start, other minutes, another KB, another clock) is refused,
     naming them, before anything runs; its files are left as they are. The first run records its
     settings. `args.kb_seed`: the workdir's one KB seed."""
-    keys = SETTINGS["shared"] + SETTINGS["curve" if args.start_curve else "arms"]
+    keys = SETTINGS["shared"] + SETTINGS["curve" if args.start_curve else "choice" if getattr(args, "choose", False) else "arms"]
     now = {k: getattr(args, k) for k in keys}
     f = work / "settings.json"
     before = json.loads(f.read_text()) if f.exists() else {}
@@ -298,11 +301,12 @@ def arm_settings(arm: str, args) -> list[str]:
 
 
 def arm_stage(w: Workdir, arm: str, start: Path, val: Path, url: str, d: Path, seed: int, args,
-              demos_all: Path | None = None) -> tuple[list, Path, Path]:
+              demos_all: Path | None = None, name: str | None = None) -> tuple[list, Path, Path]:
     """An arm's command from the cell's start, the file that says it finished, and what its
     evaluation reads (a model, or an RL run directory: its newest checkpoint). The SFT arms train
-    with seed 1000 + seed (another order than the start's; SFT at GRPO's minutes replays it)."""
-    out = d / arm
+    with seed 1000 + seed (another order than the start's; SFT at GRPO's minutes replays it).
+    `name`: the arm's folder in `d` (default the arm's name)."""
+    out = d / (name or arm)
     budget = 60 * args.minutes
     if arm in RL_ARMS:
         over = [f"data.val_files=[{val}]", f"data.val_data_num={args.val_n}", f"data.seed={seed}",
@@ -318,10 +322,11 @@ def arm_stage(w: Workdir, arm: str, start: Path, val: Path, url: str, d: Path, s
 
 
 def run_arm(w: Workdir, arm: str, start: Path, val: Path, url: str, d: Path, seed: int, args,
-            demos_all: Path | None = None) -> Path:
-    """Train an arm (unless it finished earlier); returns what its evaluation reads."""
-    cmd, done, model = arm_stage(w, arm, start, val, url, d, seed, args, demos_all)
-    run(cmd, f"{arm} -> {d.name}/{arm} ({args.minutes:g} min)", done=done)
+            demos_all: Path | None = None, name: str | None = None) -> Path:
+    """Train an arm (unless it finished earlier) into `d`/`name` (default the arm's name);
+    returns what its evaluation reads."""
+    cmd, done, model = arm_stage(w, arm, start, val, url, d, seed, args, demos_all, name)
+    run(cmd, f"{arm} -> {d.name}/{name or arm} ({args.minutes:g} min)", done=done)
     if arm in RL_ARMS:
         done.write_text(json.dumps({"minutes": args.minutes}) + "\n")
     return model
@@ -386,12 +391,6 @@ def agent_em(eval_dir: Path) -> float:
     return report.read_summary(eval_dir)["modes"]["agent"][report.ALL]["em"]
 
 
-def best_step(points: list[tuple[int, float]]) -> tuple[int, float]:
-    """(step, EM): the highest running-evaluation EM; a tie goes to the fewest steps (the least
-    training that reached it: the start, step 0, before any)."""
-    return max(points, key=lambda p: (p[1], -p[0]))
-
-
 def checkpoint_steps(run_dir: Path) -> list[int]:
     """The steps of a run's checkpoints (`checkpoints/global_step_K`; not a killed save's `.tmp`), ascending."""
     found = (re.fullmatch(r"global_step_(\d+)", p.name) for p in (run_dir / "checkpoints").glob("global_step_*"))
@@ -404,20 +403,29 @@ def best_checkpoint(w: Workdir, d: Path, arm: str, val: Path, rep: Path, url: st
     the best (`best_step`) on the report questions. `known`: step -> (its evaluation on the val
     questions, on the report questions) already made, either None."""
     run_dir = d / arm
+    points = val_points(w, d, arm, val, url, args, {k: v for k, (v, _) in known.items() if v})
+    k, em = best_step(points)
+    rep_dir = known.get(k, (None, None))[1] or evaluate(w, checkpoint(run_dir, k), rep, url, d / f"eval_{arm}_{k}",
+                                                        args.eval_limit)
+    return {"step": k, "minutes": step_times(run_dir).get(k, 0.0), "val_em": em, "val_points": points, "eval": str(rep_dir)}
+
+
+def checkpoint(run_dir: Path, k: int) -> Path:
+    return run_dir / "checkpoints" / f"global_step_{k}"
+
+
+def val_points(w: Workdir, d: Path, name: str, val: Path, url: str, args, known: dict[int, Path]) -> list[tuple[int, float]]:
+    """[(step, agent EM)] of run `d`/`name`'s checkpoints and the start (step 0) on the
+    running-evaluation questions, each scored into `d`/val_<name>_<step> by the evaluation command
+    unless `known` (step -> an evaluation already made) has it."""
+    run_dir = d / name
     steps = checkpoint_steps(run_dir)
     if not steps:
         raise SystemExit(f"rl_vs_sft: {run_dir} kept no checkpoints (trained without --best-of-val); "
                          "give another --workdir")
-
-    def ckpt(k: int) -> Path:
-        return run_dir / "checkpoints" / f"global_step_{k}"
-
-    val_dirs = {k: known.get(k, (None, None))[0]
-                or evaluate(w, ckpt(k), val, url, d / f"val_{arm}_{k}", args.val_n) for k in [0, *steps]}
-    points = [(k, agent_em(v)) for k, v in val_dirs.items()]
-    k, em = best_step(points)
-    rep_dir = known.get(k, (None, None))[1] or evaluate(w, ckpt(k), rep, url, d / f"eval_{arm}_{k}", args.eval_limit)
-    return {"step": k, "minutes": step_times(run_dir).get(k, 0.0), "val_em": em, "val_points": points, "eval": str(rep_dir)}
+    dirs = {k: known.get(k) or evaluate(w, checkpoint(run_dir, k), val, url, d / f"val_{name}_{k}", args.val_n)
+            for k in [0, *steps]}
+    return [(k, agent_em(v)) for k, v in dirs.items()]
 
 
 def pairs_of(evals: dict[str, Path], kinds: dict[str, str]) -> tuple[dict, dict]:
@@ -615,6 +623,32 @@ def run_cell(w: Workdir, d: Path, kb_seed: int, s: int, val: Path, rep: Path, ur
     return {**row, "host": host}
 
 
+def run_choice(w: Workdir, d: Path, s: int, val: Path, url: str, args) -> dict[str, dict]:
+    """The pre-registered choice of the control arms' settings (`--choose`, benchmarks/rl_vs_sft_choice.py):
+    the cell's start, then every grid point as its arm from it (same minutes, clock and checkpoints as
+    a reported run with --best-of-val) in `d`/choice/<name>, each checkpoint and the start scored on
+    the running-evaluation questions. A point's scores go to its points.json, then its checkpoints
+    (GiBs each) are deleted: a re-run reads the scores. Returns {name: {arm, settings, steps,
+    minutes, points}}."""
+    start = sft(w, d / "start", s, args.start_steps, 24 * 3600, w.model)
+    start_val = evaluate(w, start, val, url, d / "val_start", args.val_n)
+    scored = {}
+    for arm, name, settings in choice.candidates():
+        one = argparse.Namespace(**{**vars(args), **{"sft_lr": None, "sft_epochs": None, "rft_lr": None},
+                                    **settings, "best_of_val": True})
+        out, kept = d / "choice" / name, d / "choice" / name / "points.json"
+        if not kept.exists():
+            run_arm(w, arm, start, val, url, d / "choice", s, one, name=name)
+            points = val_points(w, d / "choice", name, val, url, one, {0: start_val})
+            steps, minutes = trained(out)
+            kept.write_text(json.dumps({"arm": arm, "settings": settings, "steps": steps, "minutes": minutes,
+                                        "points": points}) + "\n")
+            shutil.rmtree(out / "checkpoints", ignore_errors=True)
+        c = json.loads(kept.read_text())
+        scored[name] = {**c, "points": [tuple(p) for p in c["points"]]}
+    return scored
+
+
 def run_kb(kb_seed: int, args, host: str) -> list[dict]:
     """Every cell of one KB (its workdir's settings checked): the workdir's model, KB,
     demonstrations (and every training question's with sft_all), then each seed's cell."""
@@ -637,6 +671,9 @@ def run_kb(kb_seed: int, args, host: str) -> list[dict]:
         run(stages.demonstrations(w, url, args.demos, args.demo_args.split()), "grounded demonstrations", done=w.demos)
         if args.start_curve:
             curves(w, work, args, kb_seed, rep, url, kinds, host)
+            return []
+        if args.choose:
+            chosen(w, work, args, kb_seed, val, url, host)
             return []
         w_all = Workdir(work, variant="_all")  # demonstrations of every training question: demos/kb_train_all.parquet
         if "sft_all" in args.arms:
@@ -687,6 +724,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--start-curve", type=int, nargs=2, metavar=("EVERY", "STEPS"), default=None,
                     help="instead of the arms: each seed's start SFT to STEPS, evaluated every EVERY steps "
                          "(choose --start-steps with it, on the dev KB)")
+    ap.add_argument("--choose", action="store_true",
+                    help="instead of the arms: the pre-registered choice of --sft-lr, --sft-epochs and --rft-lr "
+                         "on the kind's dev KB (one --kb-seed, the dev one; one seed): every grid point of "
+                         "benchmarks/rl_vs_sft_choice.py as its arm, its best checkpoint on the --val-n questions")
     ap.add_argument("--with", dest="with_json", nargs="+", default=[], metavar="JSON",
                     help="count the rows of earlier runs' rl_vs_sft.json too (other cells, same settings "
                          "and host kind)")
@@ -703,13 +744,20 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--sft-val-every: at least 1")
     if args.sft_epochs is not None and args.sft_epochs < 1:
         ap.error("--sft-epochs: at least 1")
+    if args.choose and (args.start_curve or args.with_json):
+        ap.error("--choose runs alone (no --start-curve, no --with)")
+    if args.choose and (args.kb_seed != [DEV_KB_SEEDS.get(args.kb_kind)] or len(args.seeds) != 1):
+        ap.error(f"--choose chooses on the {args.kb_kind} kind's dev KB only: --kb-seed "
+                 f"{DEV_KB_SEEDS.get(args.kb_kind)} and one --seeds")
+    if args.choose and any(v is not None for v in (args.sft_lr, args.sft_epochs, args.rft_lr)):
+        ap.error("--choose chooses --sft-lr, --sft-epochs and --rft-lr: give none of them")
     if args.start_curve and args.with_json:
         ap.error("--with counts earlier arms' rows; the start curve has none")
     args.arms = [a for a in ARMS if a in args.arms]
     args.kb_seed = list(dict.fromkeys(args.kb_seed))
     args.clock = CLOCK
     dev = DEV_KB_SEEDS.get(args.kb_kind)
-    if dev in args.kb_seed and not args.start_curve:
+    if dev in args.kb_seed and not (args.start_curve or args.choose):
         print(f"rl_vs_sft: KB seed {dev} is the {args.kb_kind} kind's dev KB the recipe was tuned on; report on "
               "another (its numbers would not be a result)", file=sys.stderr)
     from data_prep.hardware import hardware_line
@@ -727,7 +775,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\n[rl_vs_sft] interrupted (a re-run with the same --workdir goes on)", file=sys.stderr)
         return 130
-    if args.start_curve:
+    if args.start_curve or args.choose:
         return 0
     rows = sorted(earlier + rows, key=lambda r: (r["kb_seed"], r["seed"]))
     out = out_dir(args)
@@ -764,6 +812,23 @@ def curves(w: Workdir, work: Path, args, kb_seed: int, rep: Path, url: str, kind
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     records.keep(args, "start_curve", result, files=[result["png"]], default_dir=work,
                  title=f"Where SFT stops improving, KB {kb_seed}: the start the benchmark uses")
+
+
+def chosen(w: Workdir, work: Path, args, kb_seed: int, val: Path, url: str, host: str) -> None:
+    """`--choose`: every grid point scored (run_choice), the rule's choice, its table, JSON and record."""
+    s = args.seeds[0]
+    scored = run_choice(w, work / f"seed{s}", s, val, url, args)
+    picked = choice.choose(scored)
+    text = choice.table(scored, picked, host, args)
+    print("\n" + text)
+    result = {"kb_seed": kb_seed, "kb_kind": args.kb_kind, "seed": s, "grid": choice.GRID, "candidates": scored,
+              "chosen": picked, "host": host, **{k: getattr(args, k) for k in SETTINGS["choice"] + SETTINGS["shared"]}}
+    (work / "choice.md").write_text(text)
+    (work / "choice.json").write_text(json.dumps(result, indent=1) + "\n")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    records.keep(args, "rl_vs_sft_choice", result, default_dir=work,
+                 title=f"The control arms' settings, chosen on the {args.kb_kind} kind's dev KB {kb_seed}")
 
 
 if __name__ == "__main__":  # vLLM and Ray start processes with spawn: guard the entry point

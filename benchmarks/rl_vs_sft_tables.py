@@ -18,6 +18,12 @@ PAIRS = (("grpo", "sft_more"), ("grpo", "rft"), ("rft", "sft_more"))
 """The paired differences reported, first arm minus second, in each cell that ran both."""
 
 
+def best_step(points: list[tuple[int, float]]) -> tuple[int, float]:
+    """(step, EM): the highest running-evaluation EM; a tie goes to the fewest steps (the least
+    training that reached it: the start, step 0, before any)."""
+    return max(points, key=lambda p: (p[1], -p[0]))
+
+
 def pair_name(a: str, b: str) -> str:
     return f"{a}_minus_{b}"
 

@@ -570,6 +570,14 @@ def test_a_cells_per_question_file_holds_every_models_answers_and_the_checkpoint
                                          "grpo_trainer_validation": {"0": 0.5, "2": 0.5, "3": 0.0}}
 
 
+def _checkpoints(run_dir: Path, over: dict, steps: int) -> None:
+    """A run's checkpoints as the trainer keeps them with `trainer.save_freq` > 0: every that many
+    steps and at the last."""
+    every = int(over.get("trainer.save_freq", -1))
+    for k in sorted({*range(every, steps + 1, every), steps}) if every > 0 else []:
+        (run_dir / "checkpoints" / f"global_step_{k}").mkdir(parents=True)
+
+
 def _fake_stage(cmd: list, what: str, tag: str) -> float:
     """Each stage's files as its command would leave them, made up in no time: the KB (6 test
     questions, 3 single and 3 bridge), demonstrations, SFT and RL runs (SFT 6 steps of 100 s,
@@ -596,14 +604,17 @@ def _fake_stage(cmd: list, what: str, tag: str) -> float:
         Path(opt["--out"]).write_text(opt["--limit"])
     elif "agent_rl.coldstart.cli" in cmd:
         out = Path(over["trainer.default_local_dir"])
-        steps = min(6, int(over["trainer.total_training_steps"]) if over["trainer.total_training_steps"] != "null" else 6)
+        by_epochs = 2 * int(over.get("trainer.total_epochs", 3))  # 2 steps an epoch
+        steps = min(6, int(over["trainer.total_training_steps"]) if over["trainer.total_training_steps"] != "null" else by_epochs)
         _metrics(out, [{"step": i, "sft/loss": 2.0 - 0.1 * i, "training/elapsed_s": 100.0 * i} for i in range(1, steps + 1)])
         (out / "model").mkdir()
         (out / "model" / "config.json").write_text(json.dumps(over))
+        _checkpoints(out, over, steps)
     elif "agent_rl.training.cli" in cmd:
         _metrics(Path(over["trainer.default_local_dir"]), [{"step": s, "val/em": 0.1 * s, "training/elapsed_s": 120.0 * s}
                                                            for s in range(5)])
         (Path(over["trainer.default_local_dir"]) / "command.json").write_text(json.dumps(cmd))
+        _checkpoints(Path(over["trainer.default_local_dir"]), over, 4)
     elif "agent_rl.evaluation.cli" in cmd:
         ids = list(pd.read_parquet(opt["--data"])["id"])[: int(opt["--limit"])]
         recs = [{"id": i, "mode": "agent", "data_source": "kb", "em": float(zlib.crc32(f"{opt['--model']}{i}".encode()) % 2),
@@ -685,3 +696,88 @@ def test_main_draws_the_start_curve_on_one_kb(tmp_path, monkeypatch):
     assert [p["step"] for p in curve["curves"]["1"]] == [3, 6] and not (tmp_path / "w" / "rl_vs_sft.json").exists()
     with pytest.raises(SystemExit):  # one KB: the dev KB's curve chooses the start
         rl_vs_sft.main(["--kb-seed", "0", "1", "--start-curve", "3", "6"])
+
+
+def test_the_choice_takes_each_arms_best_checkpoint_and_breaks_ties_by_smaller_lr_then_fewer_epochs():
+    from benchmarks import rl_vs_sft_choice as choice
+
+    def sft(lr, ep, points):
+        return {"arm": "sft_more", "settings": {"sft_lr": lr, "sft_epochs": ep}, "points": points}
+
+    def rft(lr, points):
+        return {"arm": "rft", "settings": {"rft_lr": lr}, "points": points}
+
+    scored = {"a": sft(1e-4, 1, [(0, 0.5), (6, 0.75)]),            # best 0.75
+              "b": sft(3e-5, 2, [(0, 0.5), (10, 0.75), (12, 0.5)]),  # 0.75 too, a smaller lr
+              "c": sft(3e-5, 1, [(0, 0.5), (6, 0.75)]),            # the same lr, fewer epochs: chosen
+              "d": sft(1e-5, 4, [(0, 0.5), (10, 0.5)]),            # the smallest lr, but only the start's 0.5
+              "r1": rft(7e-6, [(0, 0.5), (2, 0.5)]),
+              "r2": rft(1e-4, [(0, 0.5), (2, 0.6), (4, 0.6)])}     # 0.6, first at step 2
+    got = choice.choose(scored)
+    assert got["sft_more"] == {"name": "c", "settings": {"sft_lr": 3e-5, "sft_epochs": 1}, "step": 6, "val_em": 0.75}
+    assert got["rft"] == {"name": "r2", "settings": {"rft_lr": 1e-4}, "step": 2, "val_em": 0.6}
+    # every candidate at the start's EM: the smallest lr and fewest epochs, at step 0
+    flat = {n: {**c, "points": [(0, 0.5), (6, 0.5)]} for n, c in scored.items()}
+    assert choice.choose(flat)["sft_more"]["name"] == "d" and choice.choose(flat)["sft_more"]["step"] == 0
+    assert choice.choose(flat)["rft"]["name"] == "r1"
+    # the grid is the pre-registration's: 3 lrs x 3 epochs for SFT, 3 lrs for RFT
+    names = [n for _, n, _ in choice.candidates()]
+    assert len(names) == 12 == len(set(names)) and "sft_more_lr3e-05_ep2" in names and "rft_lr7e-06" in names
+    prereg = (ROOT / "docs" / "preregistration" / "rl_beyond_imitation.md").read_text()
+    assert "{1e-5, 3e-5, 1e-4} × `--sft-epochs` in {1, 2, 4}" in prereg and "{7e-6 (GRPO's), 3e-5, 1e-4}" in prereg
+
+
+def test_main_chooses_on_the_dev_kb_only_scores_every_grid_point_and_frees_its_checkpoints(tmp_path, monkeypatch):
+    from contextlib import contextmanager
+
+    from benchmarks import rl_vs_sft_choice as choice
+
+    @contextmanager
+    def served(*a, **k):
+        yield "http://x"
+
+    monkeypatch.setattr(rl_vs_sft.stages, "run_stage", _fake_stage)
+    monkeypatch.setattr("benchmarks.kb_server.serve_index", served)
+    monkeypatch.setattr("agent_rl.evaluation.evaluate.resolve_model_dir", lambda p: Path(p))
+    argv = ["--kb-kind", "lookalike", "--kb-seed", "7", "--seeds", "1", "--choose", "--minutes", "10", "--demos", "3",
+            "--val-n", "2", "--eval-limit", "4", "--sft-val-every", "2", "--val-every", "2", "--workdir", str(tmp_path / "w")]
+    assert rl_vs_sft.main(argv) == 0
+    d = tmp_path / "w" / "seed1"
+    result = json.loads((tmp_path / "w" / "choice.json").read_text())
+    assert sorted(result["candidates"]) == sorted(n for _, n, _ in choice.candidates())
+    start_val = rl_vs_sft.agent_em(d / "val_start")
+    for name, c in result["candidates"].items():
+        run_dir = d / "choice" / name
+        assert not (run_dir / "checkpoints").exists()  # scored, then freed
+        assert c["points"][0] == [0, start_val]  # the start, scored once for all
+        if c["arm"] == "sft_more":
+            over = json.loads((run_dir / "model" / "config.json").read_text())
+            assert over["actor_rollout_ref.actor.optim.lr"] == f"{c['settings']['sft_lr']}"
+            assert over["trainer.total_epochs"] == str(c["settings"]["sft_epochs"])
+            assert over["trainer.max_time_counts"] == "all" and over["trainer.max_time_s"] == "600"
+            steps = min(6, 2 * c["settings"]["sft_epochs"])  # the fake: 2 steps an epoch, 6 at most, checkpoints every 2
+            assert [k for k, _ in c["points"]] == [0, *range(2, steps + 1, 2)] and c["steps"] == steps
+        else:
+            cmd = json.loads((run_dir / "command.json").read_text())
+            assert f"actor_rollout_ref.actor.optim.lr={c['settings']['rft_lr']}" in cmd
+            assert "algorithm.adv_estimator=rejection_sampling" in cmd and "trainer.max_time_counts=all" in cmd
+            assert [k for k, _ in c["points"]] == [0, 2, 4]
+        for k, em in c["points"][1:]:
+            assert em == rl_vs_sft.agent_em(d / "choice" / f"val_{name}_{k}")
+    # the rule by hand over what was scored: highest best EM, then smaller lr, then fewer epochs
+    for arm, keys in choice.CHOSEN.items():
+        mine = [(max(e for _, e in c["points"]), *(c["settings"][k] for k in keys), n)
+                for n, c in result["candidates"].items() if c["arm"] == arm]
+        top = max(m[0] for m in mine)
+        assert result["chosen"][arm]["name"] == min(m for m in mine if m[0] == top)[1:][-1]
+    md = (tmp_path / "w" / "choice.md").read_text()
+    assert f"- SFT_LR: {result['chosen']['sft_more']['settings']['sft_lr']:g}" in md and "- RFT_LR: " in md
+    rec = json.loads((tmp_path / "w" / "record.json").read_text())
+    assert rec["headline"]["candidates"] == "12" and rec["benchmark"] == "benchmarks/rl_vs_sft_choice.py"
+    # a re-run reads every point's scores: nothing runs
+    monkeypatch.setattr(rl_vs_sft.stages, "run_stage", lambda *a, **k: pytest.fail(f"ran {a}"))
+    assert rl_vs_sft.main(argv) == 0
+    # no choice on a reported KB, with the values it chooses given, or over several seeds
+    for bad in (["--kb-seed", "201"], ["--sft-lr", "1e-5"], ["--seeds", "1", "2"]):
+        with pytest.raises(SystemExit):
+            rl_vs_sft.main([*argv, *bad])
