@@ -629,11 +629,9 @@ def _fake_stage(cmd: list, what: str, tag: str) -> float:
     return 0.0
 
 
-def test_main_runs_every_arm_of_every_cell_and_writes_the_result_and_record(tmp_path, monkeypatch):
-    """The whole command on two lookalike KBs x one seed with every stage made up (_fake_stage):
-    each KB's workdir and settings, the KB kind passed to the builder, every arm on the clock that
-    counts every second, demonstrations of every training question for sft_all, and the run's
-    JSON, table, plot and record across both cells. A second run reuses everything."""
+@pytest.fixture
+def fake_stages(monkeypatch):
+    """The whole command's stages made up (_fake_stage), its retriever a URL that nothing serves."""
     from contextlib import contextmanager
 
     @contextmanager
@@ -643,6 +641,13 @@ def test_main_runs_every_arm_of_every_cell_and_writes_the_result_and_record(tmp_
     monkeypatch.setattr(rl_vs_sft.stages, "run_stage", _fake_stage)
     monkeypatch.setattr("benchmarks.kb_server.serve_index", served)
     monkeypatch.setattr("agent_rl.evaluation.evaluate.resolve_model_dir", lambda p: Path(p))
+
+
+def test_main_runs_every_arm_of_every_cell_and_writes_the_result_and_record(tmp_path, monkeypatch, fake_stages):
+    """The whole command on two lookalike KBs x one seed with every stage made up (_fake_stage):
+    each KB's workdir and settings, the KB kind passed to the builder, every arm on the clock that
+    counts every second, demonstrations of every training question for sft_all, and the run's
+    JSON, table, plot and record across both cells. A second run reuses everything."""
     argv = ["--kb-seed", "11", "12", "--kb-kind", "lookalike", "--seeds", "1", "--minutes", "10", "--eval-limit", "4",
             "--val-n", "2", "--demos", "3", "--rft-lr", "1e-5", "--workdir", str(tmp_path / "w")]
     assert rl_vs_sft.main(argv) == 0
@@ -678,16 +683,7 @@ def test_main_runs_every_arm_of_every_cell_and_writes_the_result_and_record(tmp_
         rl_vs_sft.main([*argv[:-4], "--rft-lr", "2e-5", "--workdir", str(tmp_path / "w")])
 
 
-def test_main_draws_the_start_curve_on_one_kb(tmp_path, monkeypatch):
-    from contextlib import contextmanager
-
-    @contextmanager
-    def served(*a, **k):
-        yield "http://x"
-
-    monkeypatch.setattr(rl_vs_sft.stages, "run_stage", _fake_stage)
-    monkeypatch.setattr("benchmarks.kb_server.serve_index", served)
-    monkeypatch.setattr("agent_rl.evaluation.evaluate.resolve_model_dir", lambda p: Path(p))
+def test_main_draws_the_start_curve_on_one_kb(tmp_path, monkeypatch, fake_stages):
     argv = ["--kb-seed", "0", "--seeds", "1", "2", "--start-curve", "3", "6", "--eval-limit", "4", "--val-n", "2",
             "--workdir", str(tmp_path / "w")]
     assert rl_vs_sft.main(argv) == 0
@@ -727,18 +723,9 @@ def test_the_choice_takes_each_arms_best_checkpoint_and_breaks_ties_by_smaller_l
     assert "{1e-5, 3e-5, 1e-4} × `--sft-epochs` in {1, 2, 4}" in prereg and "{7e-6 (GRPO's), 3e-5, 1e-4}" in prereg
 
 
-def test_main_chooses_on_the_dev_kb_only_scores_every_grid_point_and_frees_its_checkpoints(tmp_path, monkeypatch):
-    from contextlib import contextmanager
-
+def test_main_chooses_on_the_dev_kb_only_scores_every_grid_point_and_frees_its_checkpoints(tmp_path, monkeypatch, fake_stages):
     from benchmarks import rl_vs_sft_choice as choice
 
-    @contextmanager
-    def served(*a, **k):
-        yield "http://x"
-
-    monkeypatch.setattr(rl_vs_sft.stages, "run_stage", _fake_stage)
-    monkeypatch.setattr("benchmarks.kb_server.serve_index", served)
-    monkeypatch.setattr("agent_rl.evaluation.evaluate.resolve_model_dir", lambda p: Path(p))
     argv = ["--kb-kind", "lookalike", "--kb-seed", "7", "--seeds", "1", "--choose", "--minutes", "10", "--demos", "3",
             "--val-n", "2", "--eval-limit", "4", "--sft-val-every", "2", "--val-every", "2", "--workdir", str(tmp_path / "w")]
     assert rl_vs_sft.main(argv) == 0
