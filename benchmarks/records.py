@@ -158,6 +158,13 @@ def rl_vs_sft_choice_headline(result: dict) -> dict[str, str]:
     return headline(result)
 
 
+def scale_headline(result: dict) -> dict[str, str]:
+    """benchmarks/scale.py: the shaped policy's sync, rollout, update, memory and steps per hour."""
+    from benchmarks.scale import headline
+
+    return headline(result)
+
+
 def generic_headline(result: dict) -> dict[str, str]:
     """Any other benchmark: its top-level figures (the full JSON holds the rest)."""
     out = {k: f"{v:.4g}" for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -169,7 +176,7 @@ def generic_headline(result: dict) -> dict[str, str]:
 HEADLINES: dict[str, Callable[[dict], dict[str, str]]] = {
     "rl_vs_sft": rl_vs_sft_headline, "start_curve": start_curve_headline,
     "miss_recovery": miss_recovery_headline, "gpu_loop": gpu_loop_headline, "kb_headroom": kb_headroom_headline,
-    "rl_vs_sft_choice": rl_vs_sft_choice_headline,
+    "rl_vs_sft_choice": rl_vs_sft_choice_headline, "scale": scale_headline,
 }
 """A benchmark's headline from its result; generic_headline for the rest."""
 

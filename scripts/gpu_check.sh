@@ -227,6 +227,20 @@ rollout_benchmark() {  # PY OUT ARGS...: interleaved / plain generation of the s
     set -e
 }
 
+scale() {  # a policy of Qwen2.5-3B's shape, random weights made on the device: benchmarks/scale.py
+    # (a CPU rehearsal: KIT=0 SCALE_SHAPE=tiny-qwen2 SCALE_ARGS=--quick scripts/gpu_check.sh scale)
+    local out=${OUT:-gpu_out} py=${GPU_PY:-python3}
+    mkdir -p "$out"
+    kit_ready "$py" || return 1
+    set +e
+    # shellcheck disable=SC2086
+    timeout "${SCALE_TIMEOUT_S:-420}" "$py" benchmarks/scale.py --shape "${SCALE_SHAPE:-qwen2.5-3b}" ${SCALE_ARGS:-} \
+        --json "$out/scale.json" --record-dir "$out/scale_record" 2>&1 | tee "$out/scale.log" \
+        | grep -v -E "^(INFO|DEBUG|WARNING) " | tail -n 20
+    echo "[scale] exit ${PIPESTATUS[0]}"
+    set -e
+}
+
 collect_demo() {  # OUT: the demo's log, report and GRPO metrics so far (also while it runs)
     local out=$1
     cp artifacts/gpu_quickstart.log "$out/" 2>/dev/null || true
@@ -348,6 +362,7 @@ case "${1:-run}" in
     rl-vs-sft-finish) rvs_finish ;;
     rl-vs-sft-pack) rvs_pack ;;
     probe) probe ;;
+    scale) scale ;;
     run) run ;;
-    *) echo "usage: $0 prepare|prepare-ray|prepare-vllm|kit|loop-start|loop-finish|rl-vs-sft|rl-vs-sft-pack|rl-vs-sft-finish|probe|run" >&2; exit 2 ;;
+    *) echo "usage: $0 prepare|prepare-ray|prepare-vllm|kit|loop-start|loop-finish|rl-vs-sft|rl-vs-sft-pack|rl-vs-sft-finish|probe|scale|run" >&2; exit 2 ;;
 esac

@@ -18,6 +18,7 @@ AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 STRATEGIES = ("auto", "fsdp", "replicas")
 ON_OFF_AUTO = ("auto", "true", "false")
 WARMUP_STYLES = ("constant", "cosine")
+LOAD_FORMATS = ("auto", "dummy")
 # Fixed sets (tests/agent_rl/test_config.py checks them against the code that uses them); the
 # registered algorithms (adv_estimator, policy_loss: users may register more) are checked by
 # agent-rl-train against agent_rl.training.algos before anything starts.
@@ -36,6 +37,8 @@ CHOICES: dict[str, tuple] = {
     "actor_rollout_ref.rollout.protocol": ("search_r1", "hermes"),
     "actor_rollout_ref.rollout.tool_chat_template": ("auto", "model", "fallback"),
     "actor_rollout_ref.model.dtype": ("float32", "bfloat16", "float16"),
+    "actor_rollout_ref.model.load_format": LOAD_FORMATS,
+    "actor_rollout_ref.rollout.load_format": LOAD_FORMATS,
     "algorithm.kl_ctrl.type": ("fixed", "adaptive"),
     "algorithm.filter_metric": ("score", "acc"),
     "reward.kind": ("em", "subem", "f1"), "reward.normalize": ("unicode", "squad"),
@@ -145,6 +148,10 @@ def check_settings(cfg: Any) -> None:
     if found and mode in ("one_step_off", "async") and _get(cfg, "actor_rollout_ref.actor.tis_cap")[1] is None:
         problems.append(f"trainer.mode={mode} needs actor_rollout_ref.actor.tis_cap (e.g. 2.0): the loss reweights "
                         "tokens sampled by an older policy version with it")
+    found, rollout_load = _get(cfg, "actor_rollout_ref.rollout.load_format")
+    if found and _get(cfg, "actor_rollout_ref.model.load_format")[1] == "dummy" != rollout_load:
+        problems.append("actor_rollout_ref.model.load_format=dummy needs actor_rollout_ref.rollout.load_format=dummy: "
+                        "the engine would look for weights the directory does not hold")
     if problems:
         raise ConfigError("; ".join(problems))
 

@@ -46,6 +46,10 @@ class ModelConfig:
     """Parameter dtype of the trainable copy (float32 master weights)."""
     enable_gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory (slower)."""
+    load_format: str = "auto"
+    """auto: the directory's weights | dummy: seeded random weights from its config.json alone (no
+    weight files; the reference policy starts equal to the policy): speed and memory at a shape
+    whose weights cannot travel (benchmarks/scale.py); set rollout.load_format=dummy with it."""
     lora_rank: int = 0
     """LoRA rank; 0 = full fine-tuning."""
     lora_alpha: int = 32
@@ -188,6 +192,9 @@ class RolloutConfig:
     """Tools offered in agent mode: built-ins (search, calculator) and MCP servers; search_r1 allows only search."""
     chat_template: bool = True
     """Use the model's chat template (instruct models) instead of the base-model template."""
+    load_format: str = "auto"
+    """vLLM's weight loading: auto (the model directory's weights) | dummy (random weights from its
+    config.json alone; the first weight sync replaces them): with model.load_format=dummy."""
     engine_mode: str = "inproc"
     """vLLM engine placement: inproc (engine core in this process: fast load, cheap weight sync) | mp (AsyncLLM, core in a child process)."""
     seed: int = 0

@@ -128,9 +128,15 @@ def _tied_embeddings(model_dir: str) -> bool:
     return bool(cfg.get("tie_word_embeddings", False))
 
 
-def _checkpoint_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:
-    """Names and shapes of the checkpoint tensors (read from safetensors headers only)."""
+def _checkpoint_shapes(model_dir: str, load_format: str = "auto") -> dict[str, tuple[int, ...]]:
+    """Names and shapes of the checkpoint tensors (read from safetensors headers only); with
+    `load_format` dummy (no weight files) those its config.json gives (`config_shapes`)."""
     from safetensors import safe_open
+
+    if load_format == "dummy":
+        from agent_rl.training.workers.model_io import config_shapes
+
+        return config_shapes(model_dir)
 
     shapes: dict[str, tuple[int, ...]] = {}
     files = sorted(Path(model_dir).glob("*.safetensors"))
@@ -216,7 +222,7 @@ class RolloutEngine:
         self.cfg = cfg
         self.max_model_len = max_model_len
         self.tie_word_embeddings = _tied_embeddings(self.model_path)
-        self._expected_shapes = _checkpoint_shapes(self.model_path)
+        self._expected_shapes = _checkpoint_shapes(self.model_path, cfg.load_format)
         self._ids = itertools.count()
         self._engine: Any = None
         self._closed = False
@@ -261,6 +267,7 @@ class RolloutEngine:
             use_tqdm_on_load=False,  # a bar for a load our own line times ("vLLM engine ... ready in")
             logprobs_mode="processed_logprobs",  # the sampler's own distribution (module docstring)
             worker_extension_cls="agent_rl.rollout.vllm_worker.WeightLoaderExtension",
+            load_format=cfg.load_format,
         )
         if cfg.max_num_batched_tokens:
             kwargs["max_num_batched_tokens"] = cfg.max_num_batched_tokens

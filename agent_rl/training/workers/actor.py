@@ -80,7 +80,7 @@ class ActorWorker(UpdateLoopWorker):
         if self.fsdp and self.lora:
             raise NotImplementedError("actor: LoRA with FSDP is not supported; use strategy=replicas or full fine-tuning")
         model = model_io.load_policy(m.path, m.dtype, m.lora_rank, m.lora_alpha, m.target_modules,
-                                     m.enable_gradient_checkpointing)
+                                     m.enable_gradient_checkpointing, m.load_format)
         self.model = model.to(self.device)
         self.autocast = dist.autocast_dtype(a.bf16_autocast, self.device)
         self.policy = LogProbModel(self.model, self.autocast)
@@ -127,7 +127,8 @@ class ActorWorker(UpdateLoopWorker):
         values, so it costs no accuracy and half the memory."""
         if self._ref_policy is None:
             m = self.cfg.model
-            ref = model_io.load_reference(m.path, m.dtype, self.autocast or getattr(torch, m.dtype)).to(self.device)
+            ref = model_io.load_reference(m.path, m.dtype, self.autocast or getattr(torch, m.dtype),
+                                          m.load_format).to(self.device)
             self._ref_policy = LogProbModel(ref, self.autocast)
             if self.fsdp:
                 dist.wrap_fsdp(self._ref_policy, dist.decoder_layer_types(ref), self.autocast)

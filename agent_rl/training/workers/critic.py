@@ -61,7 +61,9 @@ class CriticWorker(UpdateLoopWorker):
         dist.init(rank, world_size, init_method)
         self.device = dist.device_for(rank)
         self.fsdp = dist.use_fsdp(self.cfg.strategy)
-        lm = model_io.load_policy(self.model_path, cfg.actor_rollout_ref.model.dtype)
+        same = self.cfg.model_path is None  # the policy's directory: loaded as the policy is
+        lm = model_io.load_policy(self.model_path, cfg.actor_rollout_ref.model.dtype,
+                                  load_format=cfg.actor_rollout_ref.model.load_format if same else "auto")
         trunk = lm.get_decoder()
         autocast = dist.autocast_dtype(self.cfg.bf16_autocast, self.device)
         # seeded so every rank starts from the same head (replicas must agree)

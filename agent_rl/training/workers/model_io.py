@@ -39,6 +39,22 @@ def default_attn_implementation() -> str:
     return register_varlen_attention()
 
 
+DUMMY_SEED = 0
+"""The seed of `load_policy`'s random weights (load_format dummy)."""
+
+
+def config_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
+    """{name: shape} of the tensors a checkpoint of `path`'s config.json holds (the model built on
+    the meta device: no memory, no weights; a tied lm_head left out, as save_pretrained does)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    tied = getattr(config, "tie_word_embeddings", False)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
+
+
 def load_policy(
     path: str | Path,
     dtype: str = "float32",
@@ -46,20 +62,29 @@ def load_policy(
     lora_alpha: int = 32,
     target_modules: list[str] | None = None,
     gradient_checkpointing: bool = False,
+    load_format: str = "auto",
 ) -> nn.Module:
     """An HF causal LM from `path`, wrapped with LoRA adapters when `lora_rank > 0`.
 
     With LoRA only the adapters require grad (the base is frozen, which is what lets the
-    reference policy be the same module with adapters disabled).
+    reference policy be the same module with adapters disabled). `load_format` dummy: the
+    architecture of `path`'s config.json with random weights seeded by DUMMY_SEED (every load
+    the same: the reference policy equals the policy's start), no weight files read.
     """
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     path = Path(path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"load_policy: {path} is not an HF model directory (no config.json)")
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=getattr(torch, dtype), attn_implementation=default_attn_implementation()
-    )
+    if load_format == "dummy":
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(DUMMY_SEED)
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=getattr(torch, dtype),
+                                                     attn_implementation=default_attn_implementation())
+    else:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=getattr(torch, dtype), attn_implementation=default_attn_implementation()
+        )
     model.config.use_cache = False
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -95,14 +120,14 @@ def lm_head_weight(model: nn.Module) -> torch.Tensor:
     return causal_lm(model).get_output_embeddings().weight
 
 
-def load_reference(path: str | Path, dtype: str, linear_dtype: torch.dtype) -> nn.Module:
+def load_reference(path: str | Path, dtype: str, linear_dtype: torch.dtype, load_format: str = "auto") -> nn.Module:
     """A gradient-free policy from `path` for reference log-probs (full fine-tuning).
 
     Linear weights are stored in `linear_dtype`: with bf16 autocast the policy's matmuls see
     exactly these bf16 values, so this is as accurate as the policy's own forward at about
     half the memory. Embeddings (tied to the lm_head here) and norms keep `dtype`.
     """
-    ref = load_policy(path, dtype).eval().requires_grad_(False)
+    ref = load_policy(path, dtype, load_format=load_format).eval().requires_grad_(False)
     embed = ref.get_input_embeddings().weight
     for mod in ref.modules():
         if isinstance(mod, nn.Linear) and mod.weight is not embed:
@@ -244,6 +269,44 @@ def truncated_copy(src: str | Path, dst: str | Path, num_layers: int) -> Path:
     finally:
         logging.set_verbosity(verbosity)
     return save_hf(model, dst, src)
+
+
+SHAPES: dict[str, dict] = {
+    "qwen2.5-3b": dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], hidden_size=2048,
+                       intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=2,
+                       max_position_embeddings=32768, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+                       tie_word_embeddings=True, hidden_act="silu", use_sliding_window=False),
+    "tiny-qwen2": dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], hidden_size=512, intermediate_size=1376,
+                       num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=1, max_position_embeddings=4096,
+                       rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, hidden_act="silu",
+                       use_sliding_window=False),
+}
+"""Architectures a policy can take without its weights (`shaped_copy`): Qwen2.5-3B's (its
+config.json on the Hub: hidden 2048, 36 layers, 16 query and 2 KV heads, MLP 11008, tied
+embeddings) and a tiny one of the same kind and head ratio (8:1 query to KV heads, head size 64
+as vLLM's CPU attention takes) for the CPU."""
+
+
+def shaped_copy(src: str | Path, dst: str | Path, shape: str) -> Path:
+    """HF directory with `src`'s tokenizer (its vocabulary, special tokens and chat template) and
+    the architecture SHAPES[`shape`], no weights: load it with `load_format` dummy (engine and
+    trainer make their random weights where they run). The vocabulary is the tokenizer's, not
+    the shape's own (Qwen2.5-3B's 151,936 rows: 2.9B parameters here against its 3.1B)."""
+    from transformers import AutoConfig
+
+    if shape not in SHAPES:
+        raise ValueError(f"shaped_copy: shape {shape!r} unknown; known: {sorted(SHAPES)}")
+    src, dst = Path(src), Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        # not src's weights, config or provenance (source.json): this directory is another model
+        if f.is_file() and f.name not in ("config.json", "source.json") and f.suffix not in (".safetensors", ".bin", ".pt", ".onnx"):
+            shutil.copy2(f, dst / f.name)
+    base = json.loads((src / "config.json").read_text())
+    tokens = {k: base[k] for k in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id") if k in base}
+    config = AutoConfig.for_model(**{**SHAPES[shape], **tokens})
+    config.save_pretrained(dst)
+    return dst
 
 
 def random_copy(src: str | Path, dst: str | Path, seed: int = 0, num_layers: int | None = None) -> Path:
