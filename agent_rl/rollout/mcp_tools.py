@@ -47,7 +47,13 @@ where its cost stalls nothing: a call's answer keeps its first MAX_CONTENT_ITEMS
 (a tool list: MAX_LIST_VALUES) becomes an error answer to its request, a call's answer over
 MAX_LINE_BYTES keeps the head of each text item (a 10 MB line cost the SDK over 1 s on our loop)
 and any other message over it is an error answer (dropped if its id is not at either end), a
-line that is not JSON is dropped (as the SDK would). The streamable HTTP transport has no relay (see `_transport`).
+line that is not JSON is dropped (as the SDK would). The streamable HTTP transport has no relay:
+there an answer sent as JSON of more than MAX_LINE_BYTES, or of more than MAX_LIST_VALUES JSON
+values (counted by its commas, colons and brackets as it arrives), is cut off where it crosses the
+bound and becomes an error answer to its request (`_capped_json`), and an answer sent as a
+server-sent event of more than MAX_LINE_BYTES is the SDK's error answer (`max_sse_event_size`):
+HTTP answers are bounded in bytes, and a JSON one in values too, but neither is cut to its head
+as stdio's are.
 
 `mcp` is imported inside the methods, so importing this module stays cheap.
 """
@@ -57,6 +63,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import json
 import os
 import re
@@ -326,6 +333,52 @@ def _content_text(result: Any) -> str:
     return "\n".join(parts)
 
 
+@functools.cache
+def _capped_json() -> type:
+    """The HTTP transport class that bounds JSON answers, and its body, made on first use (httpx2
+    comes with the SDK: not imported with this module)."""
+    import httpx2
+
+    class CappedBody(httpx2.AsyncByteStream):
+        """A response body that raises httpx2.StreamError (the SDK's error answer to the request)
+        once it has passed `max_bytes`, or `max_values` JSON values counted as the relay counts
+        them (a value is the first, or follows "[", "," or ":")."""
+
+        def __init__(self, inner, max_bytes: int, max_values: int) -> None:
+            self.inner, self.max_bytes, self.max_values = inner, max_bytes, max_values
+
+        async def __aiter__(self):
+            size = values = 0
+            async for chunk in self.inner:
+                size += len(chunk)
+                values += chunk.count(b",") + chunk.count(b":") + chunk.count(b"[")
+                if size > self.max_bytes or values > self.max_values:
+                    what = f"{self.max_bytes} bytes" if size > self.max_bytes else f"{self.max_values} JSON values"
+                    raise httpx2.StreamError(f"an answer of more than {what}: not read further")
+                yield chunk
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    class CappedJson(httpx2.AsyncBaseTransport):
+        """An HTTP transport whose JSON responses are `CappedBody` (server-sent events are the
+        SDK's to bound: max_sse_event_size)."""
+
+        def __init__(self, inner, max_bytes: int, max_values: int) -> None:
+            self.inner, self.max_bytes, self.max_values = inner, max_bytes, max_values
+
+        async def handle_async_request(self, request):
+            response = await self.inner.handle_async_request(request)
+            if response.headers.get("content-type", "").lower().startswith("application/json"):
+                response.stream = CappedBody(response.stream, self.max_bytes, self.max_values)
+            return response
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    return CappedJson
+
+
 class McpServer:
     """One MCP server connection: stdio (a command the client starts as a child process) or
     streamable HTTP (a URL)."""
@@ -449,13 +502,20 @@ class McpServer:
                 self._stderr = None
 
     def _transport(self) -> contextlib.AbstractAsyncContextManager:
-        # HTTP has no relay: the SDK reads an answer whole and parses it on our loop, unbounded in
-        # bytes and items (bounding it would take a proxy in front of the SDK's HTTP client)
-        if self.url is not None:
-            from mcp.client.streamable_http import streamable_http_client
+        return self._stdio_transport() if self.url is None else self._http_transport()
 
-            return streamable_http_client(self.url)
-        return self._stdio_transport()
+    @contextlib.asynccontextmanager
+    async def _http_transport(self):
+        import httpx2
+        from mcp.client.streamable_http import streamable_http_client
+
+        # the SDK's own client settings (create_mcp_http_client: 30 s, a 300 s read for long
+        # streams), its transport wrapped so that no JSON answer outgrows what stdio's relay admits
+        client = httpx2.AsyncClient(timeout=httpx2.Timeout(30.0, read=300.0),
+                                    transport=_capped_json()(httpx2.AsyncHTTPTransport(), MAX_LINE_BYTES, MAX_LIST_VALUES))
+        async with client, streamable_http_client(self.url, http_client=client,
+                                                  max_sse_event_size=MAX_LINE_BYTES) as streams:
+            yield streams
 
     @contextlib.asynccontextmanager
     async def _stdio_transport(self):
