@@ -158,11 +158,14 @@ def rl_vs_sft_choice_headline(result: dict) -> dict[str, str]:
     return headline(result)
 
 
-def scale_headline(result: dict) -> dict[str, str]:
+def scale_headline(r: dict) -> dict[str, str]:
     """benchmarks/scale.py: the shaped policy's sync, rollout, update, memory and steps per hour."""
-    from benchmarks.scale import headline
-
-    return headline(result)
+    g = r["grpo"]
+    return {"policy": f"{r['shape']}, {r['params'] / 1e9:.2f}B parameters (random)",
+            "weight sync": f"{r['sync_s']:.2f} s", "rollout ÷ plain generation": f"{r['rollout_ratio_to_plain']:.2f}",
+            "update ÷ bare forward+backward": f"{r['update_ratio_to_bare']:.2f}",
+            "engine / trainer memory": f"{r['engine_gib']:.1f} / {r['trainer_peak_gib']:.1f} GiB",
+            "GRPO steps per hour at Search-R1's shape": f"{g['steps_per_hour']:.1f} ({g['trajectories']} trajectories a step)"}
 
 
 def generic_headline(result: dict) -> dict[str, str]:

@@ -188,16 +188,6 @@ async def run(args, policy: Path, work: Path, url: str) -> dict:
     return out
 
 
-def headline(r: dict) -> dict[str, str]:
-    """The record's figures (records.HEADLINES)."""
-    g = r["grpo"]
-    return {"policy": f"{r['shape']}, {r['params'] / 1e9:.2f}B parameters (random)",
-            "weight sync": f"{r['sync_s']:.2f} s", "rollout ÷ plain generation": f"{r['rollout_ratio_to_plain']:.2f}",
-            "update ÷ bare forward+backward": f"{r['update_ratio_to_bare']:.2f}",
-            "engine / trainer memory": f"{r['engine_gib']:.1f} / {r['trainer_peak_gib']:.1f} GiB",
-            "GRPO steps per hour at Search-R1's shape": f"{g['steps_per_hour']:.1f} ({g['trajectories']} trajectories a step)"}
-
-
 def table(r: dict, host: str, shape: str) -> str:
     g = r["grpo"]
     lines = [f"# {shape}-shaped policy ({r['params'] / 1e9:.2f}B parameters, random weights), one device", "", host, "",
