@@ -128,14 +128,25 @@ def _tied_embeddings(model_dir: str) -> bool:
     return bool(cfg.get("tie_word_embeddings", False))
 
 
+def config_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
+    """{name: shape} of the tensors a checkpoint of `path`'s config.json holds (the model built on
+    the meta device: no memory, no weights; a tied lm_head left out, as save_pretrained does)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    tied = getattr(config, "tie_word_embeddings", False)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
+
+
 def _checkpoint_shapes(model_dir: str, load_format: str = "auto") -> dict[str, tuple[int, ...]]:
     """Names and shapes of the checkpoint tensors (read from safetensors headers only); with
     `load_format` dummy (no weight files) those its config.json gives (`config_shapes`)."""
     from safetensors import safe_open
 
     if load_format == "dummy":
-        from agent_rl.training.workers.model_io import config_shapes
-
         return config_shapes(model_dir)
 
     shapes: dict[str, tuple[int, ...]] = {}

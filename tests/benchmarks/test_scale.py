@@ -16,6 +16,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from agent_rl.rollout.engine import config_shapes  # noqa: E402
 from agent_rl.training.workers import model_io  # noqa: E402
 
 
@@ -35,7 +36,7 @@ def test_the_3b_shape_has_qwen25_3bs_layers_with_the_embedded_vocabulary(model_d
         ("qwen2", 2048, 36, 16, 2, 11008, True)
     embedded = json.loads((Path(model_dir) / "config.json").read_text())
     assert (cfg["vocab_size"], cfg["eos_token_id"]) == (embedded["vocab_size"], embedded["eos_token_id"]) == (49152, 2)
-    shapes = model_io.config_shapes(d)  # on the meta device: no 11 GiB of weights made
+    shapes = config_shapes(d)  # on the meta device: no 11 GiB of weights made
     total = sum(torch.Size(s).numel() for s in shapes.values())
     assert total == _qwen2_params(49152, 2048, 36, 16, 2, 11008) == 2_875_437_056
     assert "lm_head.weight" not in shapes and shapes["model.layers.0.self_attn.k_proj.weight"] == (256, 2048)
@@ -51,7 +52,7 @@ def test_dummy_weights_are_seeded_alike_for_policy_and_reference_and_shaped_as_t
     b = model_io.load_reference(d, "float32", torch.float32, load_format="dummy")
     sa, sb = a.state_dict(), b.state_dict()
     assert all(torch.equal(sa[k], sb[k]) for k in sa)  # the reference policy starts equal to the policy
-    assert {k: tuple(v.shape) for k, v in sa.items() if k != "lm_head.weight"} == model_io.config_shapes(d)
+    assert {k: tuple(v.shape) for k, v in sa.items() if k != "lm_head.weight"} == config_shapes(d)
     assert sum(p.numel() for p in a.parameters()) == _qwen2_params(49152, 512, 2, 8, 1, 1376)
     assert float(sa["model.layers.0.mlp.up_proj.weight"].std()) > 0  # random, not zeros
     with pytest.raises(OSError):  # without dummy, a directory with no weights is refused

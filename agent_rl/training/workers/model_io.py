@@ -43,18 +43,6 @@ DUMMY_SEED = 0
 """The seed of `load_policy`'s random weights (load_format dummy)."""
 
 
-def config_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
-    """{name: shape} of the tensors a checkpoint of `path`'s config.json holds (the model built on
-    the meta device: no memory, no weights; a tied lm_head left out, as save_pretrained does)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(path)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    tied = getattr(config, "tie_word_embeddings", False)
-    return {k: tuple(v.shape) for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
-
-
 def load_policy(
     path: str | Path,
     dtype: str = "float32",
