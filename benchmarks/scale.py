@@ -130,7 +130,7 @@ async def run(args, policy: Path, work: Path, url: str) -> dict:
     cfg.data.max_response_length = 2 * args.tokens_per_turn + 256
     r = cfg.actor_rollout_ref.rollout
     r.load_format, r.max_tokens_per_turn, r.chat_template = "dummy", args.tokens_per_turn, True
-    r.gpu_memory_utilization, r.kv_cache_space_gb = args.gpu_memory_utilization, 1.0
+    r.gpu_memory_utilization, r.kv_cache_space_gb, r.dtype = args.gpu_memory_utilization, 1.0, args.dtype
     r.max_num_seqs = max(8, args.trajectories)
 
     base = memory_gib(cuda)
@@ -139,7 +139,7 @@ async def run(args, policy: Path, work: Path, url: str) -> dict:
     out.update(engine_start_s=time.perf_counter() - t0, engine_gib=memory_gib(cuda) - base, engine_dtype=engine.cfg.dtype)
 
     n = args.update_sequences
-    acfg = make_cfg(str(policy), n, bf16="auto")
+    acfg = make_cfg(str(policy), n, bf16={"auto": "auto", "float32": False, "bfloat16": True}[args.dtype])
     acfg.model.load_format = "dummy"
     if cuda:  # one worker, no process group: strategy auto keeps the model whole, as agent-rl-train does on one GPU
         acfg.actor.ppo_max_token_len_per_gpu = 16384
@@ -147,6 +147,7 @@ async def run(args, policy: Path, work: Path, url: str) -> dict:
     before = torch.cuda.memory_allocated() / 2**30 if cuda else memory_gib(cuda)
     worker = ActorWorker(acfg, total_steps=1000)
     out["params"] = sum(p.numel() for p in worker.model.parameters())
+    out["trainer_dtype"] = "bf16 autocast" if worker.autocast is not None else "fp32"
 
     t0 = time.perf_counter()
     if cuda:  # the engine runs in this process: its device tensors as they are (a process cannot open its own IPC handles)
@@ -192,14 +193,14 @@ def table(r: dict, host: str, shape: str) -> str:
     g = r["grpo"]
     lines = [f"# {shape}-shaped policy ({r['params'] / 1e9:.2f}B parameters, random weights), one device", "", host, "",
              "| figure | value |", "|---|---|",
-             f"| engine: start-up, memory | {r['engine_start_s']:.1f} s, {r['engine_gib']:.2f} GiB ({r['engine_dtype']}) |",
+             f"| engine ({r['engine_dtype']}): start-up, memory | {r['engine_start_s']:.1f} s, {r['engine_gib']:.2f} GiB |",
+             f"| trainer ({r['trainer_dtype']}): peak memory | {r['trainer_peak_gib']:.2f} GiB |",
              f"| weight sync ({r['sync_how']}): seconds; engine − trainer log-prob gap after it | "
              f"{r['sync_s']:.2f} s; {r['sync_logprob_gap']:.2e} |",
              f"| rollout ({r['trajectories']} trajectories, {r['turns_mean']:.1f} turns, {r['searches']} searches): "
              f"tokens/s, ÷ plain generation | {r['rollout_tok_s']:.0f}; {r['rollout_ratio_to_plain']:.2f} |",
              f"| update: tokens/s, ÷ bare forward+backward | {r['update_tok_s']:.0f}; {r['update_ratio_to_bare']:.2f} |",
              f"| log-probs: tokens/s | {r['logprob_tok_s']:.0f} |",
-             f"| trainer: peak memory | {r['trainer_peak_gib']:.2f} GiB |",
              f"| GRPO at Search-R1's shape ({g['trajectories']} trajectories a device): step | {g['step_s']:.0f} s "
              f"(rollout {g['rollout_s']:.0f}, train {g['train_s']:.0f}, sync {g['sync_s']:.1f}) |",
              f"| GRPO steps per hour | {g['steps_per_hour']:.1f} |", "",
@@ -221,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--update-sequences", type=int, default=32, help="sequences of the update batch")
     ap.add_argument("--reps", type=int, default=3, help="timed rounds of the update (median)")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.4, help="the engine's share of the GPU")
+    ap.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                    help="the engine's dtype and the trainer's autocast (auto: bf16 where the hardware runs it natively)")
     ap.add_argument("--json", help="write the result here too")
     records.add_args(ap)
     args = ap.parse_args(argv)
@@ -230,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     with kb_retriever("bench-scale-") as (work, url):
         policy = model_io.shaped_copy(prepare_model(ROOT / "artifacts" / "model"), work / "policy", args.shape)
         result = asyncio.run(run(args, policy, work, url))
-    result.update(shape=args.shape, host=host, search_r1=SEARCH_R1)
+    result.update(shape=args.shape, host=host, search_r1=SEARCH_R1, dtype=args.dtype)
     text = table(result, host, args.shape)
     print("\n" + text)
     if args.json:
