@@ -634,8 +634,7 @@ def run_choice(w: Workdir, d: Path, s: int, val: Path, url: str, args) -> dict[s
     start_val = evaluate(w, start, val, url, d / "val_start", args.val_n)
     scored = {}
     for arm, name, settings in choice.candidates():
-        one = argparse.Namespace(**{**vars(args), **{"sft_lr": None, "sft_epochs": None, "rft_lr": None},
-                                    **settings, "best_of_val": True})
+        one = argparse.Namespace(**{**vars(args), **settings, "best_of_val": True})  # main refused any given
         out, kept = d / "choice" / name, d / "choice" / name / "points.json"
         if not kept.exists():
             run_arm(w, arm, start, val, url, d / "choice", s, one, name=name)
