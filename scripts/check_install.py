@@ -6,8 +6,12 @@ python scripts/check_install.py [--extras gpu gpu-torch] [--pythons 3.11 3.12 3.
 
 Prints one row per (Python, extra): resolved or not, and the vLLM / torch / faiss versions it
 chose. Exit code 0 when every one resolved and requires-python admits every Python asked, 1
-when one did not, 3 when the package index could not be reached or kept breaking off a download
-(a row left unchecked; where another row failed outright, 1).
+when one did not, 3 when the package index could not be reached, kept breaking off a download or
+the disk could not hold pip's downloads (a row left unchecked; where another row failed outright, 1).
+
+pip downloads the wheels it resolves (about 4 GB for a CUDA torch and vLLM's NVIDIA libraries,
+in TMPDIR, while it runs): as many resolutions run at once as the free space holds, and one that
+ran out of space is tried again alone.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import argparse
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,13 +37,19 @@ UNREACHABLE = ("NewConnectionError", "Max retries exceeded", "Failed to establis
 # a download that broke off and was resumed into a file whose hash no longer matches the index's:
 # the transport failed, not the resolution (tried again; if it keeps happening, nothing was checked)
 INTERRUPTED = ("Connection interrupted while downloading", "DO NOT MATCH THE HASHES")
+NO_SPACE = "No space left on device"
 RETRIES = 2
+DISK_PER_RESOLUTION = 6 << 30
+"""Free bytes one resolution may need in TMPDIR (4 GB seen for an extra with vLLM, and a margin)."""
 
 
 def failure(stderr: str) -> str:
-    """Why pip failed: 'unreachable' (no index), 'interrupted' (a download broke off) or 'failed'."""
+    """Why pip failed: 'unreachable' (no index), 'no space' (the disk filled with its downloads),
+    'interrupted' (a download broke off) or 'failed'."""
     if any(m in stderr for m in UNREACHABLE):
         return "unreachable"
+    if NO_SPACE in stderr:
+        return "no space"
     return "interrupted" if all(m in stderr for m in INTERRUPTED) else "failed"
 
 
@@ -55,6 +66,12 @@ def admits(python: str) -> bool:
 
     spec = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
     return SpecifierSet(spec).contains(f"{python}.0")
+
+
+def workers(n: int, free: int | None = None) -> int:
+    """How many of n resolutions run at once: as many as TMPDIR's free space holds, at least one."""
+    free = shutil.disk_usage(tempfile.gettempdir()).free if free is None else free
+    return max(1, min(n, free // DISK_PER_RESOLUTION))
 
 
 def resolve(reqs: list[str], python: str) -> tuple[str, dict[str, str], str]:
@@ -83,17 +100,18 @@ def main(argv: list[str] | None = None) -> int:
     rows, status = [], 0
     print("| Python | extra | requires-python | resolves | versions chosen |")
     print("|---|---|---|---|---|")
-    # the resolutions are independent and each waits on the index about half its time: all at
-    # once (rows in order)
+    # the resolutions are independent and each waits on the index about half its time: as many at
+    # once as the disk holds (rows in order)
     combos = list(itertools.product(args.pythons, args.extras))
     reqs = {extra: requirements(extra) for extra in args.extras}  # an unknown extra stops here, before pip
-    with ThreadPoolExecutor(max_workers=len(combos)) as pool:
+    with ThreadPoolExecutor(max_workers=workers(len(combos))) as pool:
         results = list(pool.map(resolve, [reqs[extra] for _, extra in combos], [py for py, _ in combos]))
-    for i, (py, extra) in enumerate(combos):  # broken downloads: again, one at a time
+    for i, (py, extra) in enumerate(combos):  # broken downloads or a full disk: again, one at a time
         for _ in range(RETRIES):
-            if results[i][0] != "interrupted":
+            if results[i][0] not in ("interrupted", "no space"):
                 break
-            print(f"[check_install] {py} {extra}: a download broke off; resolving again", file=sys.stderr)
+            why = "a download broke off" if results[i][0] == "interrupted" else "the disk filled"
+            print(f"[check_install] {py} {extra}: {why}; resolving again alone", file=sys.stderr)
             results[i] = resolve(reqs[extra], py)
     unchecked = None
     for (py, extra), (result, chosen, tail) in zip(combos, results):
@@ -101,14 +119,16 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(f"| {py} | {extra} | {'yes' if row['admitted'] else 'NO'} | {result} | "
               f"{', '.join(f'{k} {v}' for k, v in sorted(chosen.items()))} |", flush=True)
-        if result in ("unreachable", "interrupted"):
+        if result in ("unreachable", "interrupted", "no space"):
             unchecked = unchecked or (result, tail)
         elif result != "ok" or not row["admitted"]:
             status = 1
             print(tail, file=sys.stderr)
     if unchecked and not status:  # a resolution that failed outright is reported as such
-        why = "unreachable" if unchecked[0] == "unreachable" else f"breaking off downloads ({RETRIES + 1} tries)"
-        print(f"the package index is {why}: not everything was checked\n{unchecked[1]}", file=sys.stderr)
+        why = {"unreachable": "the package index is unreachable",
+               "interrupted": f"the package index kept breaking off downloads ({RETRIES + 1} tries)",
+               "no space": f"TMPDIR could not hold pip's downloads, even alone ({RETRIES + 1} tries)"}[unchecked[0]]
+        print(f"{why}: not everything was checked\n{unchecked[1]}", file=sys.stderr)
         return 3
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
