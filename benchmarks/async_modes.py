@@ -9,7 +9,9 @@ embedded knowledge base, with the running held-out evaluation of `benchmarks/lea
 (`--val-every` steps, first `--val-n` test questions) that its time to gain reads. Search kinds:
 `local` (the flat index's retriever on this host) and `slow` (the same retriever behind an
 added latency drawn uniformly from `--latency-s` per request: a web search API). Arms run one
-after another on the same host, in the order given, each in its own Ray session.
+after another on the same host, in the order given, each in its own Ray session; where torch sees
+a GPU, the engine and the trainer share it (`trainer.n_gpus_per_node=1`, as `make demo` places
+them: a user with one GPU).
 
 Printed: one table with the hardware line; per arm the training steps, steps per hour of
 training (validations excluded), RL minutes to SFT + `--gain` (not reached within the budget
@@ -53,12 +55,21 @@ class SlowSearch:
         return await self.client.search(queries, topk)
 
 
+def arm_overrides(sft: Path, url: str, args: argparse.Namespace, run_dir: Path, mode: str) -> list[str]:
+    """An arm's config overrides: the training questions of --kb (the config names the embedded
+    KB's); on a GPU the engine and the trainer's workers on it, as the demo places them; the
+    running evaluation and the clock (benchmarks/learning.py), then the command's own; the mode."""
+    from agent_rl.demo.stages import device_overrides
+
+    return [f"data.train_files=[{Path(args.kb) / 'train.parquet'}]", *device_overrides(),
+            *rl_overrides(sft, url, args, run_dir), f"trainer.mode={mode}"]
+
+
 def train_arm(sft: Path, url: str, args: argparse.Namespace, run_dir: Path, mode: str, search: str) -> dict:
     from agent_rl.config import TrainConfig, load_config
     from agent_rl.training.trainer import ray_trainer
 
-    overrides = [*rl_overrides(sft, url, args, run_dir), f"trainer.mode={mode}"]
-    cfg = load_config(TrainConfig, args.config, overrides)
+    cfg = load_config(TrainConfig, args.config, arm_overrides(sft, url, args, run_dir, mode))
     retriever = SlowSearch(url, *args.latency) if search == "slow" else None
     t0 = time.time()
     with ray_trainer(cfg, run_dir, retriever=retriever) as trainer:

@@ -25,6 +25,11 @@
 #                                      # in the background on the carried $RVS_DIR (KB and demonstrations
 #                                      # made on a CPU host), waiting until WAIT_S s into the call
 #   scripts/gpu_check.sh rl-vs-sft-finish  # there: waits for it (stops it WAIT_S s into the call)
+#   scripts/gpu_check.sh modes         # there: trainer.mode sync / one_step_off / async side by side
+#                                      # (benchmarks/async_modes.py) on the demo's SFT model, in the
+#                                      # background until WAIT_S s into the call (the demo's stages up
+#                                      # to SFT first where they have not run)
+#   scripts/gpu_check.sh modes-finish  # there: waits for it (stops it WAIT_S s into the call)
 #   scripts/gpu_check.sh probe         # there, instead of the loop: the varlen kernel's test, where
 #                                      # the actor update's time goes (shared vs whole packing, varlen
 #                                      # kernel vs per-sequence SDPA) and interleaved / plain
@@ -300,6 +305,56 @@ rvs_pack() {  # here: the workdir's KB, demonstrations and settings -> $RVS_PACK
     du -h "$RVS_PACK"
 }
 
+# trainer.mode sync / one_step_off / async side by side (benchmarks/async_modes.py, issue 86 item 2):
+# GRPO from the demo's SFT model on its knowledge base, with the engine and the trainer on the one
+# GPU, as a user with one GPU places them. Where the demo's SFT model is absent, the demo's stages
+# up to it run first (its GRPO left out: --rl-minutes 0). In the background, as rl-vs-sft: `modes`
+# waits until WAIT_S s into its call, `modes-finish` for the rest. A CPU rehearsal:
+#   KIT=0 QUICKSTART_ARGS="--demos 8 --sft-minutes 0.5 --eval-limit 4" MODES_ARGS="--search local --minutes 0.3 --val-every 1 --val-n 4" scripts/gpu_check.sh modes
+MODES_DIR=${MODES_DIR:-runs/gpu_modes}
+MODES_SFT=${MODES_SFT:-artifacts/demo_runs/sft}
+MODES_ARGS=${MODES_ARGS:---minutes 2 --search local --val-every 5 --val-n 60}
+
+modes_job() {  # the demo's stages up to SFT where its model is absent, then the benchmark
+    local py=${GPU_PY:-python3}
+    if [ ! -e "$MODES_SFT" ]; then
+        # shellcheck disable=SC2086
+        "$py" -m agent_rl.demo $QUICKSTART_ARGS --rl-minutes 0 || return 1
+    fi
+    # shellcheck disable=SC2086
+    "$py" benchmarks/async_modes.py --sft "$MODES_SFT" --workdir "$MODES_DIR" $MODES_ARGS
+}
+
+modes_start() {
+    local out=${OUT:-gpu_out} py=${GPU_PY:-python3}
+    mkdir -p "$out" "$MODES_DIR"
+    kit_ready "$py" || return 1
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+    setsid bash "$0" modes-job > "$MODES_DIR.log" 2>&1 < /dev/null &
+    echo $! > "$MODES_DIR.pid"
+    wait_bg "$MODES_DIR.pid" "${WAIT_S:-560}" collect_modes "$out"
+    modes_said
+}
+
+modes_said() {  # our lines of the job's log: the demo's stages, each arm's steps, the table
+    grep -E "^\[demo\]|^\[async_modes\]|^\| |^CPU|^GPU|Error" "$MODES_DIR.log" | tail -n 30
+}
+
+collect_modes() {  # OUT: the job's log (our lines) and the benchmark's results so far, weights left out
+    local out=$1
+    grep -v -E "^(INFO|DEBUG|WARNING)|it/s\]|s/it\]|step/s\]" "$MODES_DIR.log" > "$out/modes.log" 2>/dev/null || true
+    tar -C "$MODES_DIR" -czf "$out/modes.tar.gz" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.bin' \
+        --exclude=checkpoints --exclude=kb_index_flat . 2>/dev/null || true
+}
+
+modes_finish() {
+    local out=${OUT:-gpu_out}
+    mkdir -p "$out"
+    kit_env
+    STOP=1 wait_bg "$MODES_DIR.pid" "${WAIT_S:-400}" collect_modes "$out"
+    modes_said
+}
+
 rvs_finish() {
     local out=${OUT:-gpu_out}
     mkdir -p "$out"
@@ -363,6 +418,9 @@ case "${1:-run}" in
     rl-vs-sft-pack) rvs_pack ;;
     probe) probe ;;
     scale) scale ;;
+    modes) modes_start ;;
+    modes-job) modes_job ;;
+    modes-finish) modes_finish ;;
     run) run ;;
-    *) echo "usage: $0 prepare|prepare-ray|prepare-vllm|kit|loop-start|loop-finish|rl-vs-sft|rl-vs-sft-pack|rl-vs-sft-finish|probe|scale|run" >&2; exit 2 ;;
+    *) echo "usage: $0 prepare|prepare-ray|prepare-vllm|kit|loop-start|loop-finish|rl-vs-sft|rl-vs-sft-pack|rl-vs-sft-finish|probe|scale|modes|modes-finish|run" >&2; exit 2 ;;
 esac
