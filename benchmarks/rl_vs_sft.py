@@ -627,25 +627,42 @@ def run_choice(w: Workdir, d: Path, s: int, val: Path, url: str, args) -> dict[s
     """The pre-registered choice of the control arms' settings (`--choose`, benchmarks/rl_vs_sft_choice.py):
     the cell's start, then every grid point as its arm from it (same minutes, clock and checkpoints as
     a reported run with --best-of-val) in `d`/choice/<name>, each checkpoint and the start scored on
-    the running-evaluation questions. A point's scores go to its points.json, then its checkpoints
-    (GiBs each) are deleted: a re-run reads the scores. Returns {name: {arm, settings, steps,
-    minutes, points}}."""
+    the running-evaluation questions. A point's scores go to its file (`point_file`), with the
+    start's fingerprint, then its checkpoints (GiBs each) are deleted: a re-run reads the scores,
+    also in another checkout that carried them (the choice takes hours on a CPU) once it has made
+    the same start again. Returns {name: {arm, settings, steps, minutes, points, start}}."""
+    from agent_rl.training.identity import model_fingerprint
+
     start = sft(w, d / "start", s, args.start_steps, 24 * 3600, w.model)
+    start_id = model_fingerprint(start)
     start_val = evaluate(w, start, val, url, d / "val_start", args.val_n)
     scored = {}
     for arm, name, settings in choice.candidates():
         one = argparse.Namespace(**{**vars(args), **settings, "best_of_val": True})  # main refused any given
-        out, kept = d / "choice" / name, d / "choice" / name / "points.json"
+        out, kept = d / "choice" / name, point_file(d, name, args)
         if not kept.exists():
             run_arm(w, arm, start, val, url, d / "choice", s, one, name=name)
             points = val_points(w, d / "choice", name, val, url, one, {0: start_val})
             steps, minutes = trained(out)
+            kept.parent.mkdir(parents=True, exist_ok=True)
             kept.write_text(json.dumps({"arm": arm, "settings": settings, "steps": steps, "minutes": minutes,
-                                        "points": points}) + "\n")
+                                        "points": points, "start": start_id}) + "\n")
             shutil.rmtree(out / "checkpoints", ignore_errors=True)
         c = json.loads(kept.read_text())
+        if c.get("start") != start_id:
+            raise SystemExit(f"rl_vs_sft: {kept} was scored from another start than {start} (made on another host "
+                             "kind or with other settings): its scores do not join this choice; move it away "
+                             "to score that point again")
         scored[name] = {**c, "points": [tuple(p) for p in c["points"]]}
     return scored
+
+
+def point_file(d: Path, name: str, args) -> Path:
+    """Where a grid point's scores are kept: <--record-dir>/points/<name>.json when the record is
+    kept (docs/results carries them to another checkout), else beside the point's run."""
+    if args.record_dir:
+        return Path(args.record_dir) / "points" / f"{name}.json"
+    return d / "choice" / name / "points.json"
 
 
 def run_kb(kb_seed: int, args, host: str) -> list[dict]:
@@ -750,6 +767,14 @@ def main(argv: list[str] | None = None) -> int:
                  f"{DEV_KB_SEEDS.get(args.kb_kind)} and one --seeds")
     if args.choose and any(v is not None for v in (args.sft_lr, args.sft_epochs, args.rft_lr)):
         ap.error("--choose chooses --sft-lr, --sft-epochs and --rft-lr: give none of them")
+    if args.choose:
+        from data_prep.hardware import default_device, native_bf16
+
+        native, why = native_bf16("cpu")
+        if default_device() != "cpu" or not native:  # the arms' minutes hold another number of steps
+            ap.error("--choose chooses on a CPU of the native-bf16 kind, where the reported CPU cells run "
+                     "(docs/preregistration/rl_beyond_imitation.md); this host has "
+                     f"{'a GPU' if default_device() != 'cpu' else why}")
     if args.start_curve and args.with_json:
         ap.error("--with counts earlier arms' rows; the start curve has none")
     args.arms = [a for a in ARMS if a in args.arms]

@@ -726,6 +726,7 @@ def test_the_choice_takes_each_arms_best_checkpoint_and_breaks_ties_by_smaller_l
 def test_main_chooses_on_the_dev_kb_only_scores_every_grid_point_and_frees_its_checkpoints(tmp_path, monkeypatch, fake_stages):
     from benchmarks import rl_vs_sft_choice as choice
 
+    monkeypatch.setenv("AGENT_RL_NATIVE_BF16", "1")  # the choice's host kind (refused on the other: below)
     argv = ["--kb-kind", "lookalike", "--kb-seed", "7", "--seeds", "1", "--choose", "--minutes", "10", "--demos", "3",
             "--val-n", "2", "--eval-limit", "4", "--sft-val-every", "2", "--val-every", "2", "--workdir", str(tmp_path / "w")]
     assert rl_vs_sft.main(argv) == 0
@@ -768,3 +769,46 @@ def test_main_chooses_on_the_dev_kb_only_scores_every_grid_point_and_frees_its_c
     for bad in (["--kb-seed", "201"], ["--sft-lr", "1e-5"], ["--seeds", "1", "2"]):
         with pytest.raises(SystemExit):
             rl_vs_sft.main([*argv, *bad])
+    monkeypatch.setenv("AGENT_RL_NATIVE_BF16", "0")  # nor on the host kind without native bf16
+    with pytest.raises(SystemExit):
+        rl_vs_sft.main(argv)
+
+
+def test_the_choices_points_kept_with_its_record_join_a_choice_in_another_checkout_from_the_same_start(
+        tmp_path, monkeypatch, fake_stages, capsys):
+    """With --record-dir each grid point's scores go to <record-dir>/points/<name>.json with the
+    start's fingerprint: a checkout without the workdir (runs/ is not carried) makes the start again
+    and scores only the points not kept; a point kept from another start is refused by name and
+    left as it was."""
+    import shutil
+
+    from benchmarks import rl_vs_sft_choice as choice
+
+    monkeypatch.setenv("AGENT_RL_NATIVE_BF16", "1")
+    rec = tmp_path / "docs" / "choice_kb7"
+    argv = ["--kb-kind", "lookalike", "--kb-seed", "7", "--seeds", "1", "--choose", "--minutes", "10", "--demos", "3",
+            "--val-n", "2", "--eval-limit", "4", "--sft-val-every", "2", "--val-every", "2", "--record-dir", str(rec)]
+    assert rl_vs_sft.main([*argv, "--workdir", str(tmp_path / "w1")]) == 0
+    kept = sorted(p.stem for p in (rec / "points").glob("*.json"))
+    assert kept == sorted(n for _, n, _ in choice.candidates()) and (rec / "record.json").is_file()
+    first = json.loads((tmp_path / "w1" / "choice.json").read_text())["chosen"]
+    start = json.loads((rec / "points" / f"{kept[0]}.json").read_text())["start"]
+    assert start and all(json.loads(p.read_text())["start"] == start for p in (rec / "points").glob("*.json"))
+    (rec / "points" / "rft_lr3e-05.json").unlink()  # scored in this checkout only
+    shutil.rmtree(tmp_path / "w1")  # another checkout: the start, checkpoints and evaluations gone
+
+    ran = []
+    real = rl_vs_sft.stages.run_stage
+    monkeypatch.setattr(rl_vs_sft.stages, "run_stage", lambda cmd, *a, **k: ran.append(cmd) or real(cmd, *a, **k))
+    assert rl_vs_sft.main([*argv, "--workdir", str(tmp_path / "w1")]) == 0
+    trained = [c for c in ran if any("/seed1/choice/" in str(x) for x in c)]
+    assert trained and all(any("rft_lr3e-05" in str(x) for x in c) for c in trained)  # that point alone
+    assert any(any(str(x).endswith("start") for x in c) for c in ran)  # the start, made again
+    assert json.loads((tmp_path / "w1" / "choice.json").read_text())["chosen"] == first
+
+    other = rec / "points" / "sft_more_lr1e-05_ep1.json"
+    before = other.read_text()
+    other.write_text(json.dumps({**json.loads(before), "start": "another"}) + "\n")
+    with pytest.raises(SystemExit, match="sft_more_lr1e-05_ep1.json was scored from another start"):
+        rl_vs_sft.main([*argv, "--workdir", str(tmp_path / "w1")])
+    assert json.loads(other.read_text())["start"] == "another"
