@@ -291,10 +291,9 @@ def inprocess_qps(encoder, index, queries: list[str], batch: int, min_seconds: f
 
 
 def rss_mb(pid: int) -> float:
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024.0
-    return float("nan")
+    from data_prep.hardware import proc_status_kib
+
+    return proc_status_kib("VmRSS", pid) / 1024.0
 
 
 # ----------------------------------------------------------------------------- main

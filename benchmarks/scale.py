@@ -43,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks import records  # noqa: E402
-from data_prep.hardware import offline_env  # noqa: E402
+from data_prep.hardware import offline_env, proc_status_kib  # noqa: E402
 
 offline_env()
 
@@ -77,12 +77,12 @@ def memory_gib(cuda: bool) -> float:
     """GPU: what torch has reserved; CPU: this process's resident memory."""
     if cuda:
         return torch.cuda.memory_reserved() / 2**30
-    return _status_kib("VmRSS") / 2**20
+    return proc_status_kib("VmRSS") / 2**20
 
 
 def peak_gib(cuda: bool) -> float:
     """GPU: torch's peak allocated; CPU: the peak resident memory since `reset_peak`."""
-    return torch.cuda.max_memory_allocated() / 2**30 if cuda else _status_kib("VmHWM") / 2**20
+    return torch.cuda.max_memory_allocated() / 2**30 if cuda else proc_status_kib("VmHWM") / 2**20
 
 
 def reset_peak(cuda: bool) -> None:
@@ -90,13 +90,6 @@ def reset_peak(cuda: bool) -> None:
         torch.cuda.reset_peak_memory_stats()
     else:
         Path("/proc/self/clear_refs").write_text("5")  # Linux: the peak resident size restarts from now
-
-
-def _status_kib(key: str) -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return float(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {key}")
 
 
 async def sync_gap(engine, worker, prompt: list[int], n: int) -> float:

@@ -119,6 +119,16 @@ def offline_env(engine: bool = False) -> None:
     install(engine=engine)
 
 
+def proc_status_kib(key: str, pid: int | str = "self") -> float:
+    """A process's memory figure from Linux's /proc/<pid>/status (VmRSS: resident now, VmHWM:
+    its peak), in KiB; nan where the process or the key is absent."""
+    try:
+        lines = open(f"/proc/{pid}/status").read().splitlines()
+    except OSError:
+        return float("nan")
+    return next((float(line.split()[1]) for line in lines if line.startswith(key + ":")), float("nan"))
+
+
 def cuda_available() -> bool:
     try:
         import torch

@@ -147,3 +147,20 @@ def test_passive_threads_sets_a_default_only(monkeypatch):
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     hw.passive_threads()
     assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+def test_a_processs_memory_is_read_from_its_proc_status():
+    """This process's resident memory, its peak at least that, and a growth of 64 MiB seen in it
+    (touched pages); a process or key that is not there is nan, not an error mid-benchmark."""
+    import math
+    import subprocess
+    import sys
+
+    from data_prep.hardware import proc_status_kib
+
+    code = ("from data_prep.hardware import proc_status_kib as k; a = k('VmRSS'); "
+            "b = bytearray(64 << 20); print(a, k('VmRSS'), k('VmHWM'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    before, after, peak = map(float, out)
+    assert after - before >= 60 * 1024 and peak >= after > 0
+    assert math.isnan(proc_status_kib("VmRSS", 2**22 + 12345)) and math.isnan(proc_status_kib("NoSuchKey"))
