@@ -313,7 +313,8 @@ rvs_pack() {  # here: the workdir's KB, demonstrations and settings -> $RVS_PACK
 #   KIT=0 QUICKSTART_ARGS="--demos 8 --sft-minutes 0.5 --eval-limit 4" MODES_ARGS="--search local --minutes 0.3 --val-every 1 --val-n 4" scripts/gpu_check.sh modes
 MODES_DIR=${MODES_DIR:-runs/gpu_modes}
 MODES_SFT=${MODES_SFT:-artifacts/demo_runs/sft}
-MODES_ARGS=${MODES_ARGS:---minutes 2 --search local --val-every 5 --val-n 60}
+# the two GRPO overrides the loop stage found to matter on a GPU (docs/gpu.md, "The loop on a GPU")
+MODES_ARGS=${MODES_ARGS:---minutes 2 --search local --val-every 5 --val-n 60 actor_rollout_ref.rollout.enforce_eager=false actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192}
 
 modes_job() {  # the demo's stages up to SFT where its model is absent, then the benchmark
     local py=${GPU_PY:-python3}
