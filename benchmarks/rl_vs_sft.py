@@ -771,10 +771,11 @@ def main(argv: list[str] | None = None) -> int:
         from data_prep.hardware import default_device, native_bf16
 
         native, why = native_bf16("cpu")
-        if default_device() != "cpu" or not native:  # the arms' minutes hold another number of steps
+        if default_device() != "cpu":
+            native, why = False, "a GPU"
+        if not native:  # the arms' minutes hold another number of steps there
             ap.error("--choose chooses on a CPU of the native-bf16 kind, where the reported CPU cells run "
-                     "(docs/preregistration/rl_beyond_imitation.md); this host has "
-                     f"{'a GPU' if default_device() != 'cpu' else why}")
+                     f"(docs/preregistration/rl_beyond_imitation.md); this host has {why}")
     if args.start_curve and args.with_json:
         ap.error("--with counts earlier arms' rows; the start curve has none")
     args.arms = [a for a in ARMS if a in args.arms]

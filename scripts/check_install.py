@@ -38,6 +38,8 @@ UNREACHABLE = ("NewConnectionError", "Max retries exceeded", "Failed to establis
 # the transport failed, not the resolution (tried again; if it keeps happening, nothing was checked)
 INTERRUPTED = ("Connection interrupted while downloading", "DO NOT MATCH THE HASHES")
 NO_SPACE = "No space left on device"
+TRANSIENT = ("interrupted", "no space")
+"""Failures of the host, not of the resolution: tried again, one at a time, RETRIES times."""
 RETRIES = 2
 DISK_PER_RESOLUTION = 6 << 30
 """Free bytes one resolution may need in TMPDIR (4 GB seen for an extra with vLLM, and a margin)."""
@@ -108,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         results = list(pool.map(resolve, [reqs[extra] for _, extra in combos], [py for py, _ in combos]))
     for i, (py, extra) in enumerate(combos):  # broken downloads or a full disk: again, one at a time
         for _ in range(RETRIES):
-            if results[i][0] not in ("interrupted", "no space"):
+            if results[i][0] not in TRANSIENT:
                 break
             why = "a download broke off" if results[i][0] == "interrupted" else "the disk filled"
             print(f"[check_install] {py} {extra}: {why}; resolving again alone", file=sys.stderr)
@@ -119,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(f"| {py} | {extra} | {'yes' if row['admitted'] else 'NO'} | {result} | "
               f"{', '.join(f'{k} {v}' for k, v in sorted(chosen.items()))} |", flush=True)
-        if result in ("unreachable", "interrupted", "no space"):
+        if result == "unreachable" or result in TRANSIENT:
             unchecked = unchecked or (result, tail)
         elif result != "ok" or not row["admitted"]:
             status = 1

@@ -293,12 +293,15 @@ rvs_start() {
     grep -E "^\[rl_vs_sft\]|^\| |^GRPO|Error" "$RVS_DIR.log" | tail -n 30
 }
 
-collect_rvs() {  # OUT: the benchmark's log (our lines) and its results so far, weights left out
-    local out=$1
-    grep -v -E "^(INFO|DEBUG|WARNING)|it/s\]|s/it\]|step/s\]" "$RVS_DIR.log" > "$out/rl_vs_sft.log" 2>/dev/null || true
-    tar -C "$RVS_DIR" -czf "$out/rl_vs_sft.tar.gz" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.bin' \
+collect_job() {  # DIR NAME OUT: a background job's log (DIR.log, our lines) -> OUT/NAME.log and its
+                 # results so far -> OUT/NAME.tar.gz, weights and the carried inputs left out
+    local dir=$1 name=$2 out=$3
+    grep -v -E "^(INFO|DEBUG|WARNING)|it/s\]|s/it\]|step/s\]" "$dir.log" > "$out/$name.log" 2>/dev/null || true
+    tar -C "$dir" -czf "$out/$name.tar.gz" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.bin' \
         --exclude=model --exclude=checkpoints --exclude=kb --exclude=demos --exclude=kb_index_flat . 2>/dev/null || true
 }
+
+collect_rvs() { collect_job "$RVS_DIR" rl_vs_sft "$1"; }
 
 rvs_pack() {  # here: the workdir's KB, demonstrations and settings -> $RVS_PACK (~1 MB)
     tar -C "$(dirname "$RVS_DIR")" -cJf "$RVS_PACK" "$(basename "$RVS_DIR")"/{kb,demos,settings.json}
@@ -341,12 +344,7 @@ modes_said() {  # our lines of the job's log: the demo's stages, each arm's step
     grep -E "^\[demo\]|^\[async_modes\]|^\| |^CPU|^GPU|Error" "$MODES_DIR.log" | tail -n 30
 }
 
-collect_modes() {  # OUT: the job's log (our lines) and the benchmark's results so far, weights left out
-    local out=$1
-    grep -v -E "^(INFO|DEBUG|WARNING)|it/s\]|s/it\]|step/s\]" "$MODES_DIR.log" > "$out/modes.log" 2>/dev/null || true
-    tar -C "$MODES_DIR" -czf "$out/modes.tar.gz" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.bin' \
-        --exclude=checkpoints --exclude=kb_index_flat . 2>/dev/null || true
-}
+collect_modes() { collect_job "$MODES_DIR" modes "$1"; }
 
 modes_finish() {
     local out=${OUT:-gpu_out}
