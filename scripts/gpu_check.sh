@@ -272,6 +272,24 @@ wait_bg() {  # PIDFILE SECONDS COLLECT OUT: wait for a background job until SECO
     "$collect" "$out"
 }
 
+start_bg() {  # DIR COLLECT CMD...: CMD in its own session in the background (DIR.log, DIR.pid), waited
+              # for until WAIT_S s into this call, `COLLECT OUT` on the way (OUT made by the caller)
+    local dir=$1 collect=$2
+    shift 2
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+    setsid "$@" > "$dir.log" 2>&1 < /dev/null &
+    echo $! > "$dir.pid"
+    wait_bg "$dir.pid" "${WAIT_S:-560}" "$collect" "${OUT:-gpu_out}"
+}
+
+finish_bg() {  # DIR COLLECT SECONDS: wait for start_bg's job until WAIT_S (default SECONDS) s into
+               # this call, then stop it
+    local out=${OUT:-gpu_out}
+    mkdir -p "$out"
+    kit_env
+    STOP=1 wait_bg "$1.pid" "${WAIT_S:-$3}" "$2" "$out"
+}
+
 # RL against the same minutes of SFT on the GPU (benchmarks/rl_vs_sft.py): the workdir's knowledge
 # base and demonstrations need no GPU, so they are made beforehand on a CPU host (the benchmark with
 # the same arguments, stopped once its demonstrations are written) and carried with its
@@ -285,11 +303,8 @@ rvs_start() {
     kit_ready "$py" || return 1
     # the workdir's stages made on the CPU host, packed by `scripts/gpu_check.sh rl-vs-sft-pack`
     if [ -f "$RVS_PACK" ]; then mkdir -p "$(dirname "$RVS_DIR")" && tar -xJf "$RVS_PACK" -C "$(dirname "$RVS_DIR")"; fi
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
     # shellcheck disable=SC2086
-    setsid "$py" benchmarks/rl_vs_sft.py --workdir "$RVS_DIR" ${RVS_ARGS:-} > "$RVS_DIR.log" 2>&1 < /dev/null &
-    echo $! > "$RVS_DIR.pid"
-    wait_bg "$RVS_DIR.pid" "${WAIT_S:-560}" collect_rvs "$out"
+    start_bg "$RVS_DIR" collect_rvs "$py" benchmarks/rl_vs_sft.py --workdir "$RVS_DIR" ${RVS_ARGS:-}
     grep -E "^\[rl_vs_sft\]|^\| |^GRPO|Error" "$RVS_DIR.log" | tail -n 30
 }
 
@@ -333,10 +348,7 @@ modes_start() {
     local out=${OUT:-gpu_out} py=${GPU_PY:-python3}
     mkdir -p "$out" "$MODES_DIR"
     kit_ready "$py" || return 1
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-    setsid bash "$0" modes-job > "$MODES_DIR.log" 2>&1 < /dev/null &
-    echo $! > "$MODES_DIR.pid"
-    wait_bg "$MODES_DIR.pid" "${WAIT_S:-560}" collect_modes "$out"
+    start_bg "$MODES_DIR" collect_modes bash "$0" modes-job
     modes_said
 }
 
@@ -347,18 +359,12 @@ modes_said() {  # our lines of the job's log: the demo's stages, each arm's step
 collect_modes() { collect_job "$MODES_DIR" modes "$1"; }
 
 modes_finish() {
-    local out=${OUT:-gpu_out}
-    mkdir -p "$out"
-    kit_env
-    STOP=1 wait_bg "$MODES_DIR.pid" "${WAIT_S:-400}" collect_modes "$out"
+    finish_bg "$MODES_DIR" collect_modes 400
     modes_said
 }
 
 rvs_finish() {
-    local out=${OUT:-gpu_out}
-    mkdir -p "$out"
-    kit_env
-    STOP=1 wait_bg "$RVS_DIR.pid" "${WAIT_S:-200}" collect_rvs "$out"
+    finish_bg "$RVS_DIR" collect_rvs 200
     grep -E "^\[rl_vs_sft\]|^\| |^GRPO|^Answered|Error" "$RVS_DIR.log" | tail -n 30
 }
 
