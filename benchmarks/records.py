@@ -239,9 +239,21 @@ def link(exp: str, prefix: str) -> str:
     return f"{prefix}{exp}/"
 
 
+PAIR = re.compile(rf"(.+?) {MINUS} (.+) \((.+)\)")
+"""A headline label that compares two arms: "A − B (how)"."""
+
+
 def main_figure(rec: Record) -> str:
-    """The first headline figure, with its label."""
-    return next((f"{label}: {figure}" for label, figure in rec.headline.items()), "(figures in the JSON)")
+    """The first headline figure, with its label; where it compares one arm with another, also its
+    comparisons with the other arms measured the same way ("GRPO − RFT (best checkpoints)" beside
+    "GRPO − SFT more (best checkpoints)"), so that an index line never shows one control alone."""
+    items = list(rec.headline.items())
+    if not items:
+        return "(figures in the JSON)"
+    first = PAIR.fullmatch(items[0][0])
+    same = [(label, fig) for label, fig in items[1:]
+            if first and (m := PAIR.fullmatch(label)) and (m[1], m[3]) == (first[1], first[3])]
+    return "; ".join(f"{label}: {fig}" for label, fig in [items[0], *same])
 
 
 # ----------------------------------------------------------------------------- tables

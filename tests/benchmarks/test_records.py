@@ -156,3 +156,21 @@ def test_the_figure_check_sees_results_and_not_settings():
                                  "`+9.0` in code, [a record](docs/run+1.0/)."))
     assert found == ["+4.0", "−5.0", "-2.5", "12%", "0.93×"]
     assert not FIGURE.findall(prose("a paired 95% interval, lr 7e-6, a 2-core CPU, KB 101, 8 prompts × 4 samples"))
+
+
+def test_an_index_line_shows_every_control_its_first_figure_is_compared_with():
+    """The index's main figure is the first headline figure; where it is "A − B (how)", A's
+    comparisons with the other arms measured the same way follow it, so that a line never shows
+    GRPO against one control alone; other figures stay in the record."""
+    from dataclasses import replace
+
+    rec = read_record(records.RESULTS / "rl_vs_sft_lookalike_kb201_nbf16" / "record.json")
+    line = records.main_figure(rec)
+    assert line.startswith("GRPO − SFT more (best checkpoints): ") and "; GRPO − RFT (best checkpoints): " in line
+    assert "RFT − SFT more" not in line and "last checkpoints" not in line
+    h = {"GRPO − SFT more (best checkpoints)": "+1.0", "SFT all − SFT more (best checkpoints)": "+2.0",
+         "GRPO − RFT (same minutes)": "+3.0", "GRPO − RFT (best checkpoints)": "−4.0", "agent EM": "5.0"}
+    assert records.main_figure(replace(rec, headline=h)) == \
+        "GRPO − SFT more (best checkpoints): +1.0; GRPO − RFT (best checkpoints): −4.0"
+    assert records.main_figure(replace(rec, headline={"agent EM": "5.0", "GRPO − RFT (x)": "1"})) == "agent EM: 5.0"
+    assert records.main_figure(replace(rec, headline={})) == "(figures in the JSON)"
