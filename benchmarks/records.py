@@ -250,10 +250,11 @@ def main_figure(rec: Record) -> str:
     items = list(rec.headline.items())
     if not items:
         return "(figures in the JSON)"
-    first = PAIR.fullmatch(items[0][0])
-    same = [(label, fig) for label, fig in items[1:]
-            if first and (m := PAIR.fullmatch(label)) and (m[1], m[3]) == (first[1], first[3])]
-    return "; ".join(f"{label}: {fig}" for label, fig in [items[0], *same])
+    shown = items[:1]
+    if first := PAIR.fullmatch(items[0][0]):
+        shown += [(label, fig) for label, fig in items[1:]
+                  if (m := PAIR.fullmatch(label)) and (m[1], m[3]) == (first[1], first[3])]
+    return "; ".join(f"{label}: {fig}" for label, fig in shown)
 
 
 # ----------------------------------------------------------------------------- tables
