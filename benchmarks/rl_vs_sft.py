@@ -34,9 +34,10 @@ other), for each cell (a KB seed x a run seed: several `--kb-seed` values run ev
    apart for the running evaluation): agent EM, searches per question and how often the searches
    follow the better strategy (`query_strategy`: name + attribute, the lookalike kind's headroom
    in benchmarks/kb_headroom.py, against the demonstrations' name only; n/a where no query can be
-   told), each by question kind (single / bridge / comparison); strict format; and the paired
-   differences GRPO - SFT more, GRPO - RFT and RFT - SFT more with their 95% intervals over
-   questions. Over cells: mean, median, worst and best, and a t interval across KB x seed
+   told), each by question kind (single / bridge / comparison), with the agent EM of the questions
+   searched each way (`em_by_strategy`: does the better strategy pay for this policy); strict
+   format; and the paired differences GRPO - SFT more, GRPO - RFT and RFT - SFT more with their
+   95% intervals over questions. Over cells: mean, median, worst and best, and a t interval across KB x seed
    (df = cells - 1; n/a with one cell).
 
 Best checkpoints (`--best-of-val`): with few demonstrations an SFT arm's last step can sit past
@@ -493,6 +494,24 @@ def strategy_counts(eval_dir: Path, questions: dict[str, dict], kinds: dict[str,
     return out
 
 
+def em_by_strategy(eval_dir: Path, questions: dict[str, dict]) -> dict[str, dict]:
+    """Does the better strategy pay for this policy? Agent EM of an evaluation's questions grouped by
+    the strategy their trajectory searched with: "name + attribute" when any of its searches held the
+    question's attribute, "name only" when every search it made that can be told held none (questions
+    with no such search are left out). {strategy: {"n": questions, "em": share right, None when n is 0}}.
+    Outcome rewards can favour the better strategy only where its questions are answered more often."""
+    from agent_rl.evaluation import report
+
+    tally = {s: [0, 0.0] for s in STRATEGIES}
+    for (_, qid), rec in report.records_by_question(eval_dir).items():
+        said = {query_strategy(q, questions.get(str(qid), {})) for q in search_queries(rec.get("trajectory") or "")}
+        strategy = BETTER if BETTER in said else STRATEGIES[0] if STRATEGIES[0] in said else None
+        if strategy is not None:
+            tally[strategy][0] += 1
+            tally[strategy][1] += float(rec["em"])
+    return {s: {"n": n, "em": right / n if n else None} for s, (n, right) in tally.items()}
+
+
 def better_share(counts: dict[str, int]) -> float | None:
     """The share of the searches told apart that follow the better strategy; None (n/a) when none was."""
     told = sum(counts.get(s, 0) for s in STRATEGIES)
@@ -552,7 +571,7 @@ def seed_row(kb_seed: int, s: int, d: Path, arms, kinds: dict[str, str], questio
              gain: float) -> dict:
     """One cell's numbers from what its stages left in `d`: per model (the start, each arm, SFT
     at GRPO's minutes) agent EM, searches per question and the better strategy's share, overall and
-    by question kind, and strict format; per arm its steps and minutes; the paired differences
+    by question kind, the EM of the questions searched each way, and strict format; per arm its steps and minutes; the paired differences
     (PAIRS) and each arm's from the start; SFT at GRPO's minutes; each RL arm's running
     evaluation and time to gain over the SFT arm; the headroom."""
     from agent_rl.evaluation import report
@@ -569,6 +588,7 @@ def seed_row(kb_seed: int, s: int, d: Path, arms, kinds: dict[str, str], questio
         "searches": {m: x[A]["searches_mean"] for m, x in st.items()},
         "strict_format": {m: 1 - x[A]["invalid_format_rate"] for m, x in st.items()},
         "better_strategy": shares,
+        "em_by_strategy": {m: em_by_strategy(e, questions) for m, e in evals.items()},
         "by_kind": {g: {"n": st["start"][g]["n"], "em": {m: x[g]["em"] for m, x in st.items() if g in x},
                         "searches": {m: x[g]["searches_mean"] for m, x in st.items() if g in x}}
                     for g in sorted(st["start"]) if g != A},

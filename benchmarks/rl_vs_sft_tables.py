@@ -160,6 +160,7 @@ def table(rows: list[dict], summ: dict, host: str, args) -> str:
         lines.append(f"{_cell(r)} all | {r['n']} | " + " / ".join(pct(r['em'].get(m)) for m in models) + " | "
                      + " / ".join(_searches(r["searches"].get(m)) for m in models) + " | "
                      + " / ".join(pct(r["better_strategy"].get(m, {}).get("all")) for m in models) + " |")
+    lines += strategy_em_lines(rows, models)
     lines.append("")
     lines += [spread_line(pair_label(p), summ["pairs"][p]) for p in pairs]
     ms = summ["minus_start"]
@@ -188,6 +189,28 @@ def table(rows: list[dict], summ: dict, host: str, args) -> str:
               f"(largest loss difference over its {r['sft_matched']['steps']} steps: {r['sft_matched']['loss_gap']:.3g})"
               for r in rows if "sft_matched" in r and r["sft_matched"]["loss_gap"] > 0]
     return "\n".join(lines) + "\n"
+
+
+def strategy_em_lines(rows: list[dict], models: list[str]) -> list[str]:
+    """Agent EM of the questions each model searched with the better strategy against those it
+    searched by name only (rl_vs_sft.em_by_strategy), where a cell's row has them and any question
+    was told: whether the outcome reward can favour the better strategy for that policy."""
+    told = [r for r in rows if any(x["n"] for m in r.get("em_by_strategy", {}).values() for x in m.values())]
+    if not told:
+        return []
+
+    def one(x: dict) -> str:
+        return f"{pct(x['em'])} ({x['n']})"
+
+    lines = ["", "Agent EM (%) of the questions a model searched with the better strategy (any search with the "
+                 "attribute) against by name only (every search without it), questions in brackets: "
+                 "each " + " / ".join(LABELS[m] for m in models) + ":", "",
+             "| KB | seed | name + attribute | name only |", "|---|---|---|---|"]
+    for r in told:
+        by = r["em_by_strategy"]
+        lines.append(f"{_cell(r)} " + " | ".join(" / ".join(one(by[m][s]) if m in by else "-" for m in models)
+                                                 for s in ("name + attribute", "name only")) + " |")
+    return lines
 
 
 def lr(x: float | None, config: str) -> str:

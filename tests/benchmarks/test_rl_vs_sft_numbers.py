@@ -145,6 +145,26 @@ def test_the_better_strategy_is_counted_by_question_kind_from_each_trajectorys_q
 
 
 
+def test_em_by_strategy_groups_questions_by_whether_any_search_held_the_attribute(tmp_path):
+    # q1: attribute in its one search, right; q2: name, then attribute -> the better strategy, wrong;
+    # q3: name only (twice), right; q4: name only, wrong; q5: no attribute to tell -> left out
+    questions = {f"q{i}": {"hop_attributes": [a]} for i, a in enumerate(["1901", "Lund", "Oslo", "Rome"], 1)}
+    _write(tmp_path / "e", [1, 0, 1, 0, 1], queries=[["Ann Lee 1901"], ["Bo Li", "Bo Li lund"],
+                                                    ["Cy Ro", "Cy Ro birthplace"], ["Di Wu"], ["Ed Ma"]])
+    by = rl_vs_sft.em_by_strategy(tmp_path / "e", questions)
+    assert by == {"name + attribute": {"n": 2, "em": 0.5}, "name only": {"n": 2, "em": 0.5}}
+    _write(tmp_path / "f", [0], queries=[["Ann Lee"]])  # no question told apart by name + attribute
+    assert rl_vs_sft.em_by_strategy(tmp_path / "f", questions) == {"name + attribute": {"n": 0, "em": None},
+                                                                  "name only": {"n": 1, "em": 0.0}}
+    row = {"kb_seed": 9, "seed": 1, "em_by_strategy": {
+        "start": by, "grpo": {"name + attribute": {"n": 3, "em": 1.0}, "name only": {"n": 1, "em": 0.0}}}}
+    lines = tables.strategy_em_lines([row, {"kb_seed": 8, "seed": 1}], ["start", "grpo", "rft"])
+    assert lines[-1] == "| 9 | 1 | 50.0 (2) / 100.0 (3) / - | 50.0 (2) / 0.0 (1) / - |" and len(lines) == 6
+    assert tables.strategy_em_lines([{"kb_seed": 8, "seed": 1}], ["start"]) == []  # rows from before: nothing
+    assert tables.strategy_em_lines([{"kb_seed": 8, "seed": 1, "em_by_strategy": {"start": {  # the standard kind
+        "name + attribute": {"n": 0, "em": None}, "name only": {"n": 0, "em": None}}}}], ["start"]) == []
+
+
 def test_a_query_is_the_better_strategy_when_it_holds_an_attribute_the_question_gives():
     row = {"hop_attributes": ["Varnholt", ""], "namesakes": [3, 1]}
     assert rl_vs_sft.query_strategy("Orla Venn of varnholt birth year", row) == "name + attribute"
