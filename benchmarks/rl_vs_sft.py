@@ -37,8 +37,8 @@ other), for each cell (a KB seed x a run seed: several `--kb-seed` values run ev
    told), each by question kind (single / bridge / comparison), with the agent EM of the questions
    searched each way (`em_by_strategy`: does the better strategy pay for this policy); strict
    format; and the paired differences GRPO - SFT more, GRPO - RFT and RFT - SFT more with their
-   95% intervals over questions. Over cells: mean, median, worst and best, and a t interval across KB x seed
-   (df = cells - 1; n/a with one cell).
+   95% intervals over questions. Over cells: mean, median, worst and best, and a t interval
+   across KB x seed (df = cells - 1; n/a with one cell).
 
 Best checkpoints (`--best-of-val`): with few demonstrations an SFT arm's last step can sit past
 its best (it overfits), a weak control. Then every arm also keeps a checkpoint (SFT arms every
@@ -571,9 +571,9 @@ def seed_row(kb_seed: int, s: int, d: Path, arms, kinds: dict[str, str], questio
              gain: float) -> dict:
     """One cell's numbers from what its stages left in `d`: per model (the start, each arm, SFT
     at GRPO's minutes) agent EM, searches per question and the better strategy's share, overall and
-    by question kind, the EM of the questions searched each way, and strict format; per arm its steps and minutes; the paired differences
-    (PAIRS) and each arm's from the start; SFT at GRPO's minutes; each RL arm's running
-    evaluation and time to gain over the SFT arm; the headroom."""
+    by question kind, the EM of the questions searched each way, and strict format; per arm its
+    steps and minutes; the paired differences (PAIRS) and each arm's from the start; SFT at GRPO's
+    minutes; each RL arm's running evaluation and time to gain over the SFT arm; the headroom."""
     from agent_rl.evaluation import report
     from benchmarks.learning import time_to_gain
 
