@@ -265,9 +265,11 @@ def sft(w: Workdir, out: Path, seed: int, steps: int, max_time_s: float, model: 
 
 
 def start_curve(w: Workdir, d: Path, seed: int, every: int, steps: int, rep: Path, url: str, limit: int,
-                kinds: dict[str, str]) -> list[dict]:
+                kinds: dict[str, str], questions: dict[str, dict] | None = None) -> list[dict]:
     """One start SFT to `steps`, its checkpoint every `every` steps evaluated on the report
-    questions: [{step, em, by_kind, searches, strict_format}]."""
+    questions: [{step, em, by_kind, searches, strict_format}], and where the KB's questions tell the
+    strategies apart (the lookalike kind) the better strategy's share of searches and
+    `strategy_by_kind` (what the start policy's searches each way earn, before any arm runs)."""
     from agent_rl.evaluation import report
 
     run_dir = d / "start_curve"
@@ -280,6 +282,9 @@ def start_curve(w: Workdir, d: Path, seed: int, every: int, steps: int, rep: Pat
         points.append({"step": k, "n": a["n"], "em": a["em"], "searches": a["searches_mean"],
                        "strict_format": 1 - a["invalid_format_rate"],
                        "by_kind": {g: st[g]["em"] for g in sorted(st)}})
+        if any(query_strategy("", q) is not None for q in (questions or {}).values()):  # strategies told apart
+            points[-1]["better_strategy"] = better_share(strategy_counts(out, questions, kinds)[report.ALL])
+            points[-1]["em_by_strategy"] = strategy_by_kind(out, questions, kinds)
     return points
 
 
@@ -494,22 +499,37 @@ def strategy_counts(eval_dir: Path, questions: dict[str, dict], kinds: dict[str,
     return out
 
 
-def em_by_strategy(eval_dir: Path, questions: dict[str, dict]) -> dict[str, dict]:
+def em_by_strategy(eval_dir: Path, questions: dict[str, dict], ids: set[str] | None = None) -> dict[str, dict]:
     """Does the better strategy pay for this policy? Agent EM of an evaluation's questions grouped by
     the strategy their trajectory searched with: "name + attribute" when any of its searches held the
     question's attribute, "name only" when every search it made that can be told held none (questions
-    with no such search are left out). {strategy: {"n": questions, "em": share right, None when n is 0}}.
-    Outcome rewards can favour the better strategy only where its questions are answered more often."""
+    with no such search are left out); `ids`: only those questions (one kind's). {strategy: {"n":
+    questions, "em": share right, "hit": share whose retrieved text held a gold answer (the reward's
+    retrieval_hit), None when n is 0}}. Outcome rewards can favour the better strategy only where its
+    questions are answered more often; a retrieval term, where its searches find the answer more often."""
     from agent_rl.evaluation import report
 
-    tally = {s: [0, 0.0] for s in STRATEGIES}
+    tally = {s: [0, 0.0, 0] for s in STRATEGIES}
     for (_, qid), rec in report.records_by_question(eval_dir).items():
+        if ids is not None and str(qid) not in ids:
+            continue
         said = {query_strategy(q, questions.get(str(qid), {})) for q in search_queries(rec.get("trajectory") or "")}
         strategy = BETTER if BETTER in said else STRATEGIES[0] if STRATEGIES[0] in said else None
         if strategy is not None:
             tally[strategy][0] += 1
             tally[strategy][1] += float(rec["em"])
-    return {s: {"n": n, "em": right / n if n else None} for s, (n, right) in tally.items()}
+            tally[strategy][2] += bool(rec.get("retrieval_hit"))
+    return {s: {"n": n, "em": right / n if n else None, "hit": hit / n if n else None}
+            for s, (n, right, hit) in tally.items()}
+
+
+def strategy_by_kind(eval_dir: Path, questions: dict[str, dict], kinds: dict[str, str]) -> dict[str, dict]:
+    """`em_by_strategy` over all questions ("all") and over each question kind's, so that a gap between
+    the strategies is not only which kinds of question each was used on."""
+    from agent_rl.evaluation import report
+
+    groups = {report.ALL: None, **{g: {q for q, k in kinds.items() if k == g} for g in sorted(set(kinds.values()))}}
+    return {g: em_by_strategy(eval_dir, questions, ids) for g, ids in groups.items()}
 
 
 def better_share(counts: dict[str, int]) -> float | None:
@@ -706,7 +726,7 @@ def run_kb(kb_seed: int, args, host: str) -> list[dict]:
     with serve_index(w.index, w.kb / "corpus.jsonl", log_path=work / "retriever.log") as url:
         run(stages.demonstrations(w, url, args.demos, args.demo_args.split()), "grounded demonstrations", done=w.demos)
         if args.start_curve:
-            curves(w, work, args, kb_seed, rep, url, kinds, host)
+            curves(w, work, args, kb_seed, rep, url, kinds, questions, host)
             return []
         if args.choose:
             chosen(w, work, args, kb_seed, val, url, host)
@@ -842,9 +862,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def curves(w: Workdir, work: Path, args, kb_seed: int, rep: Path, url: str, kinds: dict[str, str], host: str) -> None:
+def curves(w: Workdir, work: Path, args, kb_seed: int, rep: Path, url: str, kinds: dict[str, str],
+           questions: dict[str, dict], host: str) -> None:
     every, steps = args.start_curve
-    by_seed = {s: start_curve(w, work / f"seed{s}", s, every, steps, rep, url, args.eval_limit, kinds) for s in args.seeds}
+    by_seed = {s: start_curve(w, work / f"seed{s}", s, every, steps, rep, url, args.eval_limit, kinds,
+                                 questions) for s in args.seeds}
     one = argparse.Namespace(**{**vars(args), "kb_seed": kb_seed})
     text = curve_table(by_seed, host, one)
     print("\n" + text)

@@ -194,22 +194,46 @@ def table(rows: list[dict], summ: dict, host: str, args) -> str:
 def strategy_em_lines(rows: list[dict], models: list[str]) -> list[str]:
     """Agent EM of the questions each model searched with the better strategy against those it
     searched by name only (rl_vs_sft.em_by_strategy), where a cell's row has them and any question
-    was told: whether the outcome reward can favour the better strategy for that policy."""
+    was told: whether the outcome reward can favour the better strategy for that policy (and, where
+    the row has it, how often those searches found a gold answer: whether a retrieval term could)."""
     told = [r for r in rows if any(x["n"] for m in r.get("em_by_strategy", {}).values() for x in m.values())]
     if not told:
         return []
-
-    def one(x: dict) -> str:
-        return f"{pct(x['em'])} ({x['n']})"
-
     lines = ["", "Agent EM (%) of the questions a model searched with the better strategy (any search with the "
-                 "attribute) against by name only (every search without it), questions in brackets: "
-                 "each " + " / ".join(LABELS[m] for m in models) + ":", "",
+                 "attribute) against by name only (every search without it), " + STRATEGY_CELL + ": each "
+             + " / ".join(LABELS[m] for m in models) + ":", "",
              "| KB | seed | name + attribute | name only |", "|---|---|---|---|"]
     for r in told:
         by = r["em_by_strategy"]
-        lines.append(f"{_cell(r)} " + " | ".join(" / ".join(one(by[m][s]) if m in by else "-" for m in models)
+        lines.append(f"{_cell(r)} " + " | ".join(" / ".join(strategy_cell(by[m][s]) if m in by else "-" for m in models)
                                                  for s in ("name + attribute", "name only")) + " |")
+    return lines
+
+
+STRATEGY_CELL = "then the share whose searches brought a gold answer where measured, questions in brackets"
+
+
+def strategy_cell(x: dict) -> str:
+    """One strategy's "EM, hit (n)" of em_by_strategy ("EM (n)" for rows written before hits were kept)."""
+    hit = f", {pct(x['hit'])}" if "hit" in x else ""
+    return f"{pct(x['em'])}{hit} ({x['n']})"
+
+
+def curve_strategy_lines(curves: dict[int, list[dict]]) -> list[str]:
+    """The start curve's points that tell the strategies apart (the lookalike kind): the better
+    strategy's share of searches, and each strategy's EM and hit (strategy_cell) over all questions
+    and by kind: what the start's own searches each way earn before any arm runs."""
+    pts = [(s, p) for s, ps in curves.items() for p in ps if "em_by_strategy" in p]
+    if not pts:
+        return []
+    lines = ["", "The start's searches by strategy: the better strategy's share of searches (%), and agent EM (%) "
+                 "of the questions searched with it (any search with the attribute) against by name only, "
+                 + STRATEGY_CELL + ":", "",
+             "| seed | SFT steps | better strategy | questions | name + attribute | name only |", "|---|---|---|---|---|---|"]
+    for s, p in pts:
+        for g, by in p["em_by_strategy"].items():
+            lines.append(f"| {s} | {p['step']} | {pct(p['better_strategy'])} | {g} | "
+                         f"{strategy_cell(by['name + attribute'])} | {strategy_cell(by['name only'])} |")
     return lines
 
 
@@ -361,7 +385,7 @@ def curve_table(curves: dict[int, list[dict]], host: str, args) -> str:
         lines += [f"| {s} | {p['step']} | {100 * p['em']:.1f} | "
                   + " | ".join(f"{100 * p['by_kind'].get(g, float('nan')):.1f}" for g in kinds)
                   + f" | {p['searches']:.2f} | {100 * p['strict_format']:.1f} |" for p in pts]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + curve_strategy_lines(curves)) + "\n"
 
 
 def _pyplot():

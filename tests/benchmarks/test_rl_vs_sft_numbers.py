@@ -146,20 +146,30 @@ def test_the_better_strategy_is_counted_by_question_kind_from_each_trajectorys_q
 
 
 def test_em_by_strategy_groups_questions_by_whether_any_search_held_the_attribute(tmp_path):
-    # q1: attribute in its one search, right; q2: name, then attribute -> the better strategy, wrong;
-    # q3: name only (twice), right; q4: name only, wrong; q5: no attribute to tell -> left out
+    # q1: attribute in its one search, right, found the answer; q2: name, then attribute -> the better
+    # strategy, wrong, found it; q3: name only (twice), right, did not; q4: name only, wrong, did not;
+    # q5: no attribute to tell -> left out
     questions = {f"q{i}": {"hop_attributes": [a]} for i, a in enumerate(["1901", "Lund", "Oslo", "Rome"], 1)}
-    _write(tmp_path / "e", [1, 0, 1, 0, 1], queries=[["Ann Lee 1901"], ["Bo Li", "Bo Li lund"],
-                                                    ["Cy Ro", "Cy Ro birthplace"], ["Di Wu"], ["Ed Ma"]])
+    _write(tmp_path / "e", [1, 0, 1, 0, 1], hits=[True, True, False, False, True],
+           queries=[["Ann Lee 1901"], ["Bo Li", "Bo Li lund"], ["Cy Ro", "Cy Ro birthplace"], ["Di Wu"], ["Ed Ma"]])
     by = rl_vs_sft.em_by_strategy(tmp_path / "e", questions)
-    assert by == {"name + attribute": {"n": 2, "em": 0.5}, "name only": {"n": 2, "em": 0.5}}
+    assert by == {"name + attribute": {"n": 2, "em": 0.5, "hit": 1.0}, "name only": {"n": 2, "em": 0.5, "hit": 0.0}}
+    # one kind's questions only (q2, q3): one each way
+    assert rl_vs_sft.em_by_strategy(tmp_path / "e", questions, {"q2", "q3"}) == {
+        "name + attribute": {"n": 1, "em": 0.0, "hit": 1.0}, "name only": {"n": 1, "em": 1.0, "hit": 0.0}}
+    kinds = {"q1": "single", "q2": "bridge", "q3": "bridge", "q4": "single", "q5": "single"}
+    assert rl_vs_sft.strategy_by_kind(tmp_path / "e", questions, kinds) == {
+        "all": by,
+        "bridge": {"name + attribute": {"n": 1, "em": 0.0, "hit": 1.0}, "name only": {"n": 1, "em": 1.0, "hit": 0.0}},
+        "single": {"name + attribute": {"n": 1, "em": 1.0, "hit": 1.0}, "name only": {"n": 1, "em": 0.0, "hit": 0.0}}}
     _write(tmp_path / "f", [0], queries=[["Ann Lee"]])  # no question told apart by name + attribute
-    assert rl_vs_sft.em_by_strategy(tmp_path / "f", questions) == {"name + attribute": {"n": 0, "em": None},
-                                                                  "name only": {"n": 1, "em": 0.0}}
+    assert rl_vs_sft.em_by_strategy(tmp_path / "f", questions) == {
+        "name + attribute": {"n": 0, "em": None, "hit": None}, "name only": {"n": 1, "em": 0.0, "hit": 0.0}}
     row = {"kb_seed": 9, "seed": 1, "em_by_strategy": {
         "start": by, "grpo": {"name + attribute": {"n": 3, "em": 1.0}, "name only": {"n": 1, "em": 0.0}}}}
     lines = tables.strategy_em_lines([row, {"kb_seed": 8, "seed": 1}], ["start", "grpo", "rft"])
-    assert lines[-1] == "| 9 | 1 | 50.0 (2) / 100.0 (3) / - | 50.0 (2) / 0.0 (1) / - |" and len(lines) == 6
+    # the start's row has hits; grpo's is a row written before hits were kept
+    assert lines[-1] == "| 9 | 1 | 50.0, 100.0 (2) / 100.0 (3) / - | 50.0, 0.0 (2) / 0.0 (1) / - |" and len(lines) == 6
     assert tables.strategy_em_lines([{"kb_seed": 8, "seed": 1}], ["start"]) == []  # rows from before: nothing
     assert tables.strategy_em_lines([{"kb_seed": 8, "seed": 1, "em_by_strategy": {"start": {  # the standard kind
         "name + attribute": {"n": 0, "em": None}, "name only": {"n": 0, "em": None}}}}], ["start"]) == []
@@ -385,6 +395,29 @@ def test_the_start_curve_trains_once_keeps_every_checkpoint_and_scores_each(tmp_
     assert "KB seed 0" in text and "[hardware] cpu='X'" in text
     assert "| 5 | 3 | 25.0 | 0.0 | 50.0 | 2.00 | 100.0 |" in text and "| 5 | 6 | 75.0 | 50.0 | 100.0 | 1.00 |" in text
     assert tables.curve_plot({5: pts}, tmp_path / "c.png").stat().st_size > 0
+    assert "better strategy" not in text  # the standard kind's questions tell no strategies apart
+
+
+def test_the_start_curve_on_the_lookalike_kind_shows_what_the_starts_searches_each_way_earn(tmp_path, monkeypatch):
+    # step 3: q1 searched with its attribute (right, found), q2..q4 by name only (q3 right; q2 found)
+    # -> better share 1/4; name + attribute 100.0 EM, 100.0 hit (1); name only 33.3, 33.3 (3)
+    from agent_rl.demo.stages import Workdir
+
+    monkeypatch.setattr(rl_vs_sft.stages, "run_stage", lambda *a, **k: 0.0)
+    d = tmp_path / "seed5"
+    questions = {q: {"hop_attributes": [a]} for q, a in zip(KINDS, ["Lund", "Oslo", "Rome", "Pisa"])}
+    _write(d / "eval_curve_3", [1, 0, 1, 0], hits=[True, True, False, False],
+           queries=[["Ann lund"], ["Bo Li"], ["Cy Ro"], ["Di Wu"]])
+    pts = rl_vs_sft.start_curve(Workdir(tmp_path / "w"), d, 5, 3, 3, tmp_path / "rep.parquet", "http://x", 4, KINDS,
+                                questions)
+    assert pts[0]["better_strategy"] == pytest.approx(0.25)
+    by = pts[0]["em_by_strategy"]
+    assert by["all"]["name only"] == pytest.approx({"n": 3, "em": 1 / 3, "hit": 1 / 3})
+    assert by["single"] == {"name + attribute": {"n": 1, "em": 1.0, "hit": 1.0}, "name only": {"n": 1, "em": 0.0, "hit": 1.0}}
+    assert by["bridge"]["name + attribute"] == {"n": 0, "em": None, "hit": None}
+    text = tables.curve_table({5: pts}, "[hardware] cpu='X'", argparse.Namespace(kb_seed=7, eval_limit=4))
+    assert "| 5 | 3 | 25.0 | all | 100.0, 100.0 (1) | 33.3, 33.3 (3) |" in text
+    assert "| 5 | 3 | 25.0 | bridge | n/a, n/a (0) | 50.0, 0.0 (2) |" in text
 
 
 def test_a_workdir_made_with_other_settings_is_refused_and_left_alone(tmp_path):
