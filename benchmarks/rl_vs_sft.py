@@ -82,6 +82,14 @@ warm-up, so the checkpoint at step k is the k-step start), and evaluates every c
 report questions: agent EM by question kind and searches per question against steps
 (`start_curve.{md,json,png}`). The fair start is where that curve has stopped rising: more SFT
 from there gains nothing, and what RL adds is RL's.
+
+What the start's own searches earn each way (designing a change on the lookalike kind's dev KB):
+
+    python benchmarks/rl_vs_sft.py --kb-kind lookalike --kb-seed 7 --seeds 1 --start-curve 60 60 --demos 50
+
+scores the benchmark's start alone, and on the lookalike kind each point also gives the better
+strategy's share of searches and, over all questions and by kind, the agent EM and the retrieval
+hit of the questions searched with the attribute against by name only (`strategy_by_kind`).
 """
 
 from __future__ import annotations
@@ -779,7 +787,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="write the result here too")
     ap.add_argument("--start-curve", type=int, nargs=2, metavar=("EVERY", "STEPS"), default=None,
                     help="instead of the arms: each seed's start SFT to STEPS, evaluated every EVERY steps "
-                         "(choose --start-steps with it, on the dev KB)")
+                         "(choose --start-steps with it, on the dev KB; on the lookalike kind also what the "
+                         "start's searches earn by strategy)")
     ap.add_argument("--choose", action="store_true",
                     help="instead of the arms: the pre-registered choice of --sft-lr, --sft-epochs and --rft-lr "
                          "on the kind's dev KB (one --kb-seed, the dev one; one seed): every grid point of "
