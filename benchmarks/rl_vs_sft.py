@@ -282,6 +282,7 @@ def start_curve(w: Workdir, d: Path, seed: int, every: int, steps: int, rep: Pat
 
     run_dir = d / "start_curve"
     sft(w, run_dir, seed, steps, 24 * 3600, w.model, save_every=every)
+    told = any(query_strategy("", q) is not None for q in (questions or {}).values())  # strategies told apart
     points = []
     for k in range(every, steps + 1, every):
         out = evaluate(w, run_dir / "checkpoints" / f"global_step_{k}", rep, url, d / f"eval_curve_{k}", limit)
@@ -290,7 +291,7 @@ def start_curve(w: Workdir, d: Path, seed: int, every: int, steps: int, rep: Pat
         points.append({"step": k, "n": a["n"], "em": a["em"], "searches": a["searches_mean"],
                        "strict_format": 1 - a["invalid_format_rate"],
                        "by_kind": {g: st[g]["em"] for g in sorted(st)}})
-        if any(query_strategy("", q) is not None for q in (questions or {}).values()):  # strategies told apart
+        if told:
             points[-1]["better_strategy"] = better_share(strategy_counts(out, questions, kinds)[report.ALL])
             points[-1]["em_by_strategy"] = strategy_by_kind(out, questions, kinds)
     return points
@@ -517,8 +518,13 @@ def em_by_strategy(eval_dir: Path, questions: dict[str, dict], ids: set[str] | N
     questions are answered more often; a retrieval term, where its searches find the answer more often."""
     from agent_rl.evaluation import report
 
+    return _by_strategy(report.records_by_question(eval_dir), questions, ids)
+
+
+def _by_strategy(records: dict, questions: dict[str, dict], ids: set[str] | None) -> dict[str, dict]:
+    """em_by_strategy over records already read (`report.records_by_question`)."""
     tally = {s: [0, 0.0, 0] for s in STRATEGIES}
-    for (_, qid), rec in report.records_by_question(eval_dir).items():
+    for (_, qid), rec in records.items():
         if ids is not None and str(qid) not in ids:
             continue
         said = {query_strategy(q, questions.get(str(qid), {})) for q in search_queries(rec.get("trajectory") or "")}
@@ -533,11 +539,12 @@ def em_by_strategy(eval_dir: Path, questions: dict[str, dict], ids: set[str] | N
 
 def strategy_by_kind(eval_dir: Path, questions: dict[str, dict], kinds: dict[str, str]) -> dict[str, dict]:
     """`em_by_strategy` over all questions ("all") and over each question kind's, so that a gap between
-    the strategies is not only which kinds of question each was used on."""
+    the strategies is not only which kinds of question each was used on (the evaluation read once)."""
     from agent_rl.evaluation import report
 
+    records = report.records_by_question(eval_dir)
     groups = {report.ALL: None, **{g: {q for q, k in kinds.items() if k == g} for g in sorted(set(kinds.values()))}}
-    return {g: em_by_strategy(eval_dir, questions, ids) for g, ids in groups.items()}
+    return {g: _by_strategy(records, questions, ids) for g, ids in groups.items()}
 
 
 def better_share(counts: dict[str, int]) -> float | None:
