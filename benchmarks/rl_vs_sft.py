@@ -133,12 +133,13 @@ CLOCK_OVERRIDE = "trainer.max_time_counts=all"
 
 SETTINGS = {"shared": ("kb_seed", "kb_kind", "demos", "demo_args", "eval_limit", "val_n"),
             "arms": ("start_steps", "minutes", "clock", "val_every", "overrides", "best_of_val", "sft_val_every",
-                     "sft_lr", "sft_epochs", "rft_lr"),
+                     "sft_lr", "sft_epochs", "rft_lr", "log_batches"),
             "curve": ("start_curve",),
             "choice": ("start_steps", "minutes", "clock", "val_every", "overrides", "sft_val_every")}
 """What a workdir's finished stages depend on, by mode: a re-run may reuse them only under the same.
 Which arms run is not among them: an arm's stages do not depend on the others'."""
-LEGACY = {"kb_kind": "standard", "clock": "training steps", "sft_lr": None, "sft_epochs": None, "rft_lr": None}
+LEGACY = {"kb_kind": "standard", "clock": "training steps", "sft_lr": None, "sft_epochs": None, "rft_lr": None,
+          "log_batches": False}
 """What a workdir or JSON written before a setting existed ran with (the clock then counted the
 training steps only): compared as if it had recorded it."""
 
@@ -315,6 +316,13 @@ def arm_settings(arm: str, args) -> list[str]:
     return [CLOCK_OVERRIDE]
 
 
+def batch_log(out: Path) -> list[str]:
+    """`--log-batches`: an RL arm writes every step's whole batch to `out`/rollouts (veRL's
+    trainer.rollout_data_dir; `group_strategy` reads it)."""
+    return [f"trainer.rollout_data_dir={out / 'rollouts'}", "trainer.rollout_data_freq=1",
+            "trainer.rollout_data_n=1000000"]
+
+
 def arm_stage(w: Workdir, arm: str, start: Path, val: Path, url: str, d: Path, seed: int, args,
               demos_all: Path | None = None, name: str | None = None) -> tuple[list, Path, Path]:
     """An arm's command from the cell's start, the file that says it finished, and what its
@@ -328,7 +336,8 @@ def arm_stage(w: Workdir, arm: str, start: Path, val: Path, url: str, d: Path, s
                 f"actor_rollout_ref.rollout.seed={seed}", f"trainer.test_freq={args.val_every}",
                 "trainer.val_before_train=true",
                 *([f"trainer.save_freq={args.val_every}", "trainer.max_ckpt_to_keep=null"] if args.best_of_val else []),
-                *args.overrides, *arm_settings(arm, args)]
+                *args.overrides, *(batch_log(out) if getattr(args, "log_batches", False) else []),
+                *arm_settings(arm, args)]
         return stages.grpo(w, start, url, budget, run_dir=out, overrides=over), out / "finished.json", out
     keep = [f"trainer.save_freq={args.sft_val_every}", "trainer.max_ckpt_to_keep=null"] if args.best_of_val else []
     demos = demos_all if arm == "sft_all" else w.demos
@@ -547,6 +556,50 @@ def strategy_by_kind(eval_dir: Path, questions: dict[str, dict], kinds: dict[str
     return {g: _by_strategy(records, questions, ids) for g, ids in groups.items()}
 
 
+def group_strategy(batches: list[dict], questions: dict[str, dict]) -> dict:
+    """What GRPO's advantage saw of the strategies, from an RL arm's sampled batches (`--log-batches`:
+    every step's whole batch, agent_rl.training.rollout_data's records): each trajectory's strategy
+    as in `em_by_strategy` (the better one when any of its searches held the question's attribute)
+    and its advantage as GRPO computes it from its group's rewards (one question's samples at one
+    step; agent_rl.training.algos.advantages.grpo). `questions`: the KB's training rows by question
+    text. {"by_step": [{"step", "trajectories", "better": the better strategy's share of the
+    trajectories told apart}], "groups", "mixed": groups that sampled both strategies, and per
+    strategy over the mixed groups' trajectories {"n", "reward", "em", "advantage": means}}. Only in
+    a mixed group can an outcome reward move the policy from one strategy to the other: the sign
+    of the better strategy's mean advantage there is the way GRPO pushed."""
+    import torch
+
+    from agent_rl.training.algos.advantages import grpo
+
+    groups: dict[tuple, list[tuple[str | None, float, float]]] = {}
+    steps: dict[int, list[str | None]] = {}
+    for r in batches:
+        text = "".join(p["text"] for p in r.get("pieces", []) if p.get("sampled"))  # the model's own searches
+        said = {query_strategy(q, questions.get(r["question"], {})) for q in search_queries(text)}
+        strategy = BETTER if BETTER in said else STRATEGIES[0] if STRATEGIES[0] in said else None
+        groups.setdefault((r["step"], r["group_id"]), []).append(
+            (strategy, float(r["reward"]), float(r.get("breakdown", {}).get("metric") or 0.0)))
+        steps.setdefault(r["step"], []).append(strategy)
+    tally = {s: {"n": 0, "reward": 0.0, "em": 0.0, "advantage": 0.0} for s in STRATEGIES}
+    mixed = 0
+    for members in groups.values():
+        if not all(s in {m[0] for m in members} for s in STRATEGIES):
+            continue
+        mixed += 1
+        scores = torch.tensor([m[1] for m in members], dtype=torch.float64)
+        adv, _ = grpo(scores[:, None], torch.ones(len(members), 1), group_ids=[0] * len(members))
+        for (s, reward, em), a in zip(members, adv[:, 0].tolist()):
+            if s is not None:
+                t = tally[s]
+                t["n"] += 1
+                t["reward"], t["em"], t["advantage"] = t["reward"] + reward, t["em"] + em, t["advantage"] + a
+    by_step = [{"step": k, "trajectories": len(ss), "better": better_share(
+        {s: sum(x == s for x in ss) for s in STRATEGIES})} for k, ss in sorted(steps.items())]
+    return {"by_step": by_step, "groups": len(groups), "mixed": mixed,
+            **{s: {"n": t["n"], **{k: (t[k] / t["n"] if t["n"] else None) for k in ("reward", "em", "advantage")}}
+               for s, t in tally.items()}}
+
+
 def better_share(counts: dict[str, int]) -> float | None:
     """The share of the searches told apart that follow the better strategy; None (n/a) when none was."""
     told = sum(counts.get(s, 0) for s in STRATEGIES)
@@ -674,6 +727,14 @@ def run_cell(w: Workdir, d: Path, kb_seed: int, s: int, val: Path, rep: Path, ur
                                                                     row["val_em_sft_more"] + args.gain)
                                        for arm in args.arms if arm in RL_ARMS}
             row["time_to_gain_by"] = "evaluation command"
+    if args.log_batches:
+        import pandas as pd
+
+        from agent_rl.training.rollout_data import read_rollout_data
+
+        train = {str(r["question"]): r for r in pd.read_parquet(w.kb / "train.parquet").to_dict("records")}
+        row["group_strategy"] = {arm: group_strategy(read_rollout_data(d / arm / "rollouts"), train)
+                                 for arm in args.arms if arm in RL_ARMS}
     (d / "per_question.json").write_text(json.dumps({"host": host, **per_question(d, kinds, row)}, indent=1) + "\n")
     return {**row, "host": host}
 
@@ -786,6 +847,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="also compare each arm's best checkpoint by the running-evaluation questions")
     ap.add_argument("--sft-val-every", type=int, default=10,
                     help="with --best-of-val: SFT arms' steps between their checkpoints (default 10)")
+    ap.add_argument("--log-batches", action="store_true",
+                    help="the RL arms write every step's whole batch (<arm>/rollouts) and the row says, within "
+                         "GRPO's groups, what each search strategy earned and the advantage it got (group_strategy)")
     ap.add_argument("--gain", type=float, default=0.05, help="the lead over the SFT arm that time to gain waits for")
     ap.add_argument("--demo-args", default="", help="extra arguments of `agent-rl-prep demos` (quoted), e.g. the wording")
     ap.add_argument("--workdir", default=None,

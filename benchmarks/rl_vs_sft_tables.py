@@ -161,6 +161,7 @@ def table(rows: list[dict], summ: dict, host: str, args) -> str:
                      + " / ".join(_searches(r["searches"].get(m)) for m in models) + " | "
                      + " / ".join(pct(r["better_strategy"].get(m, {}).get("all")) for m in models) + " |")
     lines += strategy_em_lines(rows, models)
+    lines += group_strategy_lines(rows)
     lines.append("")
     lines += [spread_line(pair_label(p), summ["pairs"][p]) for p in pairs]
     ms = summ["minus_start"]
@@ -208,6 +209,35 @@ def strategy_em_lines(rows: list[dict], models: list[str]) -> list[str]:
         lines.append(f"{_cell(r)} " + " | ".join(" / ".join(strategy_cell(by[m][s]) if m in by else "-" for m in models)
                                                  for s in ("name + attribute", "name only")) + " |")
     return lines
+
+
+def group_strategy_lines(rows: list[dict]) -> list[str]:
+    """What GRPO's advantage saw of the strategies in the RL arms' own batches (`--log-batches`,
+    rl_vs_sft.group_strategy), where a row has them: the better strategy's share of the trajectories
+    at the first and last logged step, the groups that sampled both strategies, and there each
+    strategy's mean reward, EM and advantage."""
+    told = [(r, a, g) for r in rows for a, g in r.get("group_strategy", {}).items() if g["by_step"]]
+    if not told:
+        return []
+    lines = ["", "In the RL arms' own batches: the better strategy's share of the trajectories told apart (%) at "
+                 "the first and last step, the groups (one question's samples at a step) that sampled both "
+                 "strategies, and there each strategy's mean reward / EM (%) / GRPO advantage, trajectories in "
+                 "brackets:", "",
+             "| KB | seed | arm | better strategy, first → last step | mixed groups | name + attribute | name only |",
+             "|---|---|---|---|---|---|---|"]
+    for r, arm, g in told:
+        first, last = g["by_step"][0], g["by_step"][-1]
+        lines.append(f"{_cell(r)} {LABELS[arm]} | {pct(first['better'])} (step {first['step']}) → "
+                     f"{pct(last['better'])} (step {last['step']}) | {g['mixed']} of {g['groups']} | "
+                     f"{_group_cell(g['name + attribute'])} | {_group_cell(g['name only'])} |")
+    return lines
+
+
+def _group_cell(x: dict) -> str:
+    """One strategy's "reward / EM / advantage (n)" of group_strategy."""
+    if not x["n"]:
+        return "- (0)"
+    return f"{x['reward']:.3f} / {pct(x['em'])} / {x['advantage']:+.2f} ({x['n']})"
 
 
 STRATEGY_CELL = "then the share whose searches brought a gold answer where measured, questions in brackets"

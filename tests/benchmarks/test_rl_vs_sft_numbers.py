@@ -186,11 +186,63 @@ def test_a_query_is_the_better_strategy_when_it_holds_an_attribute_the_question_
     assert rl_vs_sft.query_strategy("painter Orla Venn", {"hop_attributes": np.array(["painter"])}) == "name + attribute"
 
 
+def _traj(step: int, group: int, question: str, queries: list[str], reward: float) -> dict:
+    """A record of agent_rl.training.rollout_data: the searches sampled, an observation that
+    holds an attribute (the model did not write it: it does not count)."""
+    pieces = [{"sampled": True, "text": f"<search> {q} </search>"} for q in queries]
+    pieces.append({"sampled": False, "text": "<information>Bo Li of Lund, <search> Bo Li lund </search></information>"})
+    return {"step": step, "group_id": group, "question": question, "reward": reward,
+            "breakdown": {"metric": float(reward == 1.0)}, "pieces": pieces}
+
+
+def test_group_strategy_gives_each_strategy_grpos_advantage_within_the_groups_that_sampled_both():
+    questions = {"Q1": {"hop_attributes": ["lund"]}, "Q2": {"hop_attributes": ["oslo"]}}
+    batches = [  # step 1, group 0 (mixed): better 1, 1; name only 0, 0 -> mean .5, std sqrt(1/3): +-0.866
+        _traj(1, 0, "Q1", ["Bo Li lund"], 1.0), _traj(1, 0, "Q1", ["Bo Li", "Bo Li Lund"], 1.0),
+        _traj(1, 0, "Q1", ["Bo Li"], 0.0), _traj(1, 0, "Q1", ["Bo Li"], 0.0),
+        _traj(1, 1, "Q2", ["Cy Ro"], 1.0), _traj(1, 1, "Q2", ["Cy Ro"], 0.0),  # name only: not mixed
+        # step 2, group 0 (mixed): better 0, name only 1, no search 0 -> mean 1/3, std sqrt(1/3)
+        _traj(2, 0, "Q2", ["Cy Ro oslo"], 0.0), _traj(2, 0, "Q2", ["Cy Ro"], 1.0), _traj(2, 0, "Q2", [], 0.0)]
+    g = rl_vs_sft.group_strategy(batches, questions)
+    assert g["groups"] == 3 and g["mixed"] == 2
+    assert g["by_step"] == [{"step": 1, "trajectories": 6, "better": pytest.approx(2 / 6)},
+                            {"step": 2, "trajectories": 3, "better": 0.5}]
+    r3 = math.sqrt(1 / 3)
+    better, name = g["name + attribute"], g["name only"]
+    assert better["n"] == 3 and name["n"] == 3
+    assert better["reward"] == pytest.approx(2 / 3) and better["em"] == pytest.approx(2 / 3)
+    assert better["advantage"] == pytest.approx((0.5 / r3 + 0.5 / r3 - (1 / 3) / r3) / 3, rel=1e-5)
+    assert name["reward"] == pytest.approx(1 / 3) and name["em"] == pytest.approx(1 / 3)
+    assert name["advantage"] == pytest.approx((-0.5 / r3 - 0.5 / r3 + (2 / 3) / r3) / 3, rel=1e-5)
+    assert rl_vs_sft.group_strategy([], questions) == {
+        "by_step": [], "groups": 0, "mixed": 0, "name + attribute": {"n": 0, "reward": None, "em": None, "advantage": None},
+        "name only": {"n": 0, "reward": None, "em": None, "advantage": None}}
+    row = {"kb_seed": 7, "seed": 1, "group_strategy": {"grpo": g, "rft": rl_vs_sft.group_strategy([], questions)}}
+    lines = tables.group_strategy_lines([row, {"kb_seed": 7, "seed": 2}])
+    assert len(lines) == 6 and lines[-1] == ("| 7 | 1 | GRPO | 33.3 (step 1) → 50.0 (step 2) | 2 of 3 | "
+                                             "0.667 / 66.7 / +0.38 (3) | 0.333 / 33.3 / -0.19 (3) |")
+    assert tables.group_strategy_lines([{"kb_seed": 7, "seed": 1}]) == []
+
+
+def test_with_log_batches_the_rl_arms_write_every_steps_whole_batch_in_their_folder(tmp_path):
+    from agent_rl.demo.stages import Workdir
+
+    w, d = Workdir(tmp_path / "w"), tmp_path / "w" / "seed1"
+    for arm in tables.ARMS:
+        cmd = [str(c) for c in rl_vs_sft.arm_stage(w, arm, tmp_path / "s", tmp_path / "v", "http://x", d, 1,
+                                                   _args(log_batches=True), tmp_path / "all.parquet")[0]]
+        logged = [c for c in cmd if c.startswith("trainer.rollout_data")]
+        assert logged == ([f"trainer.rollout_data_dir={d / arm / 'rollouts'}", "trainer.rollout_data_freq=1",
+                           "trainer.rollout_data_n=1000000"] if arm in tables.RL_ARMS else [])
+        plain = rl_vs_sft.arm_stage(w, arm, tmp_path / "s", tmp_path / "v", "http://x", d, 1, _args(), tmp_path / "a")[0]
+        assert not any(str(c).startswith("trainer.rollout_data") for c in plain)
+
+
 def _args(**kw) -> argparse.Namespace:
     base = dict(kb_seed=101, kb_kind="standard", demos=1500, demo_args="", eval_limit=200, val_n=40, start_steps=60,
                 minutes=10.0, clock=rl_vs_sft.CLOCK, val_every=2, overrides=[], start_curve=None, best_of_val=False,
                 sft_val_every=10, sft_lr=None, sft_epochs=None, rft_lr=None, gain=0.05, arms=list(tables.ARMS),
-                seeds=[1], workdir=None)
+                seeds=[1], workdir=None, log_batches=False)
     return argparse.Namespace(**{**base, **kw})
 
 
