@@ -90,6 +90,15 @@ What the start's own searches earn each way (designing a change on the lookalike
 scores the benchmark's start alone, and on the lookalike kind each point also gives the better
 strategy's share of searches and, over all questions and by kind, the agent EM and the retrieval
 hit of the questions searched with the attribute against by name only (`strategy_by_kind`).
+
+What GRPO's advantage sees of the strategies (the same design work, with the arms):
+
+    python benchmarks/rl_vs_sft.py --kb-kind lookalike --kb-seed 7 --seeds 1 --arms grpo --log-batches ...
+
+has each RL arm write every step's whole batch (`<arm>/rollouts`, trainer.rollout_data_dir) and
+gives per arm the better strategy's share of its trajectories step by step and, in the groups that
+sampled both strategies (the only place an outcome reward can move the policy between them), each
+strategy's mean reward, EM and GRPO advantage (`group_strategy`).
 """
 
 from __future__ import annotations
