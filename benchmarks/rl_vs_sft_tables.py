@@ -321,7 +321,8 @@ def best_table(rows: list[dict], summ: dict, args) -> list[str]:
 def headline(result: dict) -> dict[str, str]:
     """The record's figures (benchmarks/records.py calls this for the arm list's results): each
     pair's difference, the best checkpoints' first where scored, as the one cell's interval over
-    questions or the t interval across cells, and each arm's agent EM and steps."""
+    questions or, across cells, the median and range and the t interval, and each arm's agent EM
+    and steps."""
     from agent_rl.demo.records import MINUS, paired, pts
 
     rows, summ = result["rows"], result["summary"]
@@ -334,8 +335,9 @@ def headline(result: dict) -> dict[str, str]:
                 one = next(get(r)[name] for r in rows if name in get(r))
                 out[f"{label} ({which})"] = f"{paired(one)} (1 cell)"
             else:
-                out[f"{label} ({which})"] = (f"mean {pts(sp['mean'])}, t [{pts(sp['t_low'])}, {pts(sp['t_high'])}] "
-                                             f"over {sp['cells']} cells (range {pts(sp['worst'])} to {pts(sp['best'])})")
+                out[f"{label} ({which})"] = (f"median {pts(sp['median'])}, range {pts(sp['worst'])} to "
+                                             f"{pts(sp['best'])}; mean {pts(sp['mean'])}, t [{pts(sp['t_low'])}, "
+                                             f"{pts(sp['t_high'])}] over {sp['cells']} cells")
     arms = arms_of(rows)
     out["agent EM: start / " + " / ".join(LABELS[a] for a in arms)] = " / ".join(
         _range([r["em"][m] for r in rows if m in r["em"]]) for m in ("start", *arms))

@@ -640,7 +640,7 @@ def test_the_table_plot_and_record_add_the_best_checkpoints_only_for_rows_that_h
     assert got == tables.headline(result)
     assert list(got)[0] == "GRPO \u2212 SFT more (best checkpoints)" and got[list(got)[0]].startswith("\u221275.0 [")
     assert got["GRPO \u2212 SFT more (same minutes, last checkpoints)"] == \
-        "mean +25.0, t [+25.0, +25.0] over 2 cells (range +25.0 to +25.0)"  # the same +25.0 in both cells
+        "median +25.0, range +25.0 to +25.0; mean +25.0, t [+25.0, +25.0] over 2 cells"  # the same +25.0 in both cells
     assert got["agent EM: start / SFT more / GRPO"] == "25.0 / 50.0 / 75.0" and got["steps: SFT more / GRPO"] == "6,6 / 3,3"
 
 
@@ -649,7 +649,7 @@ def test_the_records_figures_across_cells(tmp_path):
             _row(13, 1, {"grpo_minus_sft_more": 0.09})]
     got = tables.headline({"rows": rows, "summary": tables.summary(rows)})
     assert got["GRPO \u2212 SFT more (same minutes, last checkpoints)"] == \
-        "mean +7.3, t [+0.2, +14.5] over 3 cells (range +4.0 to +9.0)"
+        "median +9.0, range +4.0 to +9.0; mean +7.3, t [+0.2, +14.5] over 3 cells"
     one = tables.headline({"rows": rows[:1], "summary": tables.summary(rows[:1])})
     assert one["GRPO \u2212 SFT more (same minutes, last checkpoints)"] == "+4.0 [\u22126.0, +14.0] (1 cell)"
 
