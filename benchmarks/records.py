@@ -284,9 +284,12 @@ DEMO_QUOTES = [
     ("rl_vs_sft_kb101_demos50_best_fp32", "GRPO's best − SFT's best", "kb101"),
     ("rl_vs_sft_kb101_gpu_h200", "GRPO − SFT more (same minutes, last checkpoints)", "kb101"),
     ("rl_vs_sft_unseen_kb_nbf16", "GRPO's best − SFT's best", "unseen"),
+    ("rl_vs_sft_lookalike_kb203_nbf16", "GRPO − RFT (best checkpoints)", "prereg"),
+    ("rl_vs_sft_lookalike_kb203_nbf16", "GRPO − SFT more (best checkpoints)", "prereg"),
 ]
 """The figures `make demo`'s report quotes (agent_rl/demo/expectations.json): for its host kind
-the benchmark on KB 101 ("kb101"), and for every kind the run on an unseen KB ("unseen")."""
+the benchmark on KB 101 ("kb101"), and for every kind the run on an unseen KB ("unseen") and the
+pre-registered runs on KBs no choice saw, against rejection sampling and continued SFT ("prereg")."""
 
 GPU = "GPU"
 KINDS_OF = {"real_data": lambda r: not r.host_kind.startswith(GPU), "gpu": lambda r: r.host_kind.startswith(GPU)}

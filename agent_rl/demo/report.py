@@ -40,7 +40,8 @@ def packaged_expectations() -> dict:
 def expectations(hardware: dict, data: dict | None = None) -> str:
     """What the demo's gain means on this host kind: the benchmark's record for this kind on KB
     101 (the knowledge base its settings were chosen on, said so), the run on a knowledge base
-    the team never saw, and what one demo run can show. `data`: expectations.json's content
+    the team never saw, the pre-registered runs against rejection sampling and continued SFT, and
+    what one demo run can show. `data`: expectations.json's content
     (default: the packaged one)."""
     kind = host_kind(hardware)
     quotes = (data if data is not None else packaged_expectations())["quotes"]
@@ -53,6 +54,11 @@ def expectations(hardware: dict, data: dict | None = None) -> str:
     out += [f"On a knowledge base the team never saw ({q['host_kind']}), the same benchmark gave {q['label']} "
             f"{q['figure']} ({q['record']}): the KB-101 result did not carry over, and no claim that GRPO beats "
             "SFT is made." for q in quotes if q["where"] == "unseen"]
+    prereg = [q for q in quotes if q["where"] == "prereg"]
+    if prereg:
+        out.append(f"Pre-registered, on knowledge bases no choice saw ({prereg[0]['host_kind']}, the kind with room "
+                   "above imitation, 10-minute arms; docs/preregistration/rl_beyond_imitation.md): "
+                   + "; ".join(f"{q['label']} {q['figure']}" for q in prereg) + f" ({prereg[0]['record']}).")
     out.append("This demo's own difference is one run of a few GRPO steps on its development KB: it says whether "
                "those steps moved this SFT model on these questions, not what RL adds in general.")
     return "\n\n".join(out) + "\n"

@@ -183,7 +183,11 @@ QUOTES = {"quotes": [
     {"record": "docs/results/a", "host_kind": "native bf16", "where": "kb101", "command": "python benchmarks/rl_vs_sft.py",
      "label": "GRPO's best − SFT's best", "figure": "+4.0 to +9.0 (3 seeds)"},
     {"record": "docs/results/b", "host_kind": "native bf16", "where": "unseen", "command": "python benchmarks/rl_vs_sft.py",
-     "label": "GRPO's best − SFT's best", "figure": "−5.0 [−10.2, +0.2] (1 seed)"}]}
+     "label": "GRPO's best − SFT's best", "figure": "−5.0 [−10.2, +0.2] (1 seed)"},
+    {"record": "docs/results/c", "host_kind": "native bf16", "where": "prereg", "command": "python benchmarks/rl_vs_sft.py",
+     "label": "GRPO − RFT (best checkpoints)", "figure": "median −0.5, range −2.5 to +1.0"},
+    {"record": "docs/results/c", "host_kind": "native bf16", "where": "prereg", "command": "python benchmarks/rl_vs_sft.py",
+     "label": "GRPO − SFT more (best checkpoints)", "figure": "median +1.5, range −3.0 to +2.5"}]}
 
 
 def test_the_demo_report_says_what_the_records_say_for_its_host_kind():
@@ -196,9 +200,12 @@ def test_the_demo_report_says_what_the_records_say_for_its_host_kind():
     assert "+4.0 to +9.0 (3 seeds) (docs/results/a)" in native
     assert "never saw (native bf16), the same benchmark gave GRPO's best − SFT's best −5.0 [−10.2, +0.2] (1 seed)" in native
     assert "no claim that GRPO beats SFT" in native and "one run of a few GRPO steps" in native
+    assert ("Pre-registered, on knowledge bases no choice saw (native bf16, the kind with room above imitation"
+            in native) and ("GRPO − RFT (best checkpoints) median −0.5, range −2.5 to +1.0; GRPO − SFT more (best "
+                            "checkpoints) median +1.5, range −3.0 to +2.5 (docs/results/c)") in native
     fp32 = expectations(FP32, QUOTES)
     assert fp32.startswith("No record of `benchmarks/rl_vs_sft.py` on this host kind (no native bf16 (fp32))")
-    assert "+4.0 to +9.0" not in fp32 and "−5.0 [−10.2, +0.2]" in fp32
+    assert "+4.0 to +9.0" not in fp32 and "−5.0 [−10.2, +0.2]" in fp32 and "median −0.5" in fp32
     # a GPU is its own kind: the CPU's native bf16 beside it does not make a CPU figure its own
     assert expectations({"native_bf16": True, "gpu": "NVIDIA H200 x1"}, QUOTES).startswith(
         "No record of `benchmarks/rl_vs_sft.py` on this host kind (GPU (NVIDIA H200 x1))")
@@ -213,7 +220,7 @@ def test_the_packaged_figures_are_the_records_figures():
 
     root = Path(__file__).resolve().parents[2]
     quotes = packaged_expectations()["quotes"]
-    assert {q["where"] for q in quotes} == {"kb101", "unseen"}
+    assert {q["where"] for q in quotes} == {"kb101", "unseen", "prereg"}
     for q in quotes:
         rec = read_record(root / q["record"])
         assert rec.headline[q["label"]] == q["figure"] and rec.host_kind == q["host_kind"]
