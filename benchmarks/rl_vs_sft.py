@@ -510,6 +510,14 @@ def search_queries(trajectory: str) -> list[str]:
     return [q.strip() for _, q in tag_blocks(trajectory, "search")]
 
 
+def trajectory_strategy(trajectory: str, question: dict) -> str | None:
+    """A trajectory's strategy on its question: the better one when any of its searches held the
+    question's attribute, "name only" when every search that can be told held none, None when
+    none can be told (no search, or the standard kind)."""
+    said = {query_strategy(q, question) for q in search_queries(trajectory)}
+    return BETTER if BETTER in said else STRATEGIES[0] if STRATEGIES[0] in said else None
+
+
 def strategy_counts(eval_dir: Path, questions: dict[str, dict], kinds: dict[str, str]) -> dict[str, dict[str, int]]:
     """{question kind and "all": {strategy, or "unknown": searches}} over an evaluation's agent
     trajectories (their queries, `query_strategy` on each)."""
@@ -545,8 +553,7 @@ def _by_strategy(records: dict, questions: dict[str, dict], ids: set[str] | None
     for (_, qid), rec in records.items():
         if ids is not None and str(qid) not in ids:
             continue
-        said = {query_strategy(q, questions.get(str(qid), {})) for q in search_queries(rec.get("trajectory") or "")}
-        strategy = BETTER if BETTER in said else STRATEGIES[0] if STRATEGIES[0] in said else None
+        strategy = trajectory_strategy(rec.get("trajectory") or "", questions.get(str(qid), {}))
         if strategy is not None:
             tally[strategy][0] += 1
             tally[strategy][1] += float(rec["em"])
@@ -584,8 +591,7 @@ def group_strategy(batches: list[dict], questions: dict[str, dict]) -> dict:
     steps: dict[int, list[str | None]] = {}
     for r in batches:
         text = "".join(p["text"] for p in r.get("pieces", []) if p.get("sampled"))  # the model's own searches
-        said = {query_strategy(q, questions.get(r["question"], {})) for q in search_queries(text)}
-        strategy = BETTER if BETTER in said else STRATEGIES[0] if STRATEGIES[0] in said else None
+        strategy = trajectory_strategy(text, questions.get(r["question"], {}))
         groups.setdefault((r["step"], r["group_id"]), []).append(
             (strategy, float(r["reward"]), float(r.get("breakdown", {}).get("metric") or 0.0)))
         steps.setdefault(r["step"], []).append(strategy)
