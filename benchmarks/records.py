@@ -277,8 +277,7 @@ EXPECT = [
      [("rl_vs_sft_standard_kb213_nbf16", ["GRPO − RFT (best checkpoints)", "GRPO − SFT more (best checkpoints)"]),
       None, None]),
 ]
-"""README's what-to-expect rows: (what, one (record, headline label or labels), a list of them, or None per
-host kind)."""
+"""README's what-to-expect rows: (what, one (record, headline label or labels) or None per host kind)."""
 
 DEMO_QUOTES = [
     ("rl_vs_sft_kb101_demos50_best_nbf16", "GRPO's best − SFT's best", "kb101"),
@@ -302,8 +301,7 @@ def column_of(kind: str) -> str:
 
 def expect_table(records: dict[str, Record]) -> str:
     """README's what to expect: at most four rows, one figure a cell (or one for each label it names,
-    each said with its label), each with its record; a cell of several records (one run each, in
-    the order the row names them) gives each one's figures and link in turn."""
+    each said with its label), each with its record."""
     head = "| | " + " | ".join(("native bf16, 2-core CPU", "no native bf16 (fp32), 2-core CPU", "GPU (one H200)")) + " |"
     lines = [head, "|---|---|---|---|"]
     for what, cells in EXPECT:
@@ -312,15 +310,13 @@ def expect_table(records: dict[str, Record]) -> str:
             if cell is None:
                 out.append("")
                 continue
-            parts = []
-            for exp, labels in (cell if isinstance(cell, list) else [cell]):
-                rec = records[exp]
-                if column_of(rec.host_kind) != col:
-                    raise ValueError(f"{exp}: host kind {rec.host_kind!r} is not the column {col!r}")
-                figure = (rec.headline[labels] if isinstance(labels, str)
-                          else "; ".join(f"{label}: {rec.headline[label]}" for label in labels))
-                parts.append(f"{figure} ([record](docs/results/{exp}/))")
-            out.append("; ".join(parts))
+            exp, labels = cell
+            rec = records[exp]
+            if column_of(rec.host_kind) != col:
+                raise ValueError(f"{exp}: host kind {rec.host_kind!r} is not the column {col!r}")
+            figure = (rec.headline[labels] if isinstance(labels, str)
+                      else "; ".join(f"{label}: {rec.headline[label]}" for label in labels))
+            out.append(f"{figure} ([record](docs/results/{exp}/))")
         lines.append(f"| {what} | " + " | ".join(out) + " |")
     return "\n".join(lines)
 
