@@ -268,11 +268,12 @@ EXPECT = [
     ("`make demo`: GRPO's own model − its SFT model, agent EM on 200 held-out questions",
      [("demo_native_bf16", "GRPO's own model − its SFT model"), ("demo_fp32_avx2", "GRPO's own model − its SFT model"),
       ("gpu_loop_h200_run11", "GRPO's own model − its SFT model")]),
-    ("`rl_vs_sft.py`, pre-registered, on the kind with room above imitation (lookalike KBs 201–203, no "
-     "choice made on them), best checkpoints, 10-minute arms: what GRPO adds over rejection sampling (RFT) "
+    ("`rl_vs_sft.py`, pre-registered, on the kind with room above imitation (lookalike KBs 201–203; KB 201 "
+     "alone on the fp32 kind; no choice made on them), best checkpoints, 10-minute arms: what GRPO adds over rejection sampling (RFT) "
      "and over continued SFT",
      [("rl_vs_sft_lookalike_kb203_nbf16", ["GRPO − RFT (best checkpoints)", "GRPO − SFT more (best checkpoints)"]),
-      None, None]),
+      ("rl_vs_sft_lookalike_kb201_fp32", ["GRPO − RFT (best checkpoints)", "GRPO − SFT more (best checkpoints)"]),
+      None]),
     ("the same on the standard kind (KBs 211–213; its demonstrations are optimal)",
      [("rl_vs_sft_standard_kb213_nbf16", ["GRPO − RFT (best checkpoints)", "GRPO − SFT more (best checkpoints)"]),
       None, None]),
