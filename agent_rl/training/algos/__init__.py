@@ -47,6 +47,8 @@ from agent_rl.training.algos.registry import (
     ADV_ESTIMATORS,
     OUTCOMES,
     POLICY_LOSSES,
+    check_kl_in_reward,
+    flat_groups_carry_signal,
     get_adv_estimator,
     get_policy_loss,
     needs_critic,
@@ -59,8 +61,9 @@ from agent_rl.training.algos.registry import (
 
 __all__ = [
     "ADV_ESTIMATORS", "AGG_MODES", "KL_KINDS", "OUTCOMES", "POLICY_LOSSES", "AdaptiveKLController", "FixedKLController",
-    "GroupFilterResult", "agg_loss", "agg_normalizers", "apply_kl_penalty", "compute_gae", "discounted_returns",
-    "entropy_from_logits", "entropy_loss", "filter_groups", "gae", "get_adv_estimator", "get_policy_loss", "needs_critic",
+    "GroupFilterResult", "agg_loss", "agg_normalizers", "apply_kl_penalty", "check_kl_in_reward", "compute_gae",
+    "discounted_returns", "entropy_from_logits", "entropy_loss", "filter_groups", "flat_groups_carry_signal", "gae",
+    "get_adv_estimator", "get_policy_loss", "needs_critic",
     "group_index", "grpo", "kl_loss", "kl_penalty", "make_kl_controller", "masked_mean", "masked_whiten",
     "outcome_of", "place_outcome_reward", "policy_loss_for", "ppo_policy_loss", "register_adv_est",
     "register_policy_loss", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rejection_sampling",

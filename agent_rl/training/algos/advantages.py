@@ -153,7 +153,8 @@ def reinforce_plus_plus_baseline(token_rewards, mask, group_ids=None, values=Non
     return adv, adv
 
 
-@register_adv_est("rejection_sampling", outcome="acc", policy_loss="rft")
+@register_adv_est("rejection_sampling", outcome="acc", policy_loss="rft", accepts_kl_in_reward=False,
+                  flat_groups_carry_signal=True)
 @torch.no_grad()
 def rejection_sampling(token_rewards, mask, group_ids=None, values=None, cfg=None):
     """Rejection sampling fine-tuning's keep weights: 1 on every sampled token of a trajectory

@@ -56,18 +56,24 @@ names of `algorithm.filter_metric`."""
 
 
 def register_adv_est(name: str, needs_critic: bool = False, uses_groups: bool = False, outcome: str = "score",
-                     policy_loss: str | None = None) -> Callable[[F], F]:
+                     policy_loss: str | None = None, accepts_kl_in_reward: bool = True,
+                     flat_groups_carry_signal: bool = False) -> Callable[[F], F]:
     """Decorator: register an advantage estimator under `name` (`algorithm.adv_estimator`);
     `needs_critic`: it takes value estimates, so the trainer builds a critic for it;
     `uses_groups`: a sample's advantage depends on its group-mates (GRPO, RLOO), so a group
     that loses a member must be left out whole; `outcome`: what the trainer places as its token
     rewards, "score" or "acc" (`OUTCOMES`); `policy_loss`: the loss its output is made for,
     which the actor then trains with instead of actor.policy_loss (`policy_loss_for`), so one
-    setting selects the method (rejection_sampling: weights for rft's NLL, not advantages)."""
+    setting selects the method (rejection_sampling: weights for rft's NLL, not advantages);
+    `accepts_kl_in_reward`: False when its outcome must reach it unchanged, so
+    algorithm.use_kl_in_reward is refused at load (`check_kl_in_reward`); `flat_groups_carry_signal`:
+    a group whose samples all agree still teaches something (no group baseline), so dynamic
+    sampling (algorithm.filter_groups) must not drop it (`flat_groups_carry_signal`)."""
     if outcome not in OUTCOMES:
         raise ValueError(f"register_adv_est({name!r}): outcome must be one of {OUTCOMES}, got {outcome!r}")
     return ADV_ESTIMATORS.register(name, needs_critic=needs_critic, uses_groups=uses_groups, outcome=outcome,
-                                   policy_loss=policy_loss)
+                                   policy_loss=policy_loss, accepts_kl_in_reward=accepts_kl_in_reward,
+                                   flat_groups_carry_signal=flat_groups_carry_signal)
 
 
 def outcome_of(name: str) -> str:
@@ -96,6 +102,24 @@ def uses_groups(name: str) -> bool:
 def needs_critic(name: str) -> bool:
     """Whether the estimator registered as `name` uses a critic's values (e.g. GAE)."""
     return bool(ADV_ESTIMATORS.info(name)["needs_critic"])
+
+
+def flat_groups_carry_signal(name: str) -> bool:
+    """Whether a group whose samples agree still carries signal under the estimator registered
+    as `name` (rejection_sampling: an all-right group is all kept samples), so the group filter,
+    whose reason is "advantage 0 under a group baseline", must keep it."""
+    return bool(ADV_ESTIMATORS.info(name).get("flat_groups_carry_signal", False))
+
+
+def check_kl_in_reward(adv_estimator: str, use_kl_in_reward: bool) -> None:
+    """ValueError when algorithm.use_kl_in_reward is on for an estimator registered with
+    accepts_kl_in_reward=False: the penalty, subtracted from the outcome it thresholds, would
+    drop right answers (a positive KL) or keep wrong ones (a negative per-token estimate)."""
+    if use_kl_in_reward and not ADV_ESTIMATORS.info(adv_estimator).get("accepts_kl_in_reward", True):
+        raise ValueError(f"algorithm.use_kl_in_reward=true does not apply to algorithm.adv_estimator={adv_estimator}: "
+                         f"it reads the {outcome_of(adv_estimator)} outcome unchanged (a KL penalty subtracted from it "
+                         "would drop right answers or keep wrong ones); set algorithm.use_kl_in_reward=false "
+                         "(actor_rollout_ref.actor.use_kl_loss keeps the policy near the reference instead)")
 
 
 def get_adv_estimator(name: str) -> Callable:
