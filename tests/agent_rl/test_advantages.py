@@ -64,6 +64,19 @@ def test_grpo_singleton_and_unanimous_groups_get_zero():
     assert torch.equal(adv, torch.zeros_like(adv))
 
 
+@pytest.mark.parametrize("name", ["grpo", "rloo"])
+@pytest.mark.parametrize("value", [0.2, 0.1, 1 / 3, 0.7])
+def test_a_group_of_equal_rewards_gets_exactly_zero(name, value):
+    """Eight rewards of 0.2 (Search-R1's score for a well-formed wrong answer): float32's mean is
+    one ulp off, and over a std of ~1e-8 GRPO gave each -0.0147 (veRL's code shares the
+    rounding). A flat group must carry no signal, so the zero-advantage skip sees it."""
+    r, mask = outcome([value] * 8 + [1.0, 0.0, 0.0, 0.0])
+    groups = [0] * 8 + [1] * 4
+    adv, _ = get_adv_estimator(name)(r, mask, groups, None, AlgorithmConfig())
+    assert torch.equal(adv[:8], torch.zeros(8, 4))
+    assert (adv[8:, 0] != 0).all()  # the mixed group still carries its signal
+
+
 def test_group_ids_as_tensor_list_or_strings_agree():
     r, mask = outcome([1, 0, 2, 2, 0, 1])
     fn = get_adv_estimator("grpo")

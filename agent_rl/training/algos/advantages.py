@@ -37,7 +37,10 @@ from agent_rl.training.algos.masked import as_bool_mask, masked_sum, masked_whit
 from agent_rl.training.algos.registry import cfg_get, register_adv_est
 
 GRPO_EPS = 1e-6
-"""Added to the group std before dividing (veRL's epsilon); all-equal groups get 0."""
+"""Added to the group std before dividing (veRL's epsilon). All-equal groups get exactly 0:
+`_group_baseline` takes their mean as their common value, because a float32 mean of eight
+rewards of 0.2 is off by one ulp and, over a std of ~1e-8, became -0.0147 each (veRL's
+`compute_grpo_outcome_advantage` shares that rounding; its eps does not absorb it)."""
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -87,6 +90,10 @@ def _group_baseline(scores: torch.Tensor, group_ids, what: str) -> tuple[torch.T
     G = len(uniq)
     count = torch.zeros(G, dtype=scores.dtype, device=scores.device).index_add_(0, idx, torch.ones_like(scores))
     mean = torch.zeros_like(count).index_add_(0, idx, scores) / count
+    # A group whose scores are all equal has that value as its mean, exactly (see GRPO_EPS).
+    low = torch.full_like(count, float("inf")).scatter_reduce(0, idx, scores, "amin")
+    high = torch.full_like(count, float("-inf")).scatter_reduce(0, idx, scores, "amax")
+    mean = torch.where(low == high, low, mean)
     sq_dev = torch.zeros_like(count).index_add_(0, idx, (scores - mean[idx]) ** 2)
     std = torch.sqrt(sq_dev / (count - 1).clamp(min=1))
     return mean[idx], std[idx], count[idx]
@@ -180,8 +187,9 @@ def discounted_returns(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: f
     """Return-to-go G_t = r_t + gamma * G_next over sampled tokens only (B,T); 0 outside mask.
 
     `G_next` is the return at the next *sampled* token: observation tokens neither add reward
-    nor discount. (veRL resets the running return at every mask-0 token, which would cut the
-    outcome reward off from every turn before the last observation.)
+    nor discount. (veRL's `compute_reinforce_plus_plus_outcome_advantage`, as of its commit
+    b178a3cd5, resets the running return at every mask-0 token, "Reset after EOS", which in a
+    multi-turn response cuts the outcome reward off from every turn before the last observation.)
     """
     m = _check(token_rewards, mask, "discounted_returns")
     out = torch.zeros_like(token_rewards)
