@@ -65,6 +65,31 @@ def test_micro_batches_with_global_normalizers_equal_whole_batch(mode):
     assert torch.allclose(parts.grad, whole.grad, atol=1e-7)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_data_parallel_recipe_normalisers_divided_by_w_equal_whole_batch(mode):
+    """The module doc's data-parallel recipe: each of W workers aggregates with the whole
+    batch's normalisers divided by W, DDP averages the gradients. With one sequence over
+    W = 4 workers, seqs / W = 0.25 must not be clamped to 1 (that made the loss W/S = 4x too
+    small); only a normaliser of 0 becomes 1."""
+    gen = torch.Generator().manual_seed(1)
+    W = 4
+    mask = torch.zeros(4, 5, dtype=torch.long)
+    mask[1, :3] = 1  # one sequence, on worker 1; the other workers hold empty rows
+    base = torch.randn(4, 5, generator=gen)
+    whole = base.clone().requires_grad_(True)
+    agg_loss(whole * whole, mask, mode).backward()
+
+    tokens, seqs = agg_normalizers(mask)
+    grads = []
+    for w in range(W):
+        x = base[w:w + 1].clone().requires_grad_(True)
+        agg_loss(x * x, mask[w:w + 1], mode, global_tokens=tokens / W, global_seqs=seqs / W).backward()
+        grads.append(x.grad)
+    averaged = torch.cat(grads) / W  # DDP's all-reduce mean, row by row
+    assert torch.allclose(averaged, whole.grad, atol=1e-6)
+    assert averaged.abs().sum() > 0
+
+
 # ----------------------------------------------------------------------------- policy loss
 def cfg(**kw):
     return ActorConfig(**kw)

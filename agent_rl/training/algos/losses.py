@@ -61,7 +61,7 @@ def agg_loss(
       divides the sum by a constant instead); the loss scale grows with response length.
 
     `global_tokens` / `global_seqs` replace N / S (see module doc on gradient accumulation).
-    A denominator of 0 is treated as 1, so an all-masked batch gives 0, not NaN.
+    A denominator of 0 (and only 0) is treated as 1, so an all-masked batch gives 0, not NaN.
     """
     m = as_bool_mask(mask, loss_mat, "agg_loss")
     if mode == "token-mean":
@@ -79,7 +79,11 @@ def agg_loss(
 
 
 def _clamp1(denom, like: torch.Tensor) -> torch.Tensor:
-    return torch.as_tensor(denom, dtype=like.dtype, device=like.device).clamp(min=1)
+    """`denom`, or 1 where it is 0 (an all-masked batch). Only 0 is replaced: a data-parallel
+    normaliser divided by W (module doc) is below 1 on a worker holding less than one
+    sequence's share, and clamping it to 1 would shrink that loss by W/S."""
+    d = torch.as_tensor(denom, dtype=like.dtype, device=like.device)
+    return torch.where(d > 0, d, torch.ones_like(d))
 
 
 # ----------------------------------------------------------------------------- policy loss
