@@ -39,7 +39,7 @@ class Trajectory:
     num_bad_tool_calls: int = 0  # malformed JSON, unknown tool names, arguments not matching the schema
     num_repeated_queries: int = 0  # searches repeating an earlier query of the same trajectory
     reward_text: str | None = None
-    """The response as its protocol shows it to rewards (agent_rl.rollout.protocol.score_trajectory)."""
+    """The response as its protocol shows it to rewards (agent_rl.rollout.reward.score_trajectory)."""
     policy_versions: list[int] = field(default_factory=list)
     """Per response token: the policy version (trainer step) whose weights sampled it, -1 on
     appended context; empty when not recorded. An asynchronous run's trajectory may span

@@ -20,8 +20,10 @@ official SQuAD v1.1 evaluation script, with these deliberate differences:
    normalises to "" ("The", ".") matches nothing; Search-R1 matches it with an empty answer
    (em) or with any text (subem, retrieval).
 
-Entry point: `score(response_text, golden_answers, cfg)` with a `RewardConfig` (or
-keyword overrides); `evaluate_response` returns the breakdown for metrics.
+Entry points: `score_trajectory(traj, golden_answers, cfg)`, what the trainer, evaluation and
+benchmarks call (it reads the protocol's reward view, never raw response text);
+`evaluate_response(reward_text, golden_answers, cfg)` returns the breakdown of such a view, and
+`score` its reward alone, with a `RewardConfig` (or keyword overrides).
 """
 
 from __future__ import annotations

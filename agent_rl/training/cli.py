@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
 
     offline_env()
 
-    from agent_rl.training.identity import check_resume
+    from agent_rl.training.identity import check_resume, train_identity
     from agent_rl.training.ray_workers import check_nnodes
     from agent_rl.training.trainer import finished_run
 
@@ -87,13 +87,15 @@ def main(argv: list[str] | None = None) -> int:
         check_paths(cfg)
         check_registered(cfg)
         check_nnodes(cfg)  # workers that do not fill trainer.nnodes alike (the cluster is checked once joined)
-        check_resume(cfg)  # a checkpoint of other settings, a damaged rollouts.json
+        identity = train_identity(cfg)
+        check_resume(cfg, identity)  # a checkpoint of other settings, a damaged rollouts.json (once: passed on)
     except (OSError, ValueError) as e:
         print(f"agent-rl-train: error: {e}", file=sys.stderr)
         return 2
     from agent_rl.precision import announce_run
+    from agent_rl.training import algos
 
-    announce_run(cfg, critic=cfg.algorithm.adv_estimator == "gae")
+    announce_run(cfg, critic=algos.needs_critic(cfg.algorithm.adv_estimator))
     if not args.no_wait_retriever:
         from agent_rl.rollout.retrieval_client import ApiKeyFileError, RetrieverAuthError
 
@@ -111,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
 
     trainer = None
     try:
-        with ray_trainer(cfg) as trainer, tqdm(total=trainer.run.expected_steps(), initial=trainer.step,
+        with ray_trainer(cfg, identity=identity) as trainer, tqdm(total=trainer.run.expected_steps(), initial=trainer.step,
                                                 desc="train", unit="step", dynamic_ncols=True) as bar:
             def on_step(step, metrics):
                 bar.total = trainer.run.expected_steps()  # the clock's estimate, once steps are timed

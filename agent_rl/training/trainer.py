@@ -47,19 +47,23 @@ log = logging.getLogger(__name__)
 class RayTrainer:
     """Owns the workers, the data stream, checkpoints and metrics of one run."""
 
-    def __init__(self, cfg: TrainConfig, run_dir: str | Path | None = None, retriever=None):
+    def __init__(self, cfg: TrainConfig, run_dir: str | Path | None = None, retriever=None,
+                 identity: dict | None = None):
         """The parts in the order they are needed: the run (a checkpoint of other settings
         refused, an earlier run moved aside), what each step uses (the advantage estimator,
         the KL controller), the workers, the collector, then the state resumed and the
         metrics. `retriever`: optional in-process `async search(queries, topk)` object instead
-        of the HTTP client for `retriever.url` (tests without a server)."""
+        of the HTTP client for `retriever.url` (tests without a server). `identity`: the run's
+        train_identity(cfg) from a caller that already passed it to check_resume
+        (agent-rl-train, before the retriever and Ray), so neither is done twice."""
         from agent_rl.training.ray_workers import WorkerGroup, make_rollout_worker
         from agent_rl.training.weight_sync import WeightSync
 
         self.cfg = cfg
         self.run_dir = Path(run_dir or cfg.trainer.default_local_dir)
-        identity = train_identity(cfg)
-        check_resume(cfg, identity, self.run_dir)  # agent-rl-train checked before the retriever and Ray
+        if identity is None:  # runs started in-process; agent-rl-train checked before the retriever and Ray
+            identity = train_identity(cfg)
+            check_resume(cfg, identity, self.run_dir)
         self.loader = PromptLoader(load_train_prompts(cfg), cfg.data.train_batch_size, cfg.data.shuffle, cfg.data.seed,
                                    balanced=cfg.data.balance_by is not None)
         self.total_steps = cfg.trainer.total_training_steps or cfg.trainer.total_epochs * self.loader.steps_per_epoch
@@ -252,12 +256,13 @@ class RayTrainer:
 
 
 @contextmanager
-def ray_trainer(cfg: TrainConfig, run_dir: str | Path | None = None, retriever: Any = None) -> Iterator[RayTrainer]:
+def ray_trainer(cfg: TrainConfig, run_dir: str | Path | None = None, retriever: Any = None,
+                identity: dict | None = None) -> Iterator[RayTrainer]:
     """`with ray_trainer(cfg) as trainer: trainer.fit()`: a RayTrainer in a Ray session. Ray
     is started (or joined: trainer.ray_address) unless this process is connected already. On
     any exit, an error and Ctrl-C included, the trainer's workers are shut down, then Ray if
     it was started here: a failed run must not leave actors holding the engine's memory, and
-    a caller's own Ray session stays the caller's."""
+    a caller's own Ray session stays the caller's. `identity`: see RayTrainer."""
     import ray
 
     from agent_rl.training.ray_workers import check_cluster, init_ray
@@ -266,7 +271,7 @@ def ray_trainer(cfg: TrainConfig, run_dir: str | Path | None = None, retriever: 
     trainer = None
     try:
         check_cluster(cfg)  # trainer.nnodes against the cluster's nodes, before the engine starts
-        trainer = RayTrainer(cfg, run_dir, retriever)
+        trainer = RayTrainer(cfg, run_dir, retriever, identity)
         yield trainer
     finally:
         try:

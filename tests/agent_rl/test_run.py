@@ -365,3 +365,26 @@ def test_the_budget_counts_the_time_between_steps_under_max_time_counts_all(tmp_
 
     assert train("steps") == (4, 40.0, 10.0)
     assert train("all") == (3, 40.0, 15.0)  # steps 2 and 3 count from the end of the one before
+
+
+def test_a_run_checks_its_resume_once(monkeypatch):
+    """agent-rl-train checks the checkpoint it would resume before the retriever and Ray, and
+    hands its identity to the trainer, which then does not check (or hash the train files)
+    again; a trainer started in-process checks once itself."""
+    from agent_rl.config import TrainConfig
+    from agent_rl.training import trainer
+
+    class Built(Exception):
+        """Raised by the step after the check: nothing else of the trainer is built."""
+
+    calls = []
+    monkeypatch.setattr(trainer, "check_resume", lambda *args: calls.append("check"))
+    monkeypatch.setattr(trainer, "train_identity", lambda cfg: calls.append("identity") or {"id": 1})
+    monkeypatch.setattr(trainer, "PromptLoader", lambda *a, **k: (_ for _ in ()).throw(Built()))
+    monkeypatch.setattr(trainer, "load_train_prompts", lambda cfg: [])
+    with pytest.raises(Built):
+        trainer.RayTrainer(TrainConfig(), identity={"id": 1})
+    assert calls == []
+    with pytest.raises(Built):
+        trainer.RayTrainer(TrainConfig())
+    assert calls == ["identity", "check"]

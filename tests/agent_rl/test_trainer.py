@@ -343,7 +343,7 @@ def test_ray_trainer_shuts_down_the_workers_and_its_own_ray_on_any_exit(monkeypa
     events: list[str] = []
 
     class FakeTrainer:
-        def __init__(self, cfg, run_dir=None, retriever=None):
+        def __init__(self, cfg, run_dir=None, retriever=None, identity=None):
             if fails == "init":
                 raise ValueError("engine did not start")
             events.append("trainer")
