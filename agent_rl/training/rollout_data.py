@@ -14,6 +14,7 @@ from __future__ import annotations
 import html
 import json
 import random
+import re
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -24,6 +25,15 @@ SHADE_ON, SHADE_OFF = "\x1b[48;5;238m\x1b[37m", "\x1b[0m"
 """ANSI grey background for loss-masked text on a terminal."""
 PLAIN_OPEN, PLAIN_CLOSE = "[[", "]]"
 """Loss-masked text in plain text (no terminal)."""
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""Characters a terminal may act on (C0 but newline and tab, DEL, C1 such as the one-byte CSI
+\\x9b): in model text, questions or tool output they could move the cursor, rewrite earlier lines
+or set the window title, so the text view shows them as `\\x1b`."""
+
+
+def visible(text: str) -> str:
+    """`text` with each CONTROL character written out as its escape (ESC -> the four characters `\\x1b`)."""
+    return CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def pieces(response_ids: Sequence[int], loss_mask: Sequence[int],
@@ -93,12 +103,13 @@ def _header(r: dict) -> str:
 
 
 def render_text(records: Sequence[dict], color: bool = False) -> str:
-    """Each record's header and response; loss-masked pieces shaded (`color`) or in `[[...]]`."""
+    """Each record's header and response; loss-masked pieces shaded (`color`) or in `[[...]]`.
+    Every piece of record text goes through `visible`: only the shading's own codes reach the terminal."""
     on, off = (SHADE_ON, SHADE_OFF) if color else (PLAIN_OPEN, PLAIN_CLOSE)
     blocks = []
     for r in records:
-        body = "".join(p["text"] if p["sampled"] else f"{on}{p['text']}{off}" for p in r["pieces"])
-        blocks.append(f"{_header(r)}\n{body}")
+        body = "".join(visible(p["text"]) if p["sampled"] else f"{on}{visible(p['text'])}{off}" for p in r["pieces"])
+        blocks.append(f"{visible(_header(r))}\n{body}")
     return ("\n" + "-" * 80 + "\n").join(blocks) + "\n"
 
 

@@ -88,3 +88,33 @@ def test_show_renders_a_directory_and_refuses_an_empty_one(tmp_path, capsys):
     assert "class='ctx'" in html_out.read_text()
     assert show_main([str(tmp_path / "missing")]) == 2
     assert show_main([str(d), "--step", "7"]) == 2
+
+
+def test_text_view_shows_terminal_controls_escaped_and_html_as_is(tmp_path, capsys):
+    """Issue 100 case 17: a question, a model's text and a tool's output holding terminal control
+    sequences (clear screen, set the window title, a carriage return over the line, C1's one-byte
+    CSI) reach the terminal as the visible text `\\x1b[2J`..., never as the bytes."""
+    from agent_rl.training.rollout_data import SHADE_OFF, SHADE_ON
+
+    t = traj("<think>\x1b[2Ja</think><search>x\rX</search>", "Doc 1 \x1b]0;pwned\x07Paris",
+             "<answer>Paris\x9b31m</answer>", ["Paris\x1b[8m"])
+    t.question = "where?\x1b[1A"
+    (rec,) = rollout_records([t], CharTokenizer(), None, step=1, n=1)
+    for color in (False, True):
+        text = render_text([rec], color=color)
+        if color:
+            text = text.replace(SHADE_ON, "").replace(SHADE_OFF, "")  # the shading's own codes are the only ones
+        assert not [c for c in text if ord(c) < 0x20 and c not in "\n\t" or 0x7f <= ord(c) <= 0x9f], repr(text)
+        for shown in (r"<think>\x1b[2Ja", r"x\x0dX", r"Doc 1 \x1b]0;pwned\x07Paris", r"Paris\x9b31m",
+                      r"Q: where?\x1b[1A"):
+            assert shown in text, shown
+    # the gold answers as the header always showed them (repr escapes them already): not escaped twice
+    assert r"gold: ['Paris\x1b[8m']" in render_text([rec])
+    # the page is unchanged: the browser shows the text, html-escaped, with its control characters
+    assert "Doc 1 \x1b]0;pwned\x07Paris" in render_html([rec])
+
+    d = tmp_path / "rollouts"  # and through `show` itself
+    write_rollout_data(d, 1, [rec])
+    assert show_main([str(d), "--color", "always"]) == 0
+    out = capsys.readouterr().out.replace(SHADE_ON, "").replace(SHADE_OFF, "")
+    assert "\x1b" not in out and "\x9b" not in out and "\r" not in out and r"\x1b]0;pwned\x07" in out
