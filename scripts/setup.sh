@@ -38,4 +38,16 @@ $PIP uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 import faiss, torch, vllm, transformers, bm25s, fastapi, ray  # noqa: F401
 print(f"[setup] ok: torch {torch.__version__}, vllm {vllm.__version__}, faiss {faiss.__version__}")
 PY
+# Headless Chromium: the suite renders `agent-rl-eval show --html`'s page and looks at its
+# shading (tests/agent_rl/test_eval_console.py). Installed where missing and apt-get can run;
+# without it only that test skips, so a failure here is a note, not a stop.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+      && { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >>"$LOG" 2>&1; then
+    echo "[setup] installed chromium (headless, for the HTML rendering test)"
+  else
+    echo "[setup] note: chromium is not installed and apt-get could not install it (not root, no apt-get, or it" \
+         "failed: $LOG); the HTML rendering test will skip. Install it with: apt-get install -y chromium"
+  fi
+fi
 echo "$want" > "$STAMP"

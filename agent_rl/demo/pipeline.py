@@ -166,7 +166,8 @@ class Demo:
             print(f"\n[demo] {left() / 60:.1f} minutes left: GRPO gets {rl_s / 60:.1f}, validated on {n} selection "
                   "questions at its start and its last step", flush=True)
             self.run(stages.grpo(w, w.sft_dir / "model", url, rl_s, args.rl_steps,
-                                 overrides=self.proto + selection.grpo_overrides(w.selection, n, w.rl_dir) + args.grpo_set),
+                                 overrides=self.proto + selection.grpo_overrides(w.selection, n, w.rl_dir)
+                                 + [f"trainer.rollout_data_dir={w.rollouts}"] + args.grpo_set),
                      f"GRPO from the SFT model ({rl_s / 60:.1f} min)")
             chosen = selection.choose(w.rl_dir, n, SIZES.select_alpha)
             chosen["model"] = str(w.rl_dir if chosen["chosen"] == "SFT+RL" else w.sft_dir)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent_rl.demo.records import paired, pts, write_record
+from agent_rl.demo.stages import ROLLOUTS
 
 if TYPE_CHECKING:  # budget reads configs/demo.yaml from a checkout; the quoting works installed
     from agent_rl.demo.budget import Budget
@@ -79,6 +80,17 @@ def grpo_skipped_markdown(skipped: dict, budget: Budget | None) -> str:
         f"{skipped['budget_to_run']}` fits them.\n\n")
 
 
+def rollouts_markdown(rollout_dir: Path) -> str:
+    """Where the GRPO run's sampled rollouts are and the command that shows them; empty when it
+    wrote none (a run stopped before its first step)."""
+    steps = sorted(int(f.stem) for f in rollout_dir.glob("*.jsonl") if f.stem.isdigit())
+    if not steps:
+        return ""
+    return (f"GRPO's sampled rollouts (step{'s' * (len(steps) > 1)} {', '.join(map(str, steps))}): "
+            f"`agent-rl-eval show {rollout_dir}` prints them with the context the update does not train on "
+            "shaded (`--html FILE`: one page).\n\n")
+
+
 def demo_headline(summary: dict) -> dict[str, str]:
     """The record's headline from plan.json's summary: the model handed over and GRPO's own model
     against the SFT model, and the minutes the stages took."""
@@ -141,6 +153,7 @@ def write_report(runs: Path, evals: dict[str, Path], rl_dir: Path | None, budget
                              "rollout/invalid_action_rate", "rollout/repeated_query_rate"])
         text += (f"![GRPO training curves: reward, EM, valid format, searches per trajectory, invalid-action and "
                  f"repeated-query rates]({png.name})\n\n")
+        text += rollouts_markdown(rl_dir / ROLLOUTS)
     table = comparison(list(evals.items()))
     text += comparison_markdown(table, title="Every model and mode (context)") + "\n"
     text += f"`{hardware_line()}`\n\n"

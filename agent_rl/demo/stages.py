@@ -26,6 +26,9 @@ TRAIN_CFG = "configs/train/demo_grpo_cpu.yaml"
 (topk, lengths, template) it will see in evaluation and RL."""
 SFT_CFG = "configs/sft/demo_cpu.yaml"
 MODES = ("agent", "rag", "direct")
+ROLLOUTS = "rollouts"
+"""The GRPO run's sampled rollouts, `<run dir>/rollouts/<step>.jsonl` (trainer.rollout_data_dir at
+its defaults: 4 trajectories at step 1 and every 10th step): what `agent-rl-eval show` reads."""
 
 STOP_GRACE_S = 60.0
 """How long an interrupted stage has to clean up before it is terminated."""
@@ -115,6 +118,10 @@ class Workdir:
     @property
     def runs(self) -> Path:
         return self.root / f"demo_runs{self.variant}"
+
+    @property
+    def rollouts(self) -> Path:
+        return self.rl_dir / ROLLOUTS
 
     @property
     def demos(self) -> Path:

@@ -1,10 +1,11 @@
 """The evaluation commands: their parsers and entry points; the work is in `evaluate`, `report`
-and `plot`.
+and `plot`. The installed `agent-rl-eval` takes them all:
 
-    agent-rl-eval --model DIR --retriever-url URL --data FILE --mode agent rag direct   (eval_main)
-    python -m agent_rl.evaluation.cli eval ...                                   (the same)
-    python -m agent_rl.evaluation.cli report base=runs/eval/base SFT=runs/eval/sft (report_main)
-    python -m agent_rl.evaluation.cli plot runs/demo                             (plot_main)
+    agent-rl-eval --model DIR --retriever-url URL --data FILE --mode agent rag direct  (evaluate_main)
+    agent-rl-eval report base=runs/eval/base SFT=runs/eval/sft                         (report_main)
+    agent-rl-eval plot runs/demo                                                       (plot_main)
+    agent-rl-eval show runs/demo/rollouts                                              (show_main)
+    python -m agent_rl.evaluation.cli eval|report|plot|show ...                        (the same)
 
 The heavier working modules are imported once the arguments are parsed, so `--help` starts fast.
 """
@@ -30,7 +31,9 @@ def eval_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Other settings: --config a training YAML (lengths, template, reward) and/or dotted overrides, "
                "e.g. data.max_response_length=512 actor_rollout_ref.rollout.max_tokens_per_turn=64 "
-               "(put them before the options, or after `--`).",
+               "(put them before the options, or after `--`).\n\nOther commands (`agent-rl-eval COMMAND --help`: "
+               "their options):\n" + "".join(f"  agent-rl-eval {name:<7} {what}\n"
+                                             for name, (_, what) in COMMANDS.items() if name != "eval"),
     )
     ap.add_argument("--model", required=True, help="HF model dir, run checkpoint dir, or run dir (its latest checkpoint)")
     ap.add_argument("--retriever-url", nargs="+", default=None,
@@ -86,7 +89,17 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def eval_main(argv: list[str] | None = None) -> int:
-    """`agent-rl-eval`: greedy evaluation in each mode, resumable (agent_rl.evaluation.evaluate)."""
+    """The installed `agent-rl-eval`: `agent-rl-eval report|plot|show|eval ...` runs that command,
+    anything else is an evaluation. An evaluation's own arguments never start with a command's name
+    (options start with `-`, overrides hold `=`), so the two readings cannot overlap."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in COMMANDS:
+        return COMMANDS[argv[0]][0](argv[1:])
+    return evaluate_main(argv)
+
+
+def evaluate_main(argv: list[str] | None = None) -> int:
+    """`agent-rl-eval --model ...`: greedy evaluation in each mode, resumable (agent_rl.evaluation.evaluate)."""
     args = eval_parser().parse_args(argv)
     from data_prep.hardware import offline_env
 
@@ -132,8 +145,8 @@ def eval_main(argv: list[str] | None = None) -> int:
 
 # ----------------------------------------------------------------------------- report
 def report_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m agent_rl.evaluation.cli report",
-                                 description="`python -m agent_rl.evaluation.cli report LABEL=EVAL_DIR ... [--json PATH]`: "
+    ap = argparse.ArgumentParser(prog="agent-rl-eval report",
+                                 description="`agent-rl-eval report LABEL=EVAL_DIR ... [--json PATH]`: "
                                              "print the model x mode table.")
     ap.add_argument("runs", nargs="+", help="LABEL=EVAL_DIR pairs in row order, e.g. base=runs/eval/base")
     ap.add_argument("--source", default=ALL, help="data_source to show (default: all)")
@@ -171,7 +184,7 @@ def report_main(argv: list[str] | None = None) -> int:
 
 # ----------------------------------------------------------------------------- plot
 def plot_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m agent_rl.evaluation.cli plot",
+    ap = argparse.ArgumentParser(prog="agent-rl-eval plot",
                                  description="Plot a run's reward and EM curves from its metrics.jsonl to a PNG, or "
                                              "several runs side by side.")
     ap.add_argument("runs", nargs="+", help="a run directory containing metrics.jsonl, or LABEL=DIR pairs to compare")
@@ -235,15 +248,16 @@ def show_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-# ----------------------------------------------------------------------------- python -m
-COMMANDS = {"eval": (eval_main, "greedy evaluation in agent / rag / direct modes (agent-rl-eval)"),
+# ----------------------------------------------------------------------------- the commands
+COMMANDS = {"eval": (evaluate_main, "greedy evaluation in agent / rag / direct modes (agent-rl-eval --model ...)"),
             "report": (report_main, "the model x mode table of several evaluation directories"),
             "plot": (plot_main, "a run's reward and EM curves as PNG, or several runs compared"),
             "show": (show_main, "sampled rollouts a run wrote (trainer.rollout_data_dir), context shaded")}
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m agent_rl.evaluation.cli COMMAND ...`: the evaluation commands by module path."""
+    """`python -m agent_rl.evaluation.cli COMMAND ...`: the evaluation commands by module path
+    (`eval` named; the installed `agent-rl-eval` is `eval_main`)."""
     from data_prep.cli import dispatch
 
     return dispatch("python -m agent_rl.evaluation.cli", COMMANDS, argv)

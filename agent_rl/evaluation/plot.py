@@ -1,8 +1,8 @@
 """Plot a run's reward and EM curves from its metrics.jsonl to a PNG, or several runs side by side.
 
-    python -m agent_rl.evaluation.cli plot runs/demo                # writes runs/demo/curves.png
-    python -m agent_rl.evaluation.cli plot runs/demo --out a.png --keys reward/mean val/em
-    python -m agent_rl.evaluation.cli plot EM-only=runs/a format=runs/b --out cmp.png \
+    agent-rl-eval plot runs/demo                # writes runs/demo/curves.png
+    agent-rl-eval plot runs/demo --out a.png --keys reward/mean val/em
+    agent-rl-eval plot EM-only=runs/a format=runs/b --out cmp.png \
         --keys reward/em reward/valid_format rollout/searches_mean --smooth 5
 """
 

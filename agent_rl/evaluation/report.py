@@ -4,7 +4,7 @@
 statistics per mode, overall and per `data_source`; `write_summary` writes it as
 `summary.json` and `summary.md`; `comparison(runs)` reads several evaluation directories
 (e.g. base / SFT / SFT+RL) into the table the demo's report shows, one row per model and one
-column per mode (`python -m agent_rl.evaluation.cli report`).
+column per mode (`agent-rl-eval report`).
 
 Confidence intervals on EM are Wilson score intervals (95%, z = 1.96): EM is a proportion,
 and untrained or small models sit near 0 on small samples, where the normal approximation

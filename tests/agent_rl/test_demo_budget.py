@@ -201,6 +201,7 @@ def test_report_leads_with_what_grpo_adds(tmp_path):
     summary = json.loads((tmp_path / "plan.json").read_text())
     assert summary["sft_vs_rl"]["diff"]["bridge"]["diff"] == 1.0 and summary["plan"]["budget_minutes"] == 18
     assert "hands over" not in md and "selection" not in summary  # no selection: none reported
+    assert "agent-rl-eval show" not in md  # the run kept no rollouts: nothing to point at
     # GRPO lost on the selection questions: the SFT model is handed over (+0.0), GRPO's +50.0 still shown
     chosen = {"n": 40, "alpha": 0.05, "sft_em": 0.5, "rl_em": 0.4, "rl_step": 5, "wins": 1, "losses": 5, "p": 0.219,
               "chosen": "SFT", "model": "sft"}
@@ -209,7 +210,11 @@ def test_report_leads_with_what_grpo_adds(tmp_path):
     summary = json.loads((tmp_path / "plan.json").read_text())
     assert summary["selection"] == {**chosen, "handed_over_minus_sft": 0.0}
     chosen.update(rl_em=0.6, wins=7, losses=3, p=0.344, chosen="SFT+RL")
-    write_report(tmp_path, evals, rl, plan, tmp_path / "test.parquet", chosen=chosen)
+    (rl / "rollouts").mkdir()  # the demo's GRPO run keeps a few rollouts (trainer.rollout_data_dir), steps 2 and 10
+    for step in (10, 2):
+        (rl / "rollouts" / f"{step}.jsonl").write_text("{}\n")
+    md = write_report(tmp_path, evals, rl, plan, tmp_path / "test.parquet", chosen=chosen).read_text()
+    assert f"GRPO's sampled rollouts (steps 2, 10): `agent-rl-eval show {rl / 'rollouts'}` prints them" in md
     assert json.loads((tmp_path / "plan.json").read_text())["selection"]["handed_over_minus_sft"] == 0.5
     from agent_rl.demo.records import read_record
 

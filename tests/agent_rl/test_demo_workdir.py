@@ -159,6 +159,8 @@ def test_every_stage_reads_and_writes_the_workdir_only(tmp_path, monkeypatch, ex
     # GRPO validates on the workdir's selection questions at its start and its last step
     assert [Path(f).name for f in grpo.data.val_files] == ["selection_questions.parquet"]
     assert grpo.trainer.val_before_train and grpo.trainer.test_freq > 1000
+    # it keeps a few rollouts in its run directory, where the report points `agent-rl-eval show`
+    assert Path(grpo.trainer.rollout_data_dir) == Path(grpo.trainer.default_local_dir) / stages.ROLLOUTS
     assert grpo.actor_rollout_ref.rollout.enforce_eager is (GRPO_SET[1] not in extra)
     assert (grpo.algorithm.kl_ctrl.kl_coef == 0.01) == (GRPO_SET[3] in extra)
     assert not [m for c, m in zip(cmds, modules) if m != "agent_rl.training.cli" and "kl_coef=0.01" in " ".join(c)]
