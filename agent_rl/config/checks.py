@@ -1,7 +1,8 @@
 """What a loaded config must satisfy, checked once at load (`load_config` calls
 `check_settings`): the allowed values of each choice (CHOICES), the ranges of numbers (RANGES:
 every timeout and reward term has one), every float setting finite, cross-checks between
-settings, the tools; and `check_paths` for the commands that need their files before any work."""
+settings, the tools, an in-reward KL penalty the estimator must not see (`kl_in_reward_problems`);
+and `check_paths` for the commands that need their files before any work."""
 
 from __future__ import annotations
 
@@ -152,8 +153,29 @@ def check_settings(cfg: Any) -> None:
     if found and _get(cfg, "actor_rollout_ref.model.load_format")[1] == "dummy" != rollout_load:
         problems.append("actor_rollout_ref.model.load_format=dummy needs actor_rollout_ref.rollout.load_format=dummy: "
                         "the engine would look for weights the directory does not hold")
+    problems += kl_in_reward_problems(cfg)
     if problems:
         raise ConfigError("; ".join(problems))
+
+
+def kl_in_reward_problems(cfg: Any) -> list[str]:
+    """algorithm.use_kl_in_reward beside an estimator registered to read its outcome unchanged
+    (rejection_sampling's keep test: outcome >= rft_min_acc). The registry says which, so the
+    algorithms are imported here, and only when the penalty is on; an unknown estimator is
+    agent-rl-train's check_registered's to report."""
+    found, on = _get(cfg, "algorithm.use_kl_in_reward")
+    estimator = _get(cfg, "algorithm.adv_estimator")[1]
+    if not found or not on:
+        return []
+    from agent_rl.training import algos
+
+    if estimator not in algos.ADV_ESTIMATORS.names():
+        return []
+    try:
+        algos.check_kl_in_reward(estimator, True)
+    except ValueError as e:
+        return [str(e)]
+    return []
 
 
 BUILTIN_TOOLS = ("search", "calculator")

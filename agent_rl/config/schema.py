@@ -289,13 +289,15 @@ class AlgorithmConfig:
     norm_adv_by_std_in_grpo: bool = True
     """Divide GRPO advantages by the group std (False = Dr.GRPO)."""
     use_kl_in_reward: bool = False
-    """Subtract a per-token KL penalty from the reward."""
+    """Subtract a per-token KL penalty from the reward (refused under rejection_sampling, whose keep
+    test reads the task metric unchanged)."""
     kl_penalty: str = "kl"
     """KL estimator for the in-reward penalty: kl | abs | mse | low_var_kl."""
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
     """In-reward KL coefficient controller."""
     filter_groups: bool = False
-    """Drop groups whose rewards all agree (no signal) and over-sample to refill the batch."""
+    """Drop groups whose rewards all agree (no signal) and over-sample to refill the batch; no effect under
+    rejection_sampling, which trains on every sample of an all-right group."""
     max_filter_rounds: int = 3
     """Extra rollout rounds allowed to refill a filtered batch."""
     filter_metric: str = "score"

@@ -130,19 +130,19 @@ class SyncCollector:
         def rollout(prompts: list[Prompt]) -> tuple[list[Trajectory], dict[str, float]]:
             return ray.get(self.worker.rollout.remote(prompts, cfg.actor_rollout_ref.rollout.n))
 
-        drop = GroupRules.from_config(cfg).drop_failed
+        rules = GroupRules.from_config(cfg)
         consumed: list[str] = []
         lost = dict.fromkeys(("rollout/failed_search_trajectories", "rollout/dropped_for_failed_search"), 0.0)
         for attempt in range(1, OUTAGE_ATTEMPTS + 1):
             trajs, ids, metrics = collect_groups(self.loader, rollout, cfg.reward, cfg.data.train_batch_size,
-                                                 a.filter_groups, a.max_filter_rounds, t,
-                                                 drop_failed=drop, filter_metric=a.filter_metric)
+                                                 rules.filter_on, a.max_filter_rounds, t,
+                                                 drop_failed=rules.drop_failed, filter_metric=rules.filter_metric)
             consumed += ids
             for k in lost:  # counted over every collection of the step, the failed ones too
                 lost[k] += metrics.get(k, 0.0)
             down = self.outage(step, metrics, t) if self.outage is not None else []
             if trajs:
-                if drop:
+                if rules.drop_failed:
                     metrics.update(lost)
                 metrics["rollout/collect_attempts"] = float(attempt)
                 return trajs, consumed, metrics
@@ -288,7 +288,7 @@ class AheadCollector:
         rounds = 0
         wait_s = 0.0
         resumed_tokens = 0
-        max_rounds = 1 + (a.max_filter_rounds if a.filter_groups else 0) + 4 * self.ahead
+        max_rounds = 1 + (a.max_filter_rounds if rules.filter_on else 0) + 4 * self.ahead
         while len(kept) < self.batch:
             rounds += 1
             if rounds > max_rounds:

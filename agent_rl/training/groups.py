@@ -37,7 +37,8 @@ class GroupRules:
     """What a step does with its groups, from the config (`from_config`)."""
 
     filter_on: bool = False
-    """algorithm.filter_groups: drop a group whose samples agree (DAPO dynamic sampling)."""
+    """algorithm.filter_groups, unless the estimator's agreeing groups carry signal: drop a group
+    whose samples agree (DAPO dynamic sampling)."""
     filter_metric: str = "score"
     """algorithm.filter_metric: what the samples must disagree on, the reward (score) or the task metric (acc)."""
     drop_failed: str | None = None
@@ -51,12 +52,16 @@ class GroupRules:
     @classmethod
     def from_config(cls, cfg: Any) -> GroupRules:
         """The rules of a TrainConfig: failed searches leave with their group under a group
-        estimator (retriever.skip_failed_searches), alone otherwise."""
+        estimator (retriever.skip_failed_searches), alone otherwise. The group filter's reason,
+        advantage 0 under a group baseline, does not hold for an estimator registered with
+        flat_groups_carry_signal (rejection_sampling trains on every sample of an all-right
+        group), so under one the filter drops nothing and draws no extra prompts."""
         a = cfg.algorithm
         drop = None
         if cfg.retriever.skip_failed_searches:
             drop = "group" if algos.uses_groups(a.adv_estimator) else "trajectory"
-        return cls(a.filter_groups, a.filter_metric, drop)
+        filter_on = a.filter_groups and not algos.flat_groups_carry_signal(a.adv_estimator)
+        return cls(filter_on, a.filter_metric, drop)
 
 
 @dataclass

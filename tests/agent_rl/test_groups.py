@@ -99,3 +99,65 @@ def test_sync_and_ahead_collectors_keep_the_same_groups_and_count_the_same(drop)
                         "rollout/dropped_for_failed_search": 2.0 if drop == "group" else 1.0,
                         "filter/dropped_groups": 1.0 if drop == "group" else 2.0,  # q2's lone sample has no spread
                         "batch/groups/nq": 1.0, "batch/groups/hotpotqa": 1.0}
+
+
+def rft_collect(monkeypatch, estimator: str, mode: str):
+    """One step's groups from `mode`'s collector with algorithm.filter_groups on, SCRIPT's q1
+    answered right by both samples."""
+    from types import SimpleNamespace
+
+    import ray
+
+    from agent_rl.config import TrainConfig, load_config
+    from agent_rl.training.collect import make_collector
+    from agent_rl.training.data import PromptLoader
+    from agent_rl.training.metrics import StepTimer
+
+    monkeypatch.setitem(SCRIPT, "q1", [("a1", False), ("a1", False)])
+    ahead = ["trainer.mode=one_step_off", "actor_rollout_ref.actor.tis_cap=2"] if mode == "one_step_off" else []
+    cfg = load_config(TrainConfig, None, ["data.train_batch_size=2", "data.shuffle=false", "algorithm.filter_groups=true",
+                                          f"algorithm.adv_estimator={estimator}", *ahead])
+    loader = PromptLoader(prompts(), batch_size=2, shuffle=False)
+    if mode == "sync":  # worker.rollout.remote(prompts, n), read through ray.get
+        monkeypatch.setattr(ray, "get", lambda ref: ref)
+        worker = SimpleNamespace(rollout=SimpleNamespace(
+            remote=lambda batch, n: ([tr for g, p in enumerate(batch) for tr in samples(p, g)], {})))
+        return make_collector(worker, loader, cfg, total_steps=1).collect(1, StepTimer())
+    return make_collector(ScriptedStream(), loader, cfg, total_steps=1, get=lambda x: x).collect(1, StepTimer())
+
+
+@pytest.mark.parametrize("mode", ["sync", "one_step_off"])
+def test_rejection_sampling_keeps_a_group_whose_every_sample_is_right(monkeypatch, mode):
+    """The group filter drops a group whose samples agree, for advantage 0 under a group
+    baseline; rejection sampling has none and trains on each right answer, so with the filter
+    on it keeps q1 (both right) in either collector. GRPO, on the same samples, drops q1 and
+    draws q2 and q3 for it."""
+    trajs, ids, metrics = rft_collect(monkeypatch, "rejection_sampling", mode)
+    assert ids == ["q0", "q1"] and "filter/dropped_groups" not in metrics
+    assert [(t.response_text, t.group_id, t.acc) for t in trajs] == [
+        ("<answer>a0</answer>", 0, 1.0), ("<answer>zz</answer>", 0, 0.0),
+        ("<answer>a1</answer>", 1, 1.0), ("<answer>a1</answer>", 1, 1.0)]
+    trajs, ids, metrics = rft_collect(monkeypatch, "grpo", mode)
+    assert ids == ["q0", "q1", "q2", "q3"] and metrics["filter/dropped_groups"] == 1.0
+    assert "<answer>a1</answer>" not in [t.response_text for t in trajs]
+
+
+def test_whether_agreeing_groups_are_filtered_is_the_estimators_registration(monkeypatch):
+    """GroupRules reads the registry, not the name: the rejection_sampling function registered
+    again without flat_groups_carry_signal is filtered, another name declaring it is not."""
+    from agent_rl.config import TrainConfig
+    from agent_rl.training import algos
+    from agent_rl.training.groups import GroupRules
+
+    for name, info in (("plain_keep", {}), ("my_rft", {"flat_groups_carry_signal": True})):  # this test only
+        monkeypatch.setitem(algos.ADV_ESTIMATORS._fns, name, algos.rejection_sampling)
+        monkeypatch.setitem(algos.ADV_ESTIMATORS._info, name, {"uses_groups": False, **info})
+    cfg = TrainConfig()
+    cfg.algorithm.filter_groups = True
+    filtered = {}
+    for name in ("grpo", "rejection_sampling", "plain_keep", "my_rft"):
+        cfg.algorithm.adv_estimator = name
+        filtered[name] = GroupRules.from_config(cfg).filter_on
+    assert filtered == {"grpo": True, "rejection_sampling": False, "plain_keep": True, "my_rft": False}
+    cfg.algorithm.filter_groups = False
+    assert not GroupRules.from_config(cfg).filter_on  # off stays off

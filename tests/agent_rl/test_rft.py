@@ -176,3 +176,26 @@ def test_rft_update_through_the_actor_is_sft_on_the_kept_trajectories(tiny_polic
     assert metrics["actor/rft_nll"] == pytest.approx(float(nll_kept.mean()), rel=1e-4)
     assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
     assert any(not torch.equal(b, p) for b, p in zip(before, worker.optim.params))
+
+
+def test_kl_in_the_reward_is_refused_at_load_for_rejection_sampling(monkeypatch):
+    """rejection_sampling keeps a trajectory whose task metric reaches rft_min_acc; an in-reward
+    KL penalty subtracted from it would drop a right answer (metric 1.0 - a positive penalty) or
+    keep a wrong one (F1 0.9 + a negative k1 estimate >= 1.0). The config is refused at load, by
+    the estimator's registration (accepts_kl_in_reward=False), not by its name; GRPO keeps it."""
+    from agent_rl.config import ConfigError, TrainConfig, load_config
+
+    rft = ["algorithm.adv_estimator=rejection_sampling"]
+    load_config(TrainConfig, None, rft)
+    with pytest.raises(ConfigError, match=r"algorithm.use_kl_in_reward=true does not apply to "
+                                          r"algorithm.adv_estimator=rejection_sampling: it reads the acc outcome"):
+        load_config(TrainConfig, None, [*rft, "algorithm.use_kl_in_reward=true"])
+    load_config(TrainConfig, None, ["algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=true"])
+    for name, info in (("plain_keep", {}), ("my_rft", {"accepts_kl_in_reward": False})):  # this test only
+        monkeypatch.setitem(algos.ADV_ESTIMATORS._fns, name, algos.rejection_sampling)
+        monkeypatch.setitem(algos.ADV_ESTIMATORS._info, name, {"outcome": "acc", **info})
+    load_config(TrainConfig, None, ["algorithm.adv_estimator=plain_keep", "algorithm.use_kl_in_reward=true"])
+    with pytest.raises(ConfigError, match="adv_estimator=my_rft"):
+        load_config(TrainConfig, None, ["algorithm.adv_estimator=my_rft", "algorithm.use_kl_in_reward=true"])
+    # an unknown estimator is check_registered's to name (agent-rl-train), not a crash here
+    load_config(TrainConfig, None, ["algorithm.adv_estimator=nope", "algorithm.use_kl_in_reward=true"])

@@ -3,7 +3,9 @@ whose rewards all agree.
 
 Under any group-baseline estimator such a group has advantage 0 on every token, so it only
 dilutes the batch (and, with token-mean, shrinks the effective learning rate). The trainer
-over-samples prompts and keeps the groups that carry signal until the batch is full.
+over-samples prompts and keeps the groups that carry signal until the batch is full. Under an
+estimator registered with flat_groups_carry_signal (rejection_sampling: an all-right group is
+all kept samples) that reason fails, and the trainer does not filter (`groups.GroupRules`).
 """
 
 from __future__ import annotations
