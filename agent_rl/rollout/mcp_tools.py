@@ -48,12 +48,14 @@ where its cost stalls nothing: a call's answer keeps its first MAX_CONTENT_ITEMS
 MAX_LINE_BYTES keeps the head of each text item (a 10 MB line cost the SDK over 1 s on our loop)
 and any other message over it is an error answer (dropped if its id is not at either end), a
 line that is not JSON is dropped (as the SDK would). The streamable HTTP transport has no relay:
-there an answer sent as JSON of more than MAX_LINE_BYTES, or of more than MAX_LIST_VALUES JSON
-values (counted by its commas, colons and brackets as it arrives), is cut off where it crosses the
-bound and becomes an error answer to its request (`_capped_json`), and an answer sent as a
-server-sent event of more than MAX_LINE_BYTES is the SDK's error answer (`max_sse_event_size`):
-HTTP answers are bounded in bytes, and a JSON one in values too, but neither is cut to its head
-as stdio's are.
+there every answer is decoded by us (`_Inflater`: none, gzip or deflate, HTTP_PIECE_BYTES at a
+time, the loop free in between; a few KiB of gzip inflated to megabytes past caps that counted the
+wire, issue 100) and counted as it is decoded (`_JsonValues`: JSON values outside strings, per
+message); a JSON body of more than MAX_LINE_BYTES, or a message of more than MAX_MESSAGE_VALUES
+values (a tools/list or initialize answer: MAX_LIST_VALUES), is cut off where it crosses the bound
+and becomes an error answer to its request (`_bounded_http`), as is a server-sent event of more
+than MAX_LINE_BYTES (the SDK's `max_sse_event_size`, counted after decoding). HTTP answers are
+bounded, not cut to their head as stdio's are.
 
 `mcp` is imported inside the methods, so importing this module stays cheap.
 """
@@ -70,6 +72,7 @@ import re
 import shlex
 import sys
 import time
+import zlib
 from typing import Any
 
 from agent_rl.rollout.tools import Tool, ToolInputError, left_behind
@@ -90,6 +93,10 @@ MAX_CONTENT_ITEMS = 100  # content items of a call's answer that reach the SDK; 
 MAX_MESSAGE_VALUES = 5_000  # JSON values of a message the SDK validates on our loop (~10 us each)
 MAX_LIST_VALUES = 100_000  # ... of a tools/list answer, read once before any rollout
 MAX_LINE_BYTES = 4 << 20  # a message the SDK would buffer and copy on our loop (10 MB: over 1 s)
+HTTP_PIECE_BYTES = 16 << 10  # an HTTP answer is inflated and counted this much at a time, the loop free in between
+ACCEPT_ENCODING = "gzip, deflate"  # what an HTTP answer may be encoded in (decoded by `_Inflater`, in bounded steps)
+_OUTSIDE = re.compile(rb'["\r\n]')  # where a JSON string or a line ends, outside a string
+_IN_STRING = re.compile(rb'[^"\\\r\n]*(?:\\[^\r\n][^"\\\r\n]*)*')  # a JSON string's rest, escapes included
 
 RELAY = r"""
 import json, subprocess, sys
@@ -333,50 +340,177 @@ def _content_text(result: Any) -> str:
     return "\n".join(parts)
 
 
+class _JsonValues:
+    """Counts the JSON values of each message of an HTTP answer as its decoded bytes arrive, as
+    the relay counts them (a value is the first, or follows "[", "," or ":"), but not inside
+    strings: a text full of commas is one value. `sse`: the answer is server-sent events, each a
+    message of its own (the count starts again after a blank line); else one JSON body, whose
+    bytes are counted too. Raises ValueError once a message passes `max_values` (or the body
+    `max_bytes`). The scan runs in C (re, bytes.count) with one Python step per string or line
+    end, so a piece of HTTP_PIECE_BYTES costs milliseconds whatever it holds."""
+
+    def __init__(self, max_values: int, max_bytes: int, sse: bool = False) -> None:
+        self.max_values, self.max_bytes, self.sse = max_values, max_bytes, sse
+        self.values = self.size = 0
+        self._in_string = self._escape = self._cr = False
+        self._line_empty = True
+
+    def feed(self, data: bytes) -> None:
+        pos, end = 0, len(data)
+        if self._cr and data[:1] == b"\n":  # "\r\n" split between two pieces: one line end
+            pos = 1
+        self._cr = False
+        if not self.sse:
+            self.size += end
+        self._check()
+        while pos < end:
+            if self._in_string:
+                pos = self._string_end(data, pos)
+                continue
+            found = _OUTSIDE.search(data, pos)
+            stop = end if found is None else found.start()
+            if stop > pos:
+                segment = data[pos:stop]
+                self.values += segment.count(b",") + segment.count(b":") + segment.count(b"[")
+                self._line_empty = False
+                self._check()
+            if found is None:
+                return
+            if data[stop] == 0x22:  # '"'
+                self._in_string, self._line_empty = True, False
+            else:
+                if self.sse and self._line_empty:  # a blank line: the event is over
+                    self.values = 0
+                self._line_empty = True
+                if data[stop:stop + 2] == b"\r\n":
+                    stop += 1
+                elif data[stop] == 0x0D and stop == end - 1:
+                    self._cr = True
+            pos = stop + 1
+
+    def _string_end(self, data: bytes, pos: int) -> int:
+        """Where the scan goes on inside a string begun before `pos`."""
+        if self._escape:  # a backslash ended the last piece: this byte is the one it escapes
+            self._escape = False
+            if data[pos] not in (0x0A, 0x0D):
+                return pos + 1
+        stop = _IN_STRING.match(data, pos).end()
+        if stop == len(data):
+            return stop
+        if data[stop] == 0x22:  # the closing quote
+            self._in_string = False
+            return stop + 1
+        if data[stop] == 0x5C:  # a backslash, the piece's last byte
+            self._escape = True
+            return stop + 1
+        self._in_string = False  # a raw line end: no JSON string holds one
+        return stop
+
+    def _check(self) -> None:
+        if self.size > self.max_bytes:
+            raise ValueError(f"an answer of more than {self.max_bytes} bytes: not read further")
+        if self.values > self.max_values:
+            raise ValueError(f"an answer of more than {self.max_values} JSON values: not read further")
+
+
+class _Inflater:
+    """An HTTP answer's body decoded from its Content-Encoding (none, gzip or deflate) in pieces
+    of HTTP_PIECE_BYTES at most: a few KiB of gzip can inflate to megabytes, which httpx would
+    decode at once and our caps would never have counted (issue 100)."""
+
+    def __init__(self, content_encoding: str) -> None:
+        codings = [c.strip().lower() for c in content_encoding.split(",") if c.strip().lower() not in ("", "identity")]
+        if len(codings) > 1 or (codings and codings[0] not in ("gzip", "x-gzip", "deflate")):
+            raise ValueError(f"an answer in Content-Encoding {content_encoding!r}; the client reads {ACCEPT_ENCODING}")
+        self.coding = codings[0] if codings else None
+        # gzip: its header; deflate: zlib's header (wbits | 32 takes either), else raw (some servers)
+        self._zlib = zlib.decompressobj(zlib.MAX_WBITS | 32) if self.coding else None
+        self._started = False
+
+    def pieces(self, data: bytes):
+        """The decoded bytes of `data`, the next part of the body, piece by piece."""
+        if self._zlib is None:
+            for start in range(0, len(data), HTTP_PIECE_BYTES):
+                yield data[start:start + HTTP_PIECE_BYTES]
+            return
+        while data and not self._zlib.eof:
+            try:
+                out = self._zlib.decompress(data, HTTP_PIECE_BYTES)
+            except zlib.error as e:
+                if self._started or self.coding != "deflate":
+                    raise ValueError(f"an answer whose {self.coding} encoding is broken: {e}") from None
+                self._zlib = zlib.decompressobj(-zlib.MAX_WBITS)  # raw deflate
+                continue
+            self._started = True
+            data = self._zlib.unconsumed_tail
+            if out:
+                yield out
+            if not data and len(out) == HTTP_PIECE_BYTES:  # output may be waiting in zlib
+                data = b""
+                while len(out) == HTTP_PIECE_BYTES and not self._zlib.eof:
+                    out = self._zlib.decompress(b"", HTTP_PIECE_BYTES)
+                    if out:
+                        yield out
+
+
 @functools.cache
-def _capped_json() -> type:
-    """The HTTP transport class that bounds JSON answers, and its body, made on first use (httpx2
+def _bounded_http() -> type:
+    """The HTTP transport class that bounds every answer after decoding, made on first use (httpx2
     comes with the SDK: not imported with this module)."""
     import httpx2
 
-    class CappedBody(httpx2.AsyncByteStream):
-        """A response body that raises httpx2.StreamError (the SDK's error answer to the request)
-        once it has passed `max_bytes`, or `max_values` JSON values counted as the relay counts
-        them (a value is the first, or follows "[", "," or ":")."""
+    class BoundedBody(httpx2.AsyncByteStream):
+        """A response body decoded by `_Inflater`, its messages counted by `_JsonValues`, the
+        event loop given a turn between pieces; over a bound it raises httpx2.StreamError (an
+        event stream: httpx2.SSEError), which the SDK answers to the request as an error."""
 
-        def __init__(self, inner, max_bytes: int, max_values: int) -> None:
-            self.inner, self.max_bytes, self.max_values = inner, max_bytes, max_values
+        def __init__(self, inner, encoding: str, counter: _JsonValues) -> None:
+            self.inner, self.encoding, self.counter = inner, encoding, counter
 
         async def __aiter__(self):
-            size = values = 0
-            async for chunk in self.inner:
-                size += len(chunk)
-                values += chunk.count(b",") + chunk.count(b":") + chunk.count(b"[")
-                if size > self.max_bytes or values > self.max_values:
-                    what = f"{self.max_bytes} bytes" if size > self.max_bytes else f"{self.max_values} JSON values"
-                    raise httpx2.StreamError(f"an answer of more than {what}: not read further")
-                yield chunk
+            error = httpx2.SSEError if self.counter.sse else httpx2.StreamError
+            try:
+                inflater = _Inflater(self.encoding)
+                async for chunk in self.inner:
+                    for piece in inflater.pieces(chunk):
+                        self.counter.feed(piece)
+                        yield piece
+                        await asyncio.sleep(0)  # a chunk may inflate to megabytes: others run in between
+            except ValueError as e:
+                raise error(str(e)) from None
 
         async def aclose(self) -> None:
             await self.inner.aclose()
 
-    class CappedJson(httpx2.AsyncBaseTransport):
-        """An HTTP transport whose JSON responses are `CappedBody` (server-sent events are the
-        SDK's to bound: max_sse_event_size)."""
+    class BoundedHttp(httpx2.AsyncBaseTransport):
+        """An HTTP transport whose responses are `BoundedBody`s, with no Content-Encoding left
+        for httpx to decode. A tools/list or initialize answer may hold `max_list_values`
+        values, any other message `max_values`."""
 
-        def __init__(self, inner, max_bytes: int, max_values: int) -> None:
-            self.inner, self.max_bytes, self.max_values = inner, max_bytes, max_values
+        def __init__(self, inner, max_bytes: int, max_values: int, max_list_values: int) -> None:
+            self.inner, self.max_bytes = inner, max_bytes
+            self.max_values, self.max_list_values = max_values, max_list_values
+
+        def _limit(self, request) -> int:
+            try:
+                method = json.loads(request.content).get("method")
+            except Exception:  # noqa: BLE001 - a GET, a DELETE, a batch: not a listing
+                method = None
+            return self.max_list_values if method in ("tools/list", "initialize") else self.max_values
 
         async def handle_async_request(self, request):
             response = await self.inner.handle_async_request(request)
-            if response.headers.get("content-type", "").lower().startswith("application/json"):
-                response.stream = CappedBody(response.stream, self.max_bytes, self.max_values)
+            sse = response.headers.get("content-type", "").lower().startswith("text/event-stream")
+            encoding = response.headers.pop("content-encoding", "")
+            response.headers.pop("content-length", None)
+            counter = _JsonValues(self._limit(request), self.max_bytes, sse=sse)
+            response.stream = BoundedBody(response.stream, encoding, counter)
             return response
 
         async def aclose(self) -> None:
             await self.inner.aclose()
 
-    return CappedJson
+    return BoundedHttp
 
 
 class McpServer:
@@ -511,8 +645,9 @@ class McpServer:
 
         # the SDK's own client settings (create_mcp_http_client: 30 s, a 300 s read for long
         # streams), its transport wrapped so that no JSON answer outgrows what stdio's relay admits
-        client = httpx2.AsyncClient(timeout=httpx2.Timeout(30.0, read=300.0),
-                                    transport=_capped_json()(httpx2.AsyncHTTPTransport(), MAX_LINE_BYTES, MAX_LIST_VALUES))
+        transport = _bounded_http()(httpx2.AsyncHTTPTransport(), MAX_LINE_BYTES, MAX_MESSAGE_VALUES, MAX_LIST_VALUES)
+        client = httpx2.AsyncClient(timeout=httpx2.Timeout(30.0, read=300.0), transport=transport,
+                                    headers={"Accept-Encoding": ACCEPT_ENCODING})
         async with client, streamable_http_client(self.url, http_client=client,
                                                   max_sse_event_size=MAX_LINE_BYTES) as streams:
             yield streams
@@ -717,7 +852,8 @@ class McpServer:
                 # the session's dispatcher closed (a private flag, read defensively).
                 if self.command is not None or getattr(getattr(session, "_dispatcher", None), "_closed", False):
                     self._lost(gone, "connection closed")
-                raise McpCallError(f"connection to MCP server {self.name!r} lost: {e.message}") from None
+                    raise McpCallError(f"connection to MCP server {self.name!r} lost: {e.message}") from None
+                raise McpCallError(f"MCP server {self.name!r}'s answer to {what} ended early: {e.message}") from None
             raise McpCallError(f"MCP server {self.name!r} error {e.code}: {e.message}") from None
         except Exception as e:  # noqa: BLE001 - an answer the SDK cannot read, e.g. a tool list with a bad inputSchema
             raise McpCallError(f"MCP server {self.name!r} answered {what} unreadably: {_describe(e)}") from None

@@ -12,6 +12,13 @@ the handshake), `stderr-line` (20 MB on stderr with no newline). Each tool of CA
 tools/call its own way (`many`: 150 000 text items); messages are handled one at a time, so a
 call that never answers does not hold the others. When MCP_TEST_PID_FILE is set, the process
 writes its pid there at start.
+
+    python tests/agent_rl/mcp_hostile_server.py http PORT
+
+serves streamable HTTP on 127.0.0.1:PORT/mcp (raw, no SDK), with the tools of HTTP_CALLS: `echo`,
+and answers small on the wire but large once decoded: `zip_many` (300 000 text items, gzip: a
+few KiB), `zip_big` (one text of 64 MiB, gzip), `sse_many` (150 000 items as one server-sent
+event of 4 MB, under the byte cap), `sse_zip_many` (`zip_many`'s answer as an event, gzip).
 """
 
 from __future__ import annotations
@@ -95,6 +102,72 @@ def call(msg_id: int, name: str, arguments: dict) -> None:
         send({"jsonrpc": "2.0", "id": msg_id, "error": {"code": -32602, "message": f"unknown tool {name}"}})
 
 
+HTTP_CALLS = ["echo", "zip_many", "zip_big", "sse_many", "sse_zip_many"]
+
+
+def http_answer(msg: dict) -> tuple[dict, bool, bool]:
+    """The answer to one HTTP request, and whether it goes as a server-sent event and gzip."""
+    method, msg_id = msg.get("method"), msg.get("id")
+    if method == "initialize":
+        return {"jsonrpc": "2.0", "id": msg_id, "result": {
+            "protocolVersion": msg["params"]["protocolVersion"], "capabilities": {"tools": {}},
+            "serverInfo": {"name": "hostile-http", "version": "1"}}}, False, False
+    if method == "tools/list":
+        listed = [{"name": name, "description": f"hostile: {name}", "inputSchema": ANY} for name in HTTP_CALLS]
+        return {"jsonrpc": "2.0", "id": msg_id, "result": {"tools": listed}}, False, False
+    if method != "tools/call":
+        return {"jsonrpc": "2.0", "id": msg_id, "error": {"code": -32601, "message": f"no method {method}"}}, False, False
+    name = msg["params"]["name"]
+    sse, gzipped = name.startswith("sse_"), "zip_" in name
+    if name == "echo":
+        content = [{"type": "text", "text": str((msg["params"].get("arguments") or {}).get("text", ""))}]
+    elif name == "zip_big":
+        content = [{"type": "text", "text": "y" * (64 << 20)}]
+    else:
+        content = [{"type": "text", "text": "x"}] * (150_000 if name == "sse_many" else 300_000)
+    return {"jsonrpc": "2.0", "id": msg_id, "result": {"content": content, "isError": False}}, sse, gzipped
+
+
+def serve_http(port: int) -> None:
+    import gzip
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args) -> None:
+            pass
+
+        def reply(self, status: int, body: bytes = b"", headers: dict | None = None) -> None:
+            self.send_response(status)
+            for key, value in (headers or {}).items():
+                self.send_header(key, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:  # no stream of the server's own messages
+            self.reply(405)
+
+        def do_DELETE(self) -> None:
+            self.reply(200)
+
+        def do_POST(self) -> None:
+            msg = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if "id" not in msg:
+                return self.reply(202)
+            answer, sse, gzipped = http_answer(msg)
+            body = json.dumps(answer, separators=(",", ":")).encode()
+            headers = {"Content-Type": "application/json", "Mcp-Session-Id": "hostile"}
+            if sse:
+                body, headers["Content-Type"] = b"event: message\ndata: " + body + b"\n\n", "text/event-stream"
+            if gzipped:
+                body, headers["Content-Encoding"] = gzip.compress(body, 9), "gzip"
+            self.reply(200, body, headers)
+
+    ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+
+
 def main(mode: str) -> None:
     if pid_file := os.environ.get("MCP_TEST_PID_FILE"):
         with open(pid_file, "w") as f:
@@ -148,4 +221,7 @@ def main(mode: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "ok")
+    if sys.argv[1:2] == ["http"]:
+        serve_http(int(sys.argv[2]))
+    else:
+        main(sys.argv[1] if len(sys.argv) > 1 else "ok")
