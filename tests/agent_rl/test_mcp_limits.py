@@ -91,6 +91,15 @@ def test_a_gzip_answer_is_capped_after_decoding_within_its_timeout(hostile_http,
     _check_capped(hostile_http, name, why)
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["sse_many", "sse_zip_many"])
+def test_an_event_stream_answer_is_bounded_in_items(hostile_http, name):
+    """Case 2: a server-sent event was bounded in bytes only (max_sse_event_size): 150 000 items
+    in 4 MB passed and held the loop while the SDK validated them. Now each event's JSON values
+    are counted too, after decoding."""
+    _check_capped(hostile_http, name, f"more than {mcp_tools.MAX_MESSAGE_VALUES} JSON values")
+
+
 def _count(pieces: list[bytes], sse: bool = False) -> int:
     counter = mcp_tools._JsonValues(10**9, 10**9, sse=sse)
     for piece in pieces:
