@@ -9,6 +9,7 @@ summation order differs.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import math
@@ -477,14 +478,66 @@ def test_zero_advantage_sequences_are_skipped_without_changing_the_update(tiny_p
     for k in ("tis_weight_mean", "entropy", "ppo_kl", "pg_clipfrac"):
         assert run[k] == pytest.approx(alone[k], rel=1e-5, abs=1e-7), k
     assert 0.5 < run["tis_weight_mean"] <= 2.0
-    # through update_policy: the step skips them and says so; all-zero advantages still step
+    # through update_policy: the step skips them and says so
     metrics = w.update_policy(batch)
-    assert metrics["actor/skipped_sequences"] == 4.0
+    assert metrics["actor/skipped_sequences"] == 4.0 and metrics["actor/no_signal_steps"] == 0.0
+
+
+def test_a_mini_batch_without_signal_takes_no_optimizer_step(tiny_policy):
+    """Every advantage 0 (an RFT batch with no right answer, GRPO groups that all agree): no
+    sequence is active, so the mini-batch takes no optimizer step. A step on its zero gradient
+    would still move the weights (AdamW's decay, the moments of the step before) and age Adam's
+    state; the weights and the optimizer state stay bit-identical, and the update counts it."""
+    cfg = make_cfg(tiny_policy, use_kl_loss=False, entropy_coeff=0.0, tis_cap=2.0)
+    cfg.actor.optim.weight_decay = 0.01  # the default: decay alone would move every weight
+    w = ActorWorker(cfg, total_steps=3)
+    batch = rl_batch(w, make_trajs(8))
+    w.update_policy(batch)  # a real step first: Adam's moments are not zero
     before = [p.detach().clone() for p in w.optim.params]
+    state = copy.deepcopy(w.optim.optimizer.state_dict()["state"])
     metrics = w.update_policy(batch.with_fields(advantages=torch.zeros_like(batch.advantages)))
-    assert metrics["actor/skipped_sequences"] == 8.0 and metrics["actor/grad_norm"] == 0.0
-    # AdamW's momentum from the first step still moves the weights, as with zero gradients
-    assert any(not torch.equal(b, p) for b, p in zip(before, w.optim.params))
+    assert metrics["actor/skipped_sequences"] == 8.0 and metrics["actor/no_signal_steps"] == 1.0
+    assert metrics["actor/skipped_steps"] == 0.0 and "actor/grad_norm" not in metrics  # nothing was computed
+    assert all(torch.equal(b, p) for b, p in zip(before, w.optim.params))
+    after = w.optim.optimizer.state_dict()["state"]
+    assert state.keys() == after.keys() and all(
+        torch.equal(state[i][k], after[i][k]) for i in state for k in ("step", "exp_avg", "exp_avg_sq"))
+    assert int(state[0]["step"]) == 1  # the real step's count, not aged by the empty one
+    assert w.num_updates == 2  # the trainer step still counts (the lr schedule follows steps)
+
+
+def test_a_step_with_a_non_finite_gradient_is_skipped_counted_and_warned(caplog):
+    """The update loop on a 4-weight linear model: a mini-batch whose loss is NaN (its gradient
+    norm too) takes no step, is counted in actor/skipped_steps and warned on the console once
+    per update, whatever the number of such mini-batches; a finite one still steps."""
+    from agent_rl.config import OptimConfig
+    from agent_rl.training.workers.step import Optim, UpdateLoop
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1, bias=False)
+    optim = Optim(list(model.parameters()), OptimConfig(lr=0.1), total_steps=3, grad_clip=1.0)
+    loop = UpdateLoop(model, optim, fsdp=False, world_size=1, state_masking=True, use_dynamic_bsz=False,
+                      max_token_len=1 << 20, micro_batch_size=64)
+    batch = TokenBatch.from_trajectories(make_trajs(4))
+    losses = iter([float("nan"), float("nan"), 1.0, float("nan")])  # one per mini-batch, in order
+
+    def loss_fn(mb, norm):
+        loss = model.weight.sum() * next(losses)
+        return loss, {"loss": loss.item()}
+
+    before = model.weight.detach().clone()
+    with caplog.at_level("WARNING", logger="agent_rl.training.workers.step"):
+        first = loop.epochs(batch, loss_fn, "actor", epochs=1, mini_size=2, shuffle=False)  # NaN, NaN
+        assert torch.equal(model.weight, before) and not optim.optimizer.state  # no step, no Adam state
+        second = loop.epochs(batch, loss_fn, "actor", epochs=1, mini_size=2, shuffle=False)  # 1.0, NaN
+    assert first["actor/skipped_steps"] == 2.0 and second["actor/skipped_steps"] == 1.0
+    assert int(optim.optimizer.state[model.weight]["step"]) == 1  # the finite mini-batch's step alone
+    assert not torch.equal(model.weight, before)
+    warned = [r.getMessage() for r in caplog.records if "non-finite gradient norm" in r.getMessage()]
+    assert warned == ["actor update 1: 2 of 2 optimizer steps skipped for a non-finite gradient norm; "
+                      "their mini-batches left the weights unchanged",
+                      "actor update 2: 1 of 2 optimizer steps skipped for a non-finite gradient norm; "
+                      "their mini-batches left the weights unchanged"]
 
 
 def dataclass_replace(batch, **kw):

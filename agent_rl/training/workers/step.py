@@ -10,13 +10,16 @@ gradients on a rank, then summing over ranks, gives the gradient of the mini-bat
 Metrics: a loss function returns per-micro-batch values. Keys ending in `loss` are already
 shares of the mini-batch loss and are summed; every other key is a mean over the
 micro-batch's sampled tokens and is weighted by its share of them. Ranks add their sums, so
-each rank returns the metrics of the whole mini-batch.
+each rank returns the metrics of the whole mini-batch. An update averages its mini-batches'
+metrics, except the counts of optimizer steps not taken (`COUNTS`), which it sums.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,6 +29,12 @@ from torch import nn
 from agent_rl.config import OptimConfig
 from agent_rl.training.batch import TokenBatch, micro_batches, split_mini_batches
 from agent_rl.training.workers import dist
+
+log = logging.getLogger(__name__)
+
+COUNTS = ("skipped_steps", "no_signal_steps")
+"""Per-mini-batch 0/1 metrics that an update sums (counts of optimizer steps not taken), where
+every other metric is a mean over its mini-batches."""
 
 
 @dataclass
@@ -104,7 +113,11 @@ class Optim:
         return norm
 
     def end_update(self) -> None:
-        self.scheduler.step()
+        with warnings.catch_warnings():
+            # the schedule counts trainer steps, also one whose mini-batches all took no optimizer
+            # step (no signal, a non-finite gradient): torch's warning on that order is moot here
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+            self.scheduler.step()
 
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
@@ -212,13 +225,24 @@ class UpdateLoop:
 
     def mini_batch(self, mini: TokenBatch, loss_fn: LossFn, prefix: str,
                    active: torch.Tensor | None = None) -> dict[str, float]:
-        """One optimizer step on `mini`; `prefix/*` metrics of the whole mini-batch (all ranks)."""
+        """One optimizer step on `mini`; `prefix/*` metrics of the whole mini-batch (all ranks).
+
+        No step when no sequence is active on any rank: a zero gradient would still move the
+        weights (AdamW's decay, the moments of earlier steps) and age Adam's state for a
+        mini-batch with nothing to learn (`no_signal_steps`). A step whose gradient norm is not
+        finite is not taken either (`Optim.step`), counted as `skipped_steps` and warned by `end`."""
         results = self.backward(mini, loss_fn, active)
-        grad_norm = self.optim.step()
         out = {f"{prefix}/{k}": v for k, v in combine_metrics(results).items()}
-        out[f"{prefix}/grad_norm"] = grad_norm
         if active is not None:
             out[f"{prefix}/skipped_sequences"] = float(len(mini) - int(active.sum()))
+            (n_active,) = dist.all_reduce_sum([float(active.sum())])  # every rank skips alike
+            if n_active == 0:
+                self.optim.optimizer.zero_grad(set_to_none=True)
+                return {**out, f"{prefix}/no_signal_steps": 1.0, f"{prefix}/skipped_steps": 0.0}
+        grad_norm = self.optim.step()
+        out[f"{prefix}/grad_norm"] = grad_norm
+        out[f"{prefix}/no_signal_steps"] = 0.0
+        out[f"{prefix}/skipped_steps"] = 0.0 if math.isfinite(grad_norm) else 1.0
         return out
 
     def backward(self, mini: TokenBatch, loss_fn: LossFn,
@@ -246,6 +270,14 @@ class UpdateLoop:
 
     def end(self, rows: list[dict[str, float]], prefix: str) -> dict[str, float]:
         metrics = mean_metrics(rows)
+        for key in COUNTS:
+            metrics[f"{prefix}/{key}"] = sum(r.get(f"{prefix}/{key}", 0.0) for r in rows)
+        skipped = int(metrics[f"{prefix}/skipped_steps"])
+        # a non-finite gradient is a fault (an overflow, a NaN in the data), not a quiet event:
+        # one line per update, from one rank (every rank saw the same all-reduced norm)
+        if skipped and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
+            log.warning("%s update %d: %d of %d optimizer steps skipped for a non-finite gradient norm; "
+                        "their mini-batches left the weights unchanged", prefix, self.num_updates + 1, skipped, len(rows))
         metrics[f"{prefix}/lr"] = self.optim.lr
         self.optim.end_update()
         self.num_updates += 1
