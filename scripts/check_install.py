@@ -2,12 +2,18 @@
 resolver, from any host (no GPU, no such Python needed): binary wheels only, for x86-64 Linux
 (manylinux), as a GPU machine would install them.
 
-python scripts/check_install.py [--extras gpu gpu-torch] [--pythons 3.11 3.12 3.13]
+python scripts/check_install.py [--extras gpu gpu-torch] [--pythons 3.11 3.12 3.13] [--if-changed]
 
 Prints one row per (Python, extra): resolved or not, and the vLLM / torch / faiss versions it
 chose. Exit code 0 when every one resolved and requires-python admits every Python asked, 1
 when one did not, 3 when the package index could not be reached, kept breaking off a download or
 the disk could not hold pip's downloads (a row left unchecked; where another row failed outright, 1).
+
+A full run of the default extras and Pythons that resolves writes scripts/gpu_extras_resolved.json:
+its rows and a key of what decides them (requires-python, the dependencies and extras, this
+script). `--if-changed` (what the test suite runs) asks the index only when that key differs
+from the recorded one; otherwise it reports the recorded rows. It does not notice the index
+changing under unchanged requirements: run it without --if-changed for that.
 
 pip downloads the wheels it resolves (about 4 GB for a CUDA torch and vLLM's NVIDIA libraries,
 in TMPDIR, while it runs): as many resolutions run at once as the free space holds, and one that
@@ -17,6 +23,8 @@ ran out of space is tried again alone.
 from __future__ import annotations
 
 import argparse
+import datetime
+import hashlib
 import itertools
 import json
 import os
@@ -39,6 +47,10 @@ UNREACHABLE = ("NewConnectionError", "Max retries exceeded", "Failed to establis
 INTERRUPTED = ("Connection interrupted while downloading", "DO NOT MATCH THE HASHES")
 NO_SPACE = "No space left on device"
 TRANSIENT = ("interrupted", "no space")
+RESOLVED = ROOT / "scripts" / "gpu_extras_resolved.json"
+"""The last full resolution that passed: {"key", "date", "rows"} (module doc)."""
+DEFAULT_EXTRAS = ["gpu", "gpu-torch"]
+DEFAULT_PYTHONS = ["3.11", "3.12", "3.13"]
 """Failures of the host, not of the resolution: tried again, one at a time, RETRIES times."""
 RETRIES = 2
 DISK_PER_RESOLUTION = 6 << 30
@@ -61,6 +73,34 @@ def requirements(extra: str) -> list[str]:
     if extra not in extras:
         raise SystemExit(f"no extra {extra!r} in pyproject.toml (has: {', '.join(extras)})")
     return list(project["dependencies"]) + list(extras[extra])
+
+
+def inputs_key(extras: list[str] = DEFAULT_EXTRAS) -> str:
+    """sha256 of what decides the resolution: requires-python, the dependencies, the extras asked
+    and this script (its platforms and pip flags)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    decided = {"requires-python": project["requires-python"], "dependencies": project["dependencies"],
+               "extras": {e: project["optional-dependencies"].get(e) for e in sorted(extras)},
+               "script": Path(__file__).read_text()}
+    return hashlib.sha256(json.dumps(decided, sort_keys=True).encode()).hexdigest()
+
+
+def recorded_rows(path: Path | None = None) -> list[dict] | None:
+    """The recorded resolution's rows (of RESOLVED unless `path`) when its key is today's and
+    every row passed, else None."""
+    path = RESOLVED if path is None else path
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    rows = record.get("rows") if isinstance(record, dict) else None
+    if record.get("key") != inputs_key() or not rows:
+        return None
+    if not all(r.get("result") == "ok" and r.get("admitted") for r in rows):
+        return None
+    print(f"[check_install] requirements unchanged since the resolution recorded on {record.get('date')} "
+          f"({path}): the index is not asked again", file=sys.stderr)
+    return rows
 
 
 def admits(python: str) -> bool:
@@ -95,10 +135,19 @@ def resolve(reqs: list[str], python: str) -> tuple[str, dict[str, str], str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--extras", nargs="+", default=["gpu", "gpu-torch"])
-    ap.add_argument("--pythons", nargs="+", default=["3.11", "3.12", "3.13"])
+    ap.add_argument("--extras", nargs="+", default=DEFAULT_EXTRAS)
+    ap.add_argument("--pythons", nargs="+", default=DEFAULT_PYTHONS)
     ap.add_argument("--json", default=None, help="also write the rows here")
+    ap.add_argument("--if-changed", action="store_true",
+                    help=f"ask the index only when the requirements differ from {RESOLVED.name}'s")
     args = ap.parse_args(argv)
+    full = args.extras == DEFAULT_EXTRAS and args.pythons == DEFAULT_PYTHONS
+    if args.if_changed and full:
+        rows = recorded_rows()
+        if rows is not None:
+            if args.json:
+                Path(args.json).write_text(json.dumps(rows, indent=1))
+            return 0
     rows, status = [], 0
     print("| Python | extra | requires-python | resolves | versions chosen |")
     print("|---|---|---|---|---|")
@@ -134,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
+    if full and status == 0:
+        RESOLVED.write_text(json.dumps({"key": inputs_key(), "date": datetime.date.today().isoformat(), "rows": rows},
+                                       indent=1) + "\n")
     return status
 
 

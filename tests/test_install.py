@@ -1,6 +1,8 @@
 """GPU users can install the project: the `gpu` and `gpu-torch` extras resolve with pip's own
 resolver on Python 3.11, 3.12 and 3.13 (binary wheels for x86-64 Linux), and requires-python
-admits each. Asks the package index (skipped, saying so, where it cannot be reached)."""
+admits each. Asks the package index when the requirements changed since the resolution recorded
+in scripts/gpu_extras_resolved.json (skipped, saying so, where it cannot be reached), and reads
+that record otherwise (scripts/check_install.py's doc)."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ def _check_install():
 @pytest.mark.slow
 def test_gpu_extras_resolve_on_python_311_to_313(tmp_path):
     out = tmp_path / "rows.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_install.py"), "--json", str(out)],
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_install.py"), "--if-changed", "--json", str(out)],
                           capture_output=True, text=True, timeout=1800)
     if proc.returncode == 3:
         pytest.skip(f"nothing decided (index unreachable, downloads breaking off, or no disk for them): "
@@ -40,6 +42,41 @@ def test_gpu_extras_resolve_on_python_311_to_313(tmp_path):
         assert r["admitted"] and r["result"] == "ok", r
         assert r["chosen"]["vllm"].startswith("0.24.") and r["chosen"]["torch"].startswith("2.11.")
         assert ("faiss-gpu-cu12" if r["extra"] == "gpu" else "faiss-cpu") in r["chosen"]
+
+
+def test_the_index_is_asked_again_only_when_the_requirements_change(monkeypatch, tmp_path):
+    """--if-changed: a passing full resolution is recorded with its key; the same requirements
+    read the record without asking pip; a changed key, or a recorded row that did not pass, asks
+    again. Runs of other extras or Pythons neither read nor write the record."""
+    check_install = _check_install()
+    monkeypatch.setattr(check_install, "RESOLVED", tmp_path / "resolved.json")
+    calls = []
+
+    def resolve(reqs, py):
+        calls.append(py)
+        return "ok", {"vllm": "0.24.0", "torch": "2.11.0"}, ""
+
+    monkeypatch.setattr(check_install, "resolve", resolve)
+    assert check_install.main(["--if-changed"]) == 0 and len(calls) == 6
+    record = json.loads((tmp_path / "resolved.json").read_text())
+    assert record["key"] == check_install.inputs_key() and len(record["rows"]) == 6
+    calls.clear()
+    out = tmp_path / "rows.json"
+    assert check_install.main(["--if-changed", "--json", str(out)]) == 0 and calls == []
+    assert json.loads(out.read_text()) == record["rows"]
+    assert check_install.main([]) == 0 and len(calls) == 6  # without --if-changed: always asked
+    calls.clear()
+    monkeypatch.setattr(check_install, "inputs_key", lambda extras=None: "another")
+    assert check_install.main(["--if-changed"]) == 0 and len(calls) == 6
+    calls.clear()
+    record = json.loads((tmp_path / "resolved.json").read_text())
+    record["rows"][0]["result"] = "failed"
+    (tmp_path / "resolved.json").write_text(json.dumps(record))
+    assert check_install.main(["--if-changed"]) == 0 and len(calls) == 6
+    calls.clear()
+    (tmp_path / "resolved.json").unlink()
+    assert check_install.main(["--if-changed", "--extras", "gpu"]) == 0 and len(calls) == 3
+    assert not (tmp_path / "resolved.json").exists()
 
 
 def test_requires_python_refusal_is_reported(monkeypatch):
