@@ -31,7 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 
-from agent_rl.demo.records import MINUS, RECORD, Record, paired, pts, read_record, write_record  # noqa: E402
+from agent_rl.demo.records import (  # noqa: E402
+    MINUS, RECORD, Record, command_line, paired, pts, read_record, redact_record, write_record,
+)
 
 RESULTS = ROOT / "docs" / "results"
 EXPECTATIONS = ROOT / "agent_rl" / "demo" / "expectations.json"
@@ -196,12 +198,15 @@ def keep(args: argparse.Namespace | None, benchmark: str, result: dict, *, files
          default_dir: Path | None = None, title: str | None = None) -> Path:
     """Write `benchmark`'s record for `result` (its full JSON beside it, as `<benchmark>.json`) into
     `args.record_dir`, else `default_dir`, else runs/records/<benchmark>. The settings are the
-    command's parsed arguments."""
+    command's parsed arguments. A secret the command or settings give (`retriever.api_key=...`)
+    is redacted in the record and in the full JSON (`redact_record`)."""
     settings = {k: v for k, v in vars(args or argparse.Namespace()).items() if k != "record_dir"}
     out = Path(getattr(args, "record_dir", None) or default_dir or ROOT / "runs" / "records" / benchmark)
     out.mkdir(parents=True, exist_ok=True)
     full = out / f"{benchmark}.json"
-    full.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    shown = json.loads(json.dumps(result, default=str))  # what the JSON holds, then without its secrets
+    shown = redact_record({"command": command_line(), "settings": settings, "result": shown}, ("result",))["result"]
+    full.write_text(json.dumps(shown, indent=1) + "\n")
     host = result.get("host") or result.get("hardware_line") or result.get("hardware")
     return write_record(out, experiment=out.name, title=title or f"benchmarks/{benchmark}.py",
                         benchmark=f"benchmarks/{benchmark}.py",
@@ -210,14 +215,46 @@ def keep(args: argparse.Namespace | None, benchmark: str, result: dict, *, files
                         host=host if isinstance(host, str) else None)
 
 
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+"""An experiment's or a record's file's name: one plain path component (no separator, no `..`)."""
+
+
+def plain_name(name: str, what: str) -> str:
+    """`name` when it names an entry inside its directory, else a ValueError naming it: a record
+    from elsewhere may name `../../.bashrc` or `/etc/passwd`, which `keep` would read or write."""
+    if not isinstance(name, str) or not NAME.fullmatch(name) or ".." in name:
+        raise ValueError(f"{what} {name!r} is not a plain file name (letters, digits, . _ + -; no path, "
+                         f"no '..'): a record's names stay inside its directory")
+    return name
+
+
+def no_link(path: Path, what: str) -> Path:
+    """`path` unless it is a symbolic link: copying through one reads or writes outside
+    docs/results and the run's directory."""
+    if path.is_symlink():
+        raise ValueError(f"{what} {path} is a symbolic link; a record's files are copied only as plain files")
+    return path
+
+
 def keep_dir(src: Path, experiment: str, results: Path = RESULTS) -> Path:
-    """Copy a run's record directory (its record.json and the files it names) to docs/results."""
-    rec = read_record(src)
-    dest = results / experiment
+    """Copy a run's record directory (its record.json and the files it names) to
+    docs/results/<experiment>, its settings and command redacted (`redact_record`). Every name is
+    checked before anything is copied: the experiment and each file must be a plain name, and no
+    source or destination a symbolic link, so nothing outside `src` is read and nothing outside
+    `results/<experiment>` written."""
+    src = Path(src)
+    plain_name(experiment, "experiment")
+    rec = read_record(no_link(src / RECORD, "record"))
+    names = [plain_name(name, f"{src / RECORD}: file") for name in rec.files]
+    dest = no_link(results / experiment, "destination")
+    for name in [RECORD, *names]:
+        if not no_link(src / name, "source").is_file():
+            raise ValueError(f"{src / RECORD} names {name!r}, which is not a file in {src}")
+        no_link(dest / name, "destination")
     dest.mkdir(parents=True, exist_ok=True)
-    for name in [RECORD, *rec.files]:
-        shutil.copy2(Path(src) / name, dest / name)
-    data = json.loads((dest / RECORD).read_text())
+    for name in names:
+        shutil.copy2(src / name, dest / name)
+    data = redact_record(json.loads((src / RECORD).read_text()))
     data["experiment"] = experiment
     (dest / RECORD).write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
     return dest
@@ -231,8 +268,19 @@ def load_all(results: Path = RESULTS) -> dict[str, Record]:
         rec = read_record(p)
         if rec.experiment != p.parent.name:
             raise ValueError(f"{p}: experiment {rec.experiment!r} is not its directory's name")
+        plain_name(rec.experiment, f"{p}: experiment")
+        for name in rec.files:  # the cards link them and the checks open them: inside the record only
+            plain_name(name, f"{p}: file")
         out[rec.experiment] = rec
     return out
+
+
+def cell_text(text: str) -> str:
+    """Text from a record as one table cell: `|` escaped, line breaks as spaces, and `<!--` as
+    `&lt;!--`, so that a title or label holding `|`, a newline or a `<!-- records:end ... -->`
+    marker can neither split a row nor end the block `index` rewrites (which then grew by the
+    rest of the old table at every run)."""
+    return re.sub(r"\s*[\r\n]+\s*", " ", str(text)).replace("|", "\\|").replace("<!--", "&lt;!--")
 
 
 def link(exp: str, prefix: str) -> str:
@@ -317,14 +365,14 @@ def expect_table(records: dict[str, Record]) -> str:
                 raise ValueError(f"{exp}: host kind {rec.host_kind!r} is not the column {col!r}")
             figure = (rec.headline[labels] if isinstance(labels, str)
                       else "; ".join(f"{label}: {rec.headline[label]}" for label in labels))
-            out.append(f"{figure} ([record](docs/results/{exp}/))")
+            out.append(f"{cell_text(figure)} ([record](docs/results/{exp}/))")
         lines.append(f"| {what} | " + " | ".join(out) + " |")
     return "\n".join(lines)
 
 
 def suite_line(records: dict[str, Record]) -> str:
     rec = records["make_test_2core_avx2"]
-    return (f"`make test` takes {rec.headline['minutes']} on a 2-core AVX2 CPU, plus set-up "
+    return (f"`make test` takes {cell_text(rec.headline['minutes'])} on a 2-core AVX2 CPU, plus set-up "
             f"([record](docs/results/make_test_2core_avx2/)).")
 
 
@@ -333,7 +381,8 @@ def records_table(records: dict[str, Record], keep_it: Callable[[Record], bool],
     lines = ["| record | what it measured | host kind | main figure |", "|---|---|---|---|"]
     for exp, rec in records.items():
         if keep_it(rec):
-            lines.append(f"| [{exp}]({link(exp, prefix)}) | {rec.title} | {rec.host_kind} | {main_figure(rec)} |")
+            lines.append(f"| [{exp}]({link(exp, prefix)}) | {cell_text(rec.title)} | {cell_text(rec.host_kind)} | "
+                         f"{cell_text(main_figure(rec))} |")
     return "\n".join(lines)
 
 
@@ -351,21 +400,22 @@ def index_markdown(records: dict[str, Record]) -> str:
     for rec in records.values():
         by_bench.setdefault(rec.benchmark, []).append(rec)
     for bench, recs in sorted(by_bench.items()):
-        text += [f"## `{bench}`", "", "| record | what it measured | host kind | commit | main figure |",
+        text += [f"## `{cell_text(bench)}`", "", "| record | what it measured | host kind | commit | main figure |",
                  "|---|---|---|---|---|"]
-        text += [f"| [{r.experiment}]({r.experiment}/) | {r.title} | {r.host_kind} | {r.commit} | {main_figure(r)} |"
-                 for r in recs]
+        text += [f"| [{r.experiment}]({r.experiment}/) | {cell_text(r.title)} | {cell_text(r.host_kind)} | "
+                 f"{cell_text(r.commit)} | {cell_text(main_figure(r))} |" for r in recs]
         text.append("")
     return "\n".join(text).rstrip("\n") + "\n"
 
 
 def card(rec: Record) -> str:
     """A record's README.md, so that browsing its directory shows what it holds."""
-    lines = [f"# {rec.experiment}", "", rec.title, "", "```", rec.command, rec.host, "```", "",
+    lines = [f"# {rec.experiment}", "", cell_text(rec.title), "", "```", rec.command, rec.host, "```", "",
              f"Commit {rec.commit}, recorded {rec.date}; host kind: {rec.host_kind}.", ""]
     if rec.note:
         lines += [rec.note, ""]
-    lines += ["| figure | value |", "|---|---|", *[f"| {k} | {v} |" for k, v in rec.headline.items()], ""]
+    lines += ["| figure | value |", "|---|---|",
+              *[f"| {cell_text(k)} | {cell_text(v)} |" for k, v in rec.headline.items()], ""]
     lines += ["Settings: " + ", ".join(f"`{k}={v}`" for k, v in rec.settings.items()) + ".", ""]
     lines += [f"![{f}]({f})" if f.endswith(".png") else f"- [{f}]({f})" for f in rec.files]
     return "\n".join(lines) + "\n"
@@ -394,6 +444,9 @@ def fill(text: str, name: str, body: str, doc: str) -> str:
     begin, end = BEGIN.format(name), END.format(name)
     if begin not in text or end not in text:
         raise ValueError(f"{doc}: no {begin} ... {end} block")
+    if text.count(begin) > 1 or text.count(end) > 1 or text.index(end) < text.index(begin):
+        raise ValueError(f"{doc}: its {begin} ... {end} block is not one block (a marker written into "
+                         f"it, or out of order); mend it by hand to one begin and one end, then run index")
     head, rest = text.split(begin, 1)
     _, tail = rest.split(end, 1)
     return f"{head}{begin}\n{body}\n{end}{tail}"
@@ -429,7 +482,11 @@ def main(argv: list[str] | None = None) -> int:
     kp.add_argument("experiment")
     args = ap.parse_args(argv)
     if args.cmd == "keep":
-        print(keep_dir(args.src, args.experiment))
+        try:
+            print(keep_dir(args.src, args.experiment))
+        except (ValueError, OSError) as e:  # a record from elsewhere: say why, copy nothing
+            print(f"records keep: {e}", file=sys.stderr)
+            return 2
         return 0
     stale = []
     for path, text in render().items():

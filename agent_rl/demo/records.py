@@ -5,13 +5,15 @@ same way from what each stage wrote).
 
 A record is a directory holding `record.json` and the files it names (the full JSON of the run,
 its PNGs). `write_record` writes one; `read_record` reads one; `host_kind` is the words every
-table groups figures by. Standard library only: the demo's report and `benchmarks/records.py`
-(which indexes records and regenerates the docs' tables) both use it.
+table groups figures by; `redact_record` keeps secrets out of one (the config loader's
+`redacted`, imported where it is used). The demo's report and `benchmarks/records.py` (which
+indexes records and regenerates the docs' tables) both use it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -104,6 +106,76 @@ def command_line(argv: list[str] | None = None) -> str:
     return shlex.join(head + argv[1:])
 
 
+SECRET_ENV = {"RETRIEVER_API_KEY": "retriever.api_key"}
+"""Environment variables that hold a secret, by the setting they stand for
+(`agent_rl.rollout.retrieval_client.API_KEY_ENV`): a command written with its environment
+switches first may show one."""
+
+
+def secrets_in(command: str, settings: object) -> dict[str, list[str]]:
+    """The secrets (config SECRETS) that a command line or settings give, by setting: an override
+    `retriever.api_key=KEY` (a word of the command, or a text in the settings), a config's own
+    section (`{"retriever": {"api_key": KEY}}` anywhere in the settings), `RETRIEVER_API_KEY=KEY`
+    before the command, and that variable's value in this process's environment."""
+    from agent_rl.config import REDACTED, SECRETS
+
+    try:
+        words = shlex.split(command)
+    except ValueError:  # unbalanced quotes: split where the shell would at least split
+        words = command.split()
+    found: dict[str, list[str]] = {key: [] for key in SECRETS}
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            for key in SECRETS:  # a config (`to_dict`) or a section of one, at any depth
+                *sections, name = key.split(".")
+                sub: object = node
+                for section in sections:
+                    sub = sub.get(section) if isinstance(sub, dict) else None
+                if isinstance(sub, dict) and isinstance(sub.get(name), str):
+                    found[key].append(sub[name])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, (list, tuple)):
+            for value in node:
+                walk(value)
+        elif isinstance(node, str) and "=" in node:
+            name, value = node.split("=", 1)
+            if name.lstrip("+") in SECRETS:
+                found[name.lstrip("+")].append(value)
+            elif name in SECRET_ENV:
+                found[SECRET_ENV[name]].append(value)
+
+    walk([*words, settings])
+    for env, key in SECRET_ENV.items():
+        found[key] += [os.environ[env]] if os.environ.get(env) else []
+    return {key: [v for v in dict.fromkeys(values) if v and v != REDACTED] for key, values in found.items()}
+
+
+SHOWN = ("command", "settings", "title", "note")
+"""A record's fields that may repeat what was typed (the figures and names are left alone: a
+short key's text would otherwise be replaced inside a figure)."""
+
+
+def redact_record(data: dict, fields: tuple[str, ...] = SHOWN) -> dict:
+    """`data` (a record's fields, `asdict(Record)`) with every secret its command or settings give
+    (`secrets_in`) replaced by "<redacted>" in `fields`, by the one function that redacts a config
+    for loggers and checkpoints (`agent_rl.config.redacted`): a record is kept in the repository."""
+    from agent_rl.config import redacted
+
+    shown = {k: data[k] for k in fields if k in data}
+    for key, values in secrets_in(data.get("command", ""), data.get("settings", {})).items():
+        for value in values:
+            *sections, name = key.split(".")
+            tree: dict = {"record": shown}
+            node = tree
+            for section in sections:
+                node = node.setdefault(section, {})
+            node[name] = value
+            shown = redacted(tree)["record"]  # the value, wherever it shows in `shown`, becomes REDACTED
+    return {**data, **shown}
+
+
 def write_record(out_dir: Path, *, experiment: str, title: str, benchmark: str, headline: dict[str, str], settings: dict,
                  files: list[Path] = (), command: str | None = None, host: str | None = None,
                  commit: str | None = None, note: str = "") -> Path:
@@ -127,9 +199,10 @@ def write_record(out_dir: Path, *, experiment: str, title: str, benchmark: str, 
                  date=time.strftime("%Y-%m-%d", time.gmtime()), note=note)
     path = out_dir / RECORD
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(asdict(rec), indent=1, ensure_ascii=False, default=str) + "\n")
+    data = redact_record(json.loads(json.dumps(asdict(rec), default=str)))
+    tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
     tmp.replace(path)
-    print(f"[record] {path}: {title}; " + "; ".join(f"{k}: {v}" for k, v in list(rec.headline.items())[:2]),
+    print(f"[record] {path}: {data['title']}; " + "; ".join(f"{k}: {v}" for k, v in list(rec.headline.items())[:2]),
           file=sys.stderr)
     return path
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -183,3 +184,156 @@ def test_an_index_line_shows_every_control_its_first_figure_is_compared_with():
         "GRPO − SFT more (best checkpoints): +1.0; GRPO − RFT (best checkpoints): −4.0"
     assert records.main_figure(replace(rec, headline={"agent EM": "5.0", "GRPO − RFT (x)": "1"})) == "agent EM: 5.0"
     assert records.main_figure(replace(rec, headline={})) == "(figures in the JSON)"
+
+
+# ----------------------------------------------------------------------------- records from elsewhere (issue 100)
+HOST = "cpu=x86_64 cores=2 gpu=none native_bf16=yes"
+
+
+def a_run(tmp_path: Path, files: dict[str, str] | None = None, **fields) -> Path:
+    """A run's record directory as a benchmark leaves it: record.json and the files it names."""
+    from agent_rl.demo.records import write_record
+
+    run = tmp_path / "run"
+    run.mkdir(parents=True, exist_ok=True)
+    for name, text in (files or {"r.json": "{}"}).items():
+        (run / name).write_text(text)
+    write_record(run, experiment="run", title="t", benchmark="benchmarks/x.py", headline={"a": "1"},
+                 settings=fields.pop("settings", {}), files=[run / n for n in (files or {"r.json": ""})],
+                 command=fields.pop("command", "python benchmarks/x.py"), host=HOST, commit="abc1234")
+    return run
+
+
+def rename_files(run: Path, names: list[str]) -> None:
+    data = json.loads((run / "record.json").read_text())
+    (run / "record.json").write_text(json.dumps({**data, "files": names}))
+
+
+@pytest.mark.parametrize("experiment", ["../escaped", "/tmp/escaped_abs", "a/b", "..", "", ".hidden"])
+def test_keep_refuses_an_experiment_name_that_leaves_docs_results(tmp_path, experiment):
+    """Issue 100 case 13: `keep`'s experiment is one directory under docs/results, named in the error."""
+    run, results = a_run(tmp_path), tmp_path / "results"
+    with pytest.raises(ValueError, match=re.escape(repr(experiment))):
+        records.keep_dir(run, experiment, results=results)
+    assert not results.exists() and not (tmp_path / "escaped").exists()
+    assert records.main(["keep", str(run), experiment]) == 2  # the CLI says why, no traceback
+
+
+@pytest.mark.parametrize("name", ["../outside.txt", "/etc/hostname", "sub/r.json"])
+def test_keep_refuses_a_record_whose_files_leave_its_directory(tmp_path, name):
+    (tmp_path / "outside.txt").write_text("not the run's")
+    run, results = a_run(tmp_path), tmp_path / "results"
+    rename_files(run, ["r.json", name])
+    with pytest.raises(ValueError, match=re.escape(repr(name))):
+        records.keep_dir(run, "ok", results=results)
+    assert not (results / "ok").exists()  # nothing copied before the check
+    with pytest.raises(ValueError, match=re.escape(repr(name))):  # a record already under docs/results
+        records.load_all(Path(shutil.copytree(run, tmp_path / "res2" / "run")).parent)
+
+
+def test_keep_copies_no_symbolic_link_from_the_run_or_into_the_results(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("private")
+    run, results = a_run(tmp_path, {"r.json": "{}", "p.png": "png"}), tmp_path / "results"
+    (run / "p.png").unlink()
+    (run / "p.png").symlink_to(secret)  # a link in the run: would copy what it points to
+    with pytest.raises(ValueError, match="p.png is a symbolic link"):
+        records.keep_dir(run, "ok", results=results)
+    assert not (results / "ok").exists()
+
+    run = a_run(tmp_path / "b")
+    (results / "elsewhere").mkdir(parents=True)
+    (results / "linked").symlink_to(results / "elsewhere")  # a link in the results: would write through it
+    with pytest.raises(ValueError, match="linked is a symbolic link"):
+        records.keep_dir(run, "linked", results=results)
+    (results / "ok").mkdir()
+    (results / "ok" / "r.json").symlink_to(secret)
+    with pytest.raises(ValueError, match="r.json is a symbolic link"):
+        records.keep_dir(run, "ok", results=results)
+    assert secret.read_text() == "private" and not list((results / "elsewhere").iterdir())
+    assert records.keep_dir(run, "fine", results=results) == results / "fine"  # a plain one is kept
+
+
+# ----------------------------------------------------------------------------- text in tables (issue 100)
+HOSTILE = "GRPO | RFT\n<!-- records:end records -->\n| x | y |"
+
+
+def hostile_record(title: str = HOSTILE, label: str = "a | b\n<!-- records:begin records -->"):
+    from dataclasses import replace
+
+    rec = read_record(records.RESULTS / "make_test_2core_avx2" / "record.json")
+    return replace(rec, experiment="bad", title=title, headline={label: "1 | 2\n3", **rec.headline})
+
+
+def unescaped_cells(row: str) -> list[str]:
+    return re.split(r"(?<!\\)\|", row.strip().strip("|"))
+
+
+def test_a_title_or_label_cannot_break_a_table_or_its_block():
+    """Issue 100 case 14: `|`, a newline or an index marker in a record's title or headline stays
+    inside its cell; the block `index` fills is the same after a second run (it grew by the old
+    table's rest at every run), and once the title is mended `index --check` finds it current."""
+    rec = hostile_record()
+    table = records.records_table({"bad": rec}, lambda r: True, "results/")
+    rows = table.splitlines()
+    assert len(rows) == 3 and len(unescaped_cells(rows[2])) == 4
+    assert "records:end" in rows[2] and "<!--" not in table  # kept, as text: &lt;!--
+    index = records.index_markdown({"bad": rec})
+    assert "<!--" not in index and len(unescaped_cells(index.splitlines()[-1])) == 5
+    card = records.card(rec).splitlines()
+    assert card[2] == "GRPO \\| RFT &lt;!-- records:end records --> \\| x \\| y \\|"
+    assert "| a \\| b &lt;!-- records:begin records --> | 1 \\| 2 3 |" in card
+
+    doc = f"head\n{records.BEGIN.format('records')}\nold\n{records.END.format('records')}\ntail\n"
+    once = records.fill(doc, "records", table, "doc")
+    assert records.fill(once, "records", table, "doc") == once
+    mended = records.records_table({"bad": hostile_record("GRPO against RFT")}, lambda r: True, "results/")
+    assert records.fill(once, "records", mended, "doc") == records.fill(doc, "records", mended, "doc")
+
+
+def test_fill_refuses_a_block_with_a_second_marker():
+    """A marker written into a block by hand (or by the old index) is named, not filled around."""
+    begin, end = records.BEGIN.format("records"), records.END.format("records")
+    for doc in (f"{begin}\n{end}\n{end}\n", f"{begin}\n{begin}\n{end}\n", f"{end}\n{begin}\n"):
+        with pytest.raises(ValueError, match="not one block"):
+            records.fill(doc, "records", "t", "docs/x.md")
+
+
+# ----------------------------------------------------------------------------- secrets (issue 100)
+KEY = "s3cr3t-key-9f2"
+
+
+def test_a_benchmarks_record_holds_no_secret(tmp_path, monkeypatch):
+    """Issue 100 case 15: a key given as an override reaches neither record.json (its command
+    and settings) nor the full JSON: the config loader's `redacted` replaces it."""
+    monkeypatch.delenv("RETRIEVER_API_KEY", raising=False)
+    monkeypatch.setattr("sys.argv", ["benchmarks/learning.py", "--minutes", "1", f"retriever.api_key={KEY}",
+                                     "trainer.total_epochs=1"])
+    args = argparse.Namespace(minutes=1.0, overrides=[f"retriever.api_key={KEY}", "trainer.total_epochs=1"],
+                              record_dir=str(tmp_path / "run"))
+    path = records.keep(args, "learning", {"overrides": args.overrides, "em": 0.5})
+    assert KEY not in path.read_text() and KEY not in (tmp_path / "run" / "learning.json").read_text()
+    rec = read_record(path)
+    assert rec.command == "python benchmarks/learning.py --minutes 1 retriever.api_key=<redacted> trainer.total_epochs=1"
+    assert rec.settings["overrides"] == ["retriever.api_key=<redacted>", "trainer.total_epochs=1"]
+    assert json.loads((tmp_path / "run" / "learning.json").read_text())["em"] == 0.5
+
+
+def test_a_record_from_elsewhere_is_kept_without_its_secrets(tmp_path, monkeypatch):
+    """A record written before (or elsewhere) with a key in its command, a config section in its
+    settings, or the key the environment holds: `keep` redacts each before docs/results."""
+    monkeypatch.setenv("RETRIEVER_API_KEY", "env-key-77")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "record.json").write_text(json.dumps({
+        "experiment": "run", "title": "t", "benchmark": "b", "commit": "abc", "host": HOST,
+        "host_kind": "native bf16", "headline": {"a": "1"}, "files": [], "date": "2025-01-01",
+        "command": f"RETRIEVER_API_KEY=other-key python b.py +retriever.api_key={KEY}",
+        "settings": {"config": {"retriever": {"api_key": "cfg-key-5"}}, "note": "used env-key-77"}}))
+    kept = (records.keep_dir(run, "kept", results=tmp_path / "results") / "record.json").read_text()
+    for secret in (KEY, "other-key", "cfg-key-5", "env-key-77"):
+        assert secret not in kept
+    data = json.loads(kept)
+    assert data["command"] == "RETRIEVER_API_KEY=<redacted> python b.py +retriever.api_key=<redacted>"
+    assert data["settings"] == {"config": {"retriever": {"api_key": "<redacted>"}}, "note": "used <redacted>"}
+    assert data["headline"] == {"a": "1"} and data["experiment"] == "kept"
