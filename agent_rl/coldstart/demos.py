@@ -223,6 +223,16 @@ async def _chains(unanswered: list[tuple[dict, str]], results: dict, search: Sea
     return out
 
 
+def plain_row(row: dict, specials: Sequence[str]) -> dict:
+    """`row` with its question and gold answers as plain text (`protocol.neutralize_tags`): the
+    queries come from the question and the answer turn from a gold answer, both written into the
+    model's turns, where `<|im_end|>` would be encoded as the token that ends the turn. A gold
+    answer is then found in an observation neutralised the same way."""
+    neutral = observation.neutralize_tags
+    return {**row, "question": neutral(str(row["question"]), specials),
+            "golden_answers": [neutral(str(g), specials) for g in row["golden_answers"]]}
+
+
 async def build_demos(rows: Sequence[dict], search: SearchFn, tokenizer: Any, cfg: TrainConfig,
                       max_searches: int, seed: int = 0, progress: Callable[[int], None] | None = None,
                       chunk: int = 256, chains: int = 4, kb_phrasing: bool = True) -> BuildResult:
@@ -244,8 +254,9 @@ async def build_demos(rows: Sequence[dict], search: SearchFn, tokenizer: Any, cf
         out.dropped[reason] += 1
         out.dropped_ids.append((str(row["id"]), reason))
 
+    specials = observation.special_texts(tokenizer)
     for start in range(0, len(rows), chunk):
-        part = rows[start : start + chunk]
+        part = [plain_row(row, specials) for row in rows[start : start + chunk]]
         plans: list[Plan | None] = []
         for row in part:
             try:

@@ -11,12 +11,12 @@ call these, so an observation has the same ids wherever it is built.
 
 from __future__ import annotations
 
-import functools
-import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from agent_rl.rollout.protocol import OBS_CLOSE, OBS_OPEN, REWARD_TAGS, encode_text
+from agent_rl.rollout.protocol import (  # noqa: F401 - neutralize_tags, special_texts, TOOL_TAGS: named here too
+    OBS_CLOSE, OBS_OPEN, TOOL_TAGS, encode_text, neutralize_tags, special_texts,
+)
 from retriever_server.schemas import ScoredDocument
 
 # Shown (inside <information>) when the retriever fails after its retries; not in Search-R1,
@@ -99,36 +99,9 @@ def _cut(tokenizer: Any, text: str, max_obs_length: int, frame: tuple[str, str])
 
 
 # ----------------------------------------------------------------------------- tool output
-TOOL_TAGS = (*REWARD_TAGS, "tool_call", "tool_response")
-"""Tags the protocols and the reward read (`protocol`); inside a tool's output they are text."""
 BYTES_PER_TOKEN = 32
 """Bytes of tool output tokenised per observation token allowed: far more than any text needs
 (English ~4, CJK ~3-6), so the byte cap only binds on output that would be cut anyway."""
-
-
-@functools.lru_cache(maxsize=16)
-def _tag_pattern(specials: tuple[str, ...]) -> re.Pattern:
-    tags = r"</?\s*(?:" + "|".join(TOOL_TAGS) + r")\s*/?>"
-    return re.compile("|".join([tags, *map(re.escape, specials)]), re.IGNORECASE)
-
-
-def special_texts(tokenizer: Any) -> tuple[str, ...]:
-    """The tokenizer's special and added tokens written with `<` (`<|im_end|>`, `</s>`,
-    `<jupyter_code>`, ...): in a text it encodes them as their ids, so a tool's output holding
-    one would end the tool message or open a turn."""
-    texts = set(getattr(tokenizer, "all_special_tokens", None) or ())
-    for t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
-        texts.add(str(getattr(t, "content", t)))
-    return tuple(sorted((t for t in texts if "<" in t), key=lambda t: (-len(t), t)))
-
-
-def neutralize_tags(text: str, specials: Sequence[str] = ()) -> str:
-    """`text` with every protocol tag (`TOOL_TAGS`, any case) and every `specials` text
-    written with `&lt;`/`&gt;`: a passage or a tool's output that holds `</information>`,
-    `<answer>`, `<tool_call>` or `<|im_end|>` would otherwise close the observation, be scored
-    as the model's answer, or fake a turn. The model reads them as quoted text."""
-    pattern = _tag_pattern(tuple(specials))
-    return pattern.sub(lambda m: m.group(0).replace("<", "&lt;").replace(">", "&gt;"), text)
 
 
 def cap_bytes(text: str, limit: int) -> tuple[str, bool]:

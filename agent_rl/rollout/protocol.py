@@ -25,6 +25,7 @@ Standard library only; tokenizers are used through their methods (`encode`, `dec
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -267,9 +268,50 @@ def _first_block(text: str, tags: Sequence[str]) -> tuple[str, str] | None:
     return min(found)[1:] if found else None
 
 
+# ----------------------------------------------------------------------------- text the model did not write
+TOOL_TAGS = (*REWARD_TAGS, "tool_call", "tool_response")
+"""Tags the protocols and the reward read; inside a tool's output or a question they are text."""
+
+
+@functools.lru_cache(maxsize=16)
+def _tag_pattern(specials: tuple[str, ...]) -> re.Pattern:
+    tags = r"</?\s*(?:" + "|".join(TOOL_TAGS) + r")\s*/?>"
+    return re.compile("|".join([tags, *map(re.escape, specials)]), re.IGNORECASE)
+
+
+def special_texts(tokenizer: Any) -> tuple[str, ...]:
+    """The tokenizer's special and added tokens written with `<` (`<|im_end|>`, `</s>`,
+    `<jupyter_code>`, ...): in a text it encodes them as their ids, so a tool's output holding
+    one would end the tool message or open a turn."""
+    texts = set(getattr(tokenizer, "all_special_tokens", None) or ())
+    for t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+        texts.add(str(getattr(t, "content", t)))
+    return tuple(sorted((t for t in texts if "<" in t), key=lambda t: (-len(t), t)))
+
+
+def neutralize_tags(text: str, specials: Sequence[str] = ()) -> str:
+    """`text` with every protocol tag (`TOOL_TAGS`, any case) and every `specials` text
+    written with `&lt;`/`&gt;`: a passage or a tool's output that holds `</information>`,
+    `<answer>`, `<tool_call>` or `<|im_end|>` would otherwise close the observation, be scored
+    as the model's answer, or fake a turn. The model reads them as quoted text. Passages and tool
+    output (`observation.tool_observation`), questions (`prompt_ids`) and the demonstrations'
+    questions and gold answers (`coldstart.demos`) all pass through it; it changes no text twice."""
+    pattern = _tag_pattern(tuple(specials))
+    return pattern.sub(lambda m: m.group(0).replace("<", "&lt;").replace(">", "&gt;"), text)
+
+
+
 def encode_text(tokenizer: Any, text: str) -> list[int]:
     """Ids of a piece of non-sampled text appended to a trajectory (no special tokens added)."""
     return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def plain_text(tokenizer: Any, question: str, docs_text: str | None = None) -> tuple[str, str | None]:
+    """(question, passages) as text the model reads, not markup (`neutralize_tags` with the
+    tokenizer's special tokens): a question holding `<|im_start|>` encoded as that token and
+    opened a turn inside the prompt; the passages are neutralised already (a no-op here)."""
+    specials = special_texts(tokenizer)
+    return neutralize_tags(question, specials), None if docs_text is None else neutralize_tags(docs_text, specials)
 
 
 def render_chat(tokenizer: Any, messages: list[dict], tools: list[dict] | None = None,
@@ -301,7 +343,9 @@ class SearchR1Tags(ActionProtocol):
         """template="base": the instruction text as is (Search-R1's base-model template), with the
         tokenizer's special tokens (BOS where the model uses one). template="chat": one user
         message through the model's chat template with the generation prompt; the rendered text
-        has its special tokens already, so it is encoded with add_special_tokens=False."""
+        has its special tokens already, so it is encoded with add_special_tokens=False. The
+        question and passages are plain text (`plain_text`)."""
+        question, docs_text = plain_text(tokenizer, question, docs_text)
         text = self.prompt_text(question, mode, docs_text)
         if template == "base":
             return list(tokenizer.encode(text, add_special_tokens=True))
@@ -447,6 +491,7 @@ class HermesToolCalls(ActionProtocol):
                    docs_text: str | None = None) -> list[int]:
         if template != "chat":
             raise ValueError("protocol hermes needs the chat template (actor_rollout_ref.rollout.chat_template=true)")
+        question, docs_text = plain_text(tokenizer, question, docs_text)
         text = self.prompt_text(question, mode, docs_text)
         msgs = [{"role": "user", "content": text}]
         if get_mode(mode).tools:
