@@ -149,6 +149,38 @@ def progress(iterable: Iterable, desc: str, total: int | None = None, unit: str 
     )
 
 
+MAX_ROW_BYTES = 16 << 20
+"""Bytes one line (one row) of a text input may hold, counted after decompression: a longer
+line is reported by its number and skipped, read and dropped in pieces, so a .gz of a few KiB
+whose one line inflates to gigabytes costs at most this much memory (a passage or a question
+is far shorter: Wikipedia's longest article is about 1 MiB)."""
+MAX_GZ_RATIO = 100
+"""A compressed JSON document (read whole, not by line) may inflate to at most this many times
+its size on disk, or MAX_ROW_BYTES if more: text compresses 3-20x, a decompression bomb 1000x."""
+_PIECE = 1 << 20
+
+
+def bounded_lines(f: IO[bytes], limit: int = MAX_ROW_BYTES) -> Iterator[tuple[bytes | None, int]]:
+    """(line, its length in bytes) for each line of the binary file `f`, its end kept; the line is
+    None when it holds more than `limit` bytes before its end, and those bytes were read in
+    pieces of at most 1 MiB and dropped, so no more than `limit` bytes are held at once."""
+    while raw := f.readline(limit + 1):
+        if len(raw) <= limit or raw.endswith(b"\n"):
+            yield raw, len(raw)
+            continue
+        size, raw = len(raw), b""
+        while piece := f.readline(_PIECE):
+            size += len(piece)
+            if piece.endswith(b"\n"):
+                break
+        yield None, size
+
+
+def too_long(size: int, limit: int = MAX_ROW_BYTES) -> str:
+    """The reason reported for a line over the row bound."""
+    return f"line of {size} bytes (decompressed) is longer than {limit} (io.MAX_ROW_BYTES); skipped unread"
+
+
 def open_binary(path: str | Path) -> IO[bytes]:
     """Open a file for reading bytes, transparently gunzipping ``*.gz``."""
     p = Path(path)
@@ -232,8 +264,12 @@ def iter_lines(path: str | Path, report: Report, desc: str | None = None) -> Ite
     lineno = offset = 0
     with open_binary(p) as f:
         try:
-            for lineno, raw in enumerate(progress(f, desc or p.name, unit="lines"), start=1):
-                start, offset = offset, offset + len(raw)
+            for lineno, (raw, size) in enumerate(progress(bounded_lines(f), desc or p.name, unit="lines"), start=1):
+                start, offset = offset, offset + size
+                if raw is None:
+                    report.read += 1
+                    report.skip(f"{p}:{lineno}", too_long(size))
+                    continue
                 if lineno == 1 and raw.startswith(_BOM):
                     raw, start = raw[len(_BOM):], start + len(_BOM)
                 raw = raw.removesuffix(b"\n").removesuffix(b"\r")
@@ -319,11 +355,17 @@ def iter_json_document(path: str | Path, report: Report) -> Iterator[tuple[str, 
     DataPrepError with its line and column. A UTF-8 BOM at the start is dropped.
     """
     p = require_file(path)
+    # read whole: a compressed one is read no further than it may inflate (MAX_GZ_RATIO)
+    limit = max(MAX_ROW_BYTES, MAX_GZ_RATIO * p.stat().st_size) if p.suffix.lower() == ".gz" else -1
     with open_binary(p) as f:
         try:
-            raw = f.read().removeprefix(_BOM)
+            raw = f.read(limit + 1 if limit >= 0 else -1).removeprefix(_BOM)
         except _GZIP_ERRORS as e:
             raise DataPrepError(f"{p}: damaged gzip stream ({e})") from None
+    if limit >= 0 and len(raw) > limit:
+        raise DataPrepError(f"{p}: inflates to more than {limit} bytes ({MAX_GZ_RATIO}x its size on disk, "
+                            f"io.MAX_GZ_RATIO), and a JSON document is read whole; decompress it, or write "
+                            f"JSON lines (one row each, bounded by io.MAX_ROW_BYTES)")
     # undecodable bytes become lone surrogates here; an item holding one is reported below
     text = raw.decode("utf-8", "surrogateescape")
     dec = json.JSONDecoder()
@@ -400,10 +442,13 @@ def looks_like_jsonl(path: str | Path) -> bool:
     Tells JSON lines saved under a ``.json`` name apart from a pretty-printed JSON document
     (whose first line is just ``{`` or ``[``) or a one-line array. Undecodable bytes do not
     change the answer (the JSON-lines reader then reports that line); neither does a damaged
-    ``.gz``, which is left to the JSON-lines reader to report."""
+    ``.gz``, which is left to the JSON-lines reader to report. A first line over MAX_ROW_BYTES is
+    read no further and taken for a document written on one line (as `json.dump` writes one)."""
     with open_binary(path) as f:
         try:
-            for n, raw in enumerate(f):
+            for n, (raw, _) in enumerate(bounded_lines(f)):
+                if raw is None:
+                    return False
                 raw = raw.removeprefix(_BOM) if n == 0 else raw
                 if raw.strip():
                     obj, why = parse_json_line(raw.decode("utf-8", "surrogateescape"))
