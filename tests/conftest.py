@@ -19,6 +19,30 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+import heavy  # noqa: E402  (tests/helpers, on pytest's pythonpath)
+
+heavy.install()
+
+
+def pytest_collection_modifyitems(config, items):
+    """`slow` by what a test asks for: a fixture that starts an engine, a retriever or Ray."""
+    for item in items:
+        if heavy.HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _slow_mark_is_kept(request):
+    """A test not marked slow must not start an engine, a retriever process or Ray (tests/helpers/heavy.py)."""
+    before = heavy.STARTS.copy()
+    yield
+    if request.node.get_closest_marker("slow") is None:
+        started = heavy.STARTS - before
+        if started:
+            pytest.fail(f"started {', '.join(sorted(started))} without the `slow` mark: mark it, or take the fixture "
+                        f"that starts it (tests/helpers/heavy.py HEAVY_FIXTURES)", pytrace=False)
+
+
 # A full run writes up to ~8 GiB at once (checkpoints of the real 135M policy with its optimizer
 # state; pyproject's tmp_path_retention_policy removes each passing test's files).
 DISK_NEEDED_GIB = 10
