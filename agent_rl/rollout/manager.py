@@ -134,6 +134,7 @@ class RolloutManager:
             self.tools[t.name] = t
         self._mcp_configs = [t for t in self.rcfg.tools if t.is_mcp]
         self._mcp_servers: list[Any] = []
+        self._dropped_seen: dict[str, int] = {}  # per MCP server: dropped_notifications at the last step's metrics
         self._mcp_lock: asyncio.Lock | None = None
         self.protocol: ActionProtocol = get_protocol(self.rcfg.protocol, self.rcfg.tool_chat_template)
         self.protocol.check_tools(self.tools)
@@ -238,6 +239,9 @@ class RolloutManager:
         metrics["rollout/tool_failures"] += rag_failures
         after = self.tool_stats()
         metrics.update(tool_metrics({k: v.minus(before.get(k, ToolStats())) for k, v in after.items()}))
+        for server in self._mcp_servers:  # unread notifications (dropped by mcp_tools' relay) since the last step
+            seen, self._dropped_seen[server.name] = self._dropped_seen.get(server.name, 0), server.dropped_notifications
+            metrics[f"mcp/{server.name}/dropped_notifications"] = float(server.dropped_notifications - seen)
         return trajs, metrics
 
     def sampling(self, greedy: bool = False) -> Sampling:

@@ -40,14 +40,16 @@ back), and its last lines are quoted when the connection fails.
 
 Every answer is bounded in items, not only read: the SDK parses and validates each message on
 our event loop, and a tools/call answer of 150 000 text items held it 2.2 s (issue 83). So a
-stdio child's stdout passes through a relay process (`RELAY`, the SDK's process handling
+stdio child's stdout passes through a relay process (`RELAY`, mcp_relay.py; the SDK's process handling
 untouched: the child is the relay's, in its process group) that parses each message first,
 where its cost stalls nothing: a call's answer keeps its first MAX_CONTENT_ITEMS content items
 (then a text item counting the rest), a message of more than MAX_MESSAGE_VALUES JSON values
 (a tool list: MAX_LIST_VALUES) becomes an error answer to its request, a call's answer over
 MAX_LINE_BYTES keeps the head of each text item (a 10 MB line cost the SDK over 1 s on our loop)
 and any other message over it is an error answer (dropped if its id is not at either end), a
-line that is not JSON is dropped (as the SDK would). The streamable HTTP transport has no relay:
+line is held to 4 x MAX_LINE_BYTES (the rest read in pieces and dropped), a line that is not JSON is
+dropped (as the SDK would), and so is a notification (the client reads none; counted:
+`dropped_notifications`). The streamable HTTP transport has no relay:
 there every answer is decoded by us (`_Inflater`: none, gzip or deflate, HTTP_PIECE_BYTES at a
 time, the loop free in between; a few KiB of gzip inflated to megabytes past caps that counted the
 wire, issue 100) and counted as it is decoded (`_JsonValues`: JSON values outside strings, per
@@ -73,6 +75,7 @@ import shlex
 import sys
 import time
 import zlib
+from pathlib import Path
 from typing import Any
 
 from agent_rl.rollout.tools import Tool, ToolInputError, left_behind
@@ -84,6 +87,7 @@ STDERR_LINE_BYTES = 2000  # a longer stderr line goes out in pieces: a child may
 STDERR_LINES_PER_S = 100  # forwarded to our stderr at most; the rest counted (the tail keeps the last ones)
 STDERR_READS = 16  # pipe reads of 64 KiB per wake-up: a child writing without pause cannot hold the loop
 MAX_TOOL_PAGES = 100
+DROPPED_PREFIX = b"[relay] dropped "  # the relay's count of notifications it dropped (mcp_relay.DROPPED)
 TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 """MCP's rule for tool names (SEP-986), https://modelcontextprotocol.io/specification/2025-11-25/server/tools#tool-names"""
 MAX_DESCRIPTION_CHARS = 1000  # a listed tool's description, and each string of its schema, cut to this
@@ -98,87 +102,9 @@ ACCEPT_ENCODING = "gzip, deflate"  # what an HTTP answer may be encoded in (deco
 _OUTSIDE = re.compile(rb'["\r\n]')  # where a JSON string or a line ends, outside a string
 _IN_STRING = re.compile(rb'[^"\\\r\n]*(?:\\[^\r\n][^"\\\r\n]*)*')  # a JSON string's rest, escapes included
 
-RELAY = r"""
-import json, subprocess, sys
-
-MAX_ITEMS, MAX_VALUES, MAX_LIST_VALUES, MAX_BYTES = map(int, sys.argv[1:5])
-
-
-def values(msg, limit):
-    n, stack = 0, [msg]
-    while stack and n <= limit:
-        v = stack.pop()
-        n += 1
-        if isinstance(v, dict):
-            stack.extend(v.values())
-        elif isinstance(v, list):
-            stack.extend(v)
-    return n
-
-
-def error(msg, why):
-    if not (isinstance(msg, dict) and "id" in msg and ("result" in msg or "error" in msg)):
-        sys.stderr.write(f"[relay] a message with {why}, dropped\n")
-        return None
-    return {"jsonrpc": "2.0", "id": msg["id"], "error": {"code": -32603, "message": f"the answer holds {why}"}}
-
-
-def shorter(msg, size):
-    # a call's answer keeps the head of each text item (an observation reads far less); any
-    # other message over MAX_BYTES (a 10 MB schema) is an error answer to its request
-    content = (msg.get("result") or {}).get("content") if isinstance(msg, dict) else None
-    if isinstance(content, list):
-        room = MAX_BYTES // (2 * max(1, len(content)))
-        for item in content:
-            if isinstance(item, dict) and isinstance(item.get("text"), str) and len(item["text"]) > room:
-                item["text"] = item["text"][:room] + f" [cut at {room} of {len(item['text'])} characters]"
-        if len(json.dumps(msg)) <= MAX_BYTES:
-            return msg
-    return error(msg, f"{size} bytes, more than the client reads ({MAX_BYTES})")
-
-
-def bounded(line):
-    # a value is the first, or follows "[", "," or ":": fewer of those than MAX_ITEMS, nothing to cap
-    if len(line) <= MAX_BYTES and line.count(b",") + line.count(b":") + line.count(b"[") < MAX_ITEMS:
-        return line
-    try:
-        msg = json.loads(line.decode("utf-8", "replace"), strict=False)
-    except (ValueError, RecursionError):
-        sys.stderr.write(f"[relay] a line of {len(line)} bytes that is not JSON, dropped\n")
-        return None
-    result = msg.get("result") if isinstance(msg, dict) else None
-    content = result.get("content") if isinstance(result, dict) else None
-    changed = isinstance(content, list) and len(content) > MAX_ITEMS
-    if changed:
-        note = {"type": "text", "text": f"[{len(content) - MAX_ITEMS} more content items not shown]"}
-        result["content"] = content[:MAX_ITEMS] + [note]
-    limit = MAX_LIST_VALUES if isinstance(result, dict) and "tools" in result else MAX_VALUES
-    if values(msg, limit) > limit:
-        msg, changed = error(msg, f"more than {limit} JSON values, more than the client reads"), True
-    elif len(line) > MAX_BYTES:
-        msg, changed = shorter(msg, len(line)), True
-    if msg is None:
-        return None
-    return (json.dumps(msg) + "\n").encode() if changed else line
-
-
-try:
-    child = subprocess.Popen(sys.argv[6:], stdout=subprocess.PIPE, bufsize=1 << 20)
-except OSError as e:
-    sys.exit(f"cannot start {sys.argv[6]!r}: {e}")
-try:
-    for line in child.stdout:
-        line = bounded(line)
-        if line is not None:
-            sys.stdout.buffer.write(line)
-            sys.stdout.buffer.flush()
-except BrokenPipeError:
-    pass
-sys.exit(child.wait())
-"""
-"""The relay between a stdio child's stdout and the SDK (see the module docstring), run as
-`python -I -S -c RELAY MAX_ITEMS MAX_VALUES MAX_LIST_VALUES MAX_BYTES -- command...`: the standard library
-only, so it starts in milliseconds; the child inherits its stdin and stderr."""
+RELAY = Path(__file__).with_name("mcp_relay.py")
+"""The relay between a stdio child's stdout and the SDK (see the module docstring and its own),
+run as `python -I -S RELAY MAX_ITEMS MAX_VALUES MAX_LIST_VALUES MAX_BYTES -- command...`."""
 
 
 class McpConnectError(ConnectionError):
@@ -201,6 +127,7 @@ class _StderrTap:
         self.label = label
         self.tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
         self._buf = b""
+        self.dropped_notifications = 0  # as the relay reports them
         self._second, self._shown, self._hidden = time.monotonic(), 0, 0
         self.read_fd, self.write_fd = os.pipe()
         os.set_blocking(self.read_fd, False)
@@ -242,6 +169,9 @@ class _StderrTap:
             lines.append(self._buf)
             self._buf = b""
         for raw in lines:
+            if raw.startswith(DROPPED_PREFIX) and raw[len(DROPPED_PREFIX):].split(b" ")[0].isdigit():
+                self.dropped_notifications += int(raw[len(DROPPED_PREFIX):].split(b" ")[0])
+                continue  # counted in metrics (`McpServer.dropped_notifications`), not shown
             for start in range(0, len(raw), STDERR_LINE_BYTES):
                 line = raw[start:start + STDERR_LINE_BYTES].decode("utf-8", "replace").rstrip()
                 if line:
@@ -541,6 +471,13 @@ class McpServer:
         self._retry_at = 0.0  # loop time before which a failed restart is not tried again
         self._restart_error = ""
         self._restarting: asyncio.Task | None = None
+        self._dropped = 0  # notifications the relays of past connections dropped
+
+    @property
+    def dropped_notifications(self) -> int:
+        """Notifications from the server dropped unread (stdio: by the relay; the client uses
+        none, and a flood of them cost the event loop for each), since this object was made."""
+        return self._dropped + (self._stderr.dropped_notifications if self._stderr is not None else 0)
 
     # ------------------------------------------------------------------ description
     @property
@@ -633,6 +570,7 @@ class McpServer:
                 gone.set_result(reason)
             if self._stderr is not None:
                 self._stderr.close()
+                self._dropped += self._stderr.dropped_notifications
                 self._stderr = None
 
     def _transport(self) -> contextlib.AbstractAsyncContextManager:
@@ -659,7 +597,7 @@ class McpServer:
         # "replace": with the SDK's "strict", one bad byte on stdout stops its reader while the
         # server lives on, and every later call times out (tests/agent_rl/test_mcp_calculator_fuzz.py)
         limits = (MAX_CONTENT_ITEMS, MAX_MESSAGE_VALUES, MAX_LIST_VALUES, MAX_LINE_BYTES)
-        relay = ["-I", "-S", "-c", RELAY, *map(str, limits), "--"]
+        relay = ["-I", "-S", str(RELAY), *map(str, limits), "--"]
         params = StdioServerParameters(command=sys.executable, args=[*relay, *self.command], env=self.env,
                                        encoding_error_handler="replace")
         try:

@@ -150,3 +150,103 @@ def test_the_inflater_decodes_in_bounded_pieces():
         mcp_tools._Inflater("br")
     with pytest.raises(ValueError, match="gzip encoding is broken"):
         list(mcp_tools._Inflater("gzip").pieces(b"not gzip at all"))
+
+
+def _vm_hwm_mib(pid: int) -> float:
+    """The peak resident memory of process `pid` (Linux /proc), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmHWM for {pid}")
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads peak memory from Linux /proc")
+def test_the_stdio_relay_bounds_a_line_before_it_holds_it(tmp_path):
+    """Case 3: the relay read each line whole, so a server writing 96 MiB with no newline grew
+    it by the line, then again to parse it. Now it holds HELD_LINES * MAX_LINE_BYTES (16 MiB) of
+    a line at most, reads the rest in pieces and drops it; the head's id gets an error answer."""
+    pid_file = tmp_path / "pid"
+    held = 4 * mcp_tools.MAX_LINE_BYTES  # mcp_relay.HELD_LINES of them
+
+    async def main():
+        async with McpServer(command=[sys.executable, str(HOSTILE), "ok"], env={"MCP_TEST_PID_FILE": str(pid_file)},
+                             name="long") as server:
+            long_line, echo = await server.tools(include=["long_line", "echo"], timeout_s=20)
+            try:
+                outcome = await long_line.fn()
+            except McpCallError as e:
+                outcome = e
+            peak = _vm_hwm_mib(_parent(int(pid_file.read_text())))
+            print(f"relay peak memory {peak:.0f} MiB; {str(outcome)[:200]}")
+            # the line held (16 MiB), once more while readline builds it, and the interpreter
+            # (~10 MiB); the old relay held the 96 MiB line as bytes, text and a parsed str
+            assert peak < 2 * held / 2**20 + 30
+            assert isinstance(outcome, McpCallError) and f"a line of more than {held} bytes" in str(outcome)
+            assert await echo.invoke({"text": "still here"}) == ToolResult("still here")
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(120)
+def test_a_flood_of_notifications_neither_takes_our_core_nor_delays_calls():
+    """Case 4: each notification a server sent was parsed and validated by the SDK on our event
+    loop, though the client reads none: a server writing them without pause kept the loop busy
+    and calls waited behind them. Now the relay drops them (counted: dropped_notifications)."""
+    async def main():
+        async with McpServer(command=[sys.executable, str(HOSTILE), "notify-forever"], name="chatty") as server:
+            (echo,) = await server.tools(include=["echo"], timeout_s=10)
+            await asyncio.sleep(1.0)  # the flood is on
+            cpu0, t0 = time.process_time(), time.perf_counter()
+            async with LoopStall() as stall:
+                for i in range(20):
+                    assert await echo.invoke({"text": str(i)}) == ToolResult(str(i))
+                await asyncio.sleep(1.0)
+            cpu, took = time.process_time() - cpu0, time.perf_counter() - t0
+            print(f"20 calls and 1 s under the flood: {took:.2f} s, our CPU {cpu:.2f} s, "
+                  f"longest stall {stall.longest_s:.3f} s, dropped {getattr(server, 'dropped_notifications', None)}")
+            # our process: the calls and the loop's idle ticks, a small part of a core (the
+            # relay and the server are processes of their own); the old client spent all of it
+            assert cpu < 0.5 * took and took < 1.0 + 20 * 0.1
+            assert server.dropped_notifications > 1000  # the relay reports once a second
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(120)
+def test_dropped_notifications_reach_the_rollout_metrics(tok):
+    """Case 4's count in metrics: `mcp/<server>/dropped_notifications`, per step, counted since
+    the step before (the relay reports once a second, also between steps)."""
+    from rollout_fakes import FakeRetriever, Q, ScriptedEngine, make_cfg
+
+    from agent_rl.rollout.manager import RolloutManager
+
+    cfg = make_cfg(max_turns=1, protocol="hermes", chat_template=True)
+    ToolConfig = type(cfg.actor_rollout_ref.rollout.tools[0])
+    cfg.actor_rollout_ref.rollout.tools = [ToolConfig(
+        name="chatty", mcp_command=[sys.executable, str(HOSTILE), "notify-forever"], include=["echo"], timeout_s=10)]
+    mgr = RolloutManager(ScriptedEngine(tok, ["<answer> x </answer>"] * 2), FakeRetriever(), cfg, tokenizer=tok)
+
+    async def go():
+        try:
+            _, first = await mgr.rollout([Q("where?")], n=1)
+            await asyncio.sleep(2.5)  # two reports of the relay between the steps
+            _, second = await mgr.rollout([Q("where?")], n=1)
+            return first, second, mgr._mcp_servers[0].dropped_notifications
+        finally:
+            await mgr.aclose()
+
+    first, second, total = asyncio.run(go())
+    assert second["mcp/chatty/dropped_notifications"] > 1000
+    assert first["mcp/chatty/dropped_notifications"] + second["mcp/chatty/dropped_notifications"] == total
+
+
+@pytest.fixture(scope="module")
+def tok(model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
