@@ -496,13 +496,13 @@ def test_a_mini_batch_without_signal_takes_no_optimizer_step(tiny_policy):
     before = [p.detach().clone() for p in w.optim.params]
     state = copy.deepcopy(w.optim.optimizer.state_dict()["state"])
     metrics = w.update_policy(batch.with_fields(advantages=torch.zeros_like(batch.advantages)))
-    assert metrics["actor/skipped_sequences"] == 8.0 and metrics["actor/no_signal_steps"] == 1.0
-    assert metrics["actor/skipped_steps"] == 0.0 and "actor/grad_norm" not in metrics  # nothing was computed
     assert all(torch.equal(b, p) for b, p in zip(before, w.optim.params))
     after = w.optim.optimizer.state_dict()["state"]
     assert state.keys() == after.keys() and all(
         torch.equal(state[i][k], after[i][k]) for i in state for k in ("step", "exp_avg", "exp_avg_sq"))
     assert int(state[0]["step"]) == 1  # the real step's count, not aged by the empty one
+    assert metrics["actor/skipped_sequences"] == 8.0 and metrics["actor/no_signal_steps"] == 1.0
+    assert metrics["actor/skipped_steps"] == 0.0 and "actor/grad_norm" not in metrics  # nothing was computed
     assert w.num_updates == 2  # the trainer step still counts (the lr schedule follows steps)
 
 
