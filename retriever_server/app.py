@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from retriever_server.batcher import Hits, LRUCache, MicroBatcher, QueueFull
+from data_prep.bounded_json import TooManyValues, loads_bounded
 from retriever_server.schemas import (ErrorResponse, HealthResponse, RetrieveRequest, RetrieveResponse,
                                       SingleQueryRequest)
 from retriever_server.settings import Settings, host_allowed
@@ -36,6 +37,13 @@ ALLOWED_FIELDS = tuple(dict.fromkeys([*RetrieveRequest.model_fields, *SingleQuer
 
 RETRY_AFTER_S = 1
 """Retry-After of a 503 for a full server (the client's backoff is of that order)."""
+INLINE_BODY_BYTES = 16 * 1024
+"""Request bodies up to this size are parsed on the event loop by json's C parser (a few ms at
+most: ~5k values); larger ones on a worker thread, by `loads_bounded`. json's C parser holds
+the GIL for a whole body: 4 MB of 1.3M `[]` held every other client for 1.2 s."""
+EXTRA_VALUES = 16
+"""JSON values a large body may hold besides max_queries queries: its few fields, and a few
+unknown or repeated ones (refused with their own message)."""
 OFF_LOOP_PASSAGES = 2000
 """Responses of more passages are built on a worker thread: 512 queries x topk 100 (51,200
 passages) built on the event loop held every other client and /health for its whole build."""
@@ -179,6 +187,23 @@ async def read_body(receive: Callable, declared: str | None, limit: int) -> byte
     return b"".join(chunks)
 
 
+def load_json(body: bytes, s: Settings) -> Any:
+    """The body's JSON; a large one (over INLINE_BODY_BYTES) is read value by value and refused
+    past max_queries + EXTRA_VALUES values, before the whole of it is built (a 4 MB body holds
+    up to ~2M values: parsing them all cost 0.3-1.2 s of CPU however it was refused after)."""
+    try:
+        if len(body) <= INLINE_BODY_BYTES:
+            return json.loads(body)
+        text = body.decode(json.detect_encoding(body), "surrogatepass")  # as json.loads decodes bytes
+        return loads_bounded(text, s.max_queries + EXTRA_VALUES)
+    except TooManyValues:
+        raise ApiError(422, f"too many queries or fields: the body holds more than {s.max_queries + EXTRA_VALUES} "
+                            f"JSON values (max_queries={s.max_queries}, and the fields "
+                            f"{', '.join(ALLOWED_FIELDS)})", "too_many_values") from None
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise ApiError(400, f"body is not valid JSON: {str(e)[:200]}", "json") from None
+
+
 def parse_retrieve(headers: dict[str, str], body: bytes, s: Settings) -> tuple[list[str], int, bool]:
     """(queries, topk, return_scores) of a /retrieve request, or an ApiError saying what is wrong."""
     # required, not only checked when sent: a web page may post a body with no Content-Type
@@ -195,10 +220,7 @@ def parse_retrieve(headers: dict[str, str], body: bytes, s: Settings) -> tuple[l
     if not body.strip():
         raise ApiError(400, "empty body: expected a JSON object like "
                             '{"queries": ["..."], "topk": 3, "return_scores": true}', "empty_body")
-    try:
-        obj = json.loads(body)
-    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
-        raise ApiError(400, f"body is not valid JSON: {str(e)[:200]}", "json") from None
+    obj = load_json(body, s)
     if not isinstance(obj, dict):
         raise ApiError(422, f"body must be a JSON object with 'queries' (or 'query'), got a JSON {type(obj).__name__}",
                        "validation")
@@ -474,7 +496,10 @@ def create_app(settings: Settings, on_fatal: Callable[[str], None] | None = None
             if not key_ok(headers.get("x-api-key")):
                 raise ApiError(401, "missing or wrong X-API-Key header", "auth")
             body = await read_body(receive, headers.get("content-length"), settings.max_body_bytes)
-            queries, topk, with_scores = parse_retrieve(headers, body, settings)
+            if len(body) > INLINE_BODY_BYTES:  # read value by value on a thread: the event loop goes on
+                queries, topk, with_scores = await asyncio.to_thread(parse_retrieve, headers, body, settings)
+            else:
+                queries, topk, with_scores = parse_retrieve(headers, body, settings)
             if not state.ready:
                 raise ApiError(503, state.error or "index is still loading; retry when GET /health says ok",
                                "not_ready", {"retry-after": str(RETRY_AFTER_S)})
@@ -563,7 +588,8 @@ def create_app(settings: Settings, on_fatal: Callable[[str], None] | None = None
                      "limits": {k: getattr(settings, k) for k in (
                          "topk", "max_topk", "max_queries", "max_query_chars", "max_body_bytes",
                          "max_batch_size", "max_wait_ms", "cache_size", "max_queued_queries",
-                         "max_concurrent_requests")},
+                         "max_concurrent_requests", "body_timeout_s", "header_timeout_s",
+                         "max_header_bytes", "max_headers")},
                      "queued_queries": state.batcher.queued if state.batcher else 0,
                      "search_loop_alive": bool(state.batcher and state.batcher.alive)})
         return snap

@@ -36,6 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-body-bytes", type=int)
     p.add_argument("--body-timeout-s", type=float,
                    help="seconds a request body may take to arrive; then 408 and the connection closed (default 10)")
+    p.add_argument("--header-timeout-s", type=float,
+                   help="seconds a client may take to send a request's line and headers; then 408 and the "
+                        "connection closed, before the API key is checked (default 10)")
+    p.add_argument("--max-header-bytes", type=int,
+                   help="largest request line + headers; above it 431 and the connection closed (default 16384)")
+    p.add_argument("--max-headers", type=int, help="most header lines in a request; above it 431 (default 100)")
     p.add_argument("--max-batch-size", type=int)
     p.add_argument("--max-wait-ms", type=float)
     p.add_argument("--cache-size", type=int)
@@ -93,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from retriever_server.app import create_app
+    from retriever_server.http_guard import server_config
 
     fatal: list[str] = []
     server: uvicorn.Server | None = None
@@ -103,9 +110,9 @@ def main(argv: list[str] | None = None) -> int:
             server.should_exit = True
 
     app = create_app(settings, on_fatal=on_fatal)
-    config_ = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                             access_log=False, loop="auto", http="auto", timeout_keep_alive=30,
-                             backlog=4096)
+    # the header limits live in uvicorn's protocol (http_guard): they run before the app
+    config_ = server_config(app, settings.host, settings.port, log_level=settings.log_level,
+                            access_log=False, loop="auto", timeout_keep_alive=30, backlog=4096)
     server = uvicorn.Server(config_)
     if parent_pid:
         from retriever_server.watchdog import exit_with

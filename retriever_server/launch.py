@@ -60,7 +60,7 @@ def wait_healthy(base_url: str, timeout: float = 120.0, proc: subprocess.Popen |
     (with the end of its log) and TimeoutError after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     last = "no answer"
-    with httpx.Client(timeout=5.0) as client:
+    with httpx.Client(timeout=5.0, trust_env=False) as client:  # a local server: never via HTTP_PROXY
         while time.monotonic() < deadline:
             if proc is not None and proc.poll() is not None:
                 raise RuntimeError(f"retriever exited with code {proc.returncode} before it was healthy:\n"
@@ -99,8 +99,14 @@ class ServerThread:
 
         self.port = port or free_port(host)
         self.url = f"http://{host}:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=self.port, log_level="warning",
-                                                    access_log=False, lifespan="on"))
+        options = dict(log_level="warning", access_log=False, lifespan="on")
+        if hasattr(app.state, "rs"):  # create_app's: served with its header limits, as the CLI serves it
+            from retriever_server.http_guard import server_config
+
+            config = server_config(app, host, self.port, **options)
+        else:
+            config = uvicorn.Config(app, host=host, port=self.port, **options)
+        self.server = uvicorn.Server(config)
         self.loop = None
         self._thread = threading.Thread(target=self._serve, name="uvicorn", daemon=True)
 

@@ -55,6 +55,17 @@ class Settings(BaseModel):
     408 and the connection is closed (a slow or stalled client, or a slowloris, would
     otherwise hold its connection and a max_concurrent_requests slot for good). A 4 MiB body
     at 1 MB/s takes 4 s."""
+    header_timeout_s: float = 10.0
+    """Seconds a client has, from connecting (or from the first byte of its next request on a
+    kept-alive connection), to send the request line and headers; past it the answer is 408
+    and the connection is closed, before any API key is checked (uvicorn has no such limit:
+    a connection trickling a header byte now and then was held for good)."""
+    max_header_bytes: int = 16384
+    """Largest request line and headers accepted (431 and the connection closed above; h11's
+    and Node's default). Clients of this API send a few hundred bytes."""
+    max_headers: int = 100
+    """Most header lines in one request (431 above; Apache's LimitRequestFields). httptools
+    kept every line it was sent: a flood of `a: b` lines grew the server ~150 MB per million."""
     allow_empty_queries: bool = True
     """Answer "" queries like any other (Search-R1 sends them for `<search></search>`)."""
 
@@ -125,13 +136,15 @@ class Settings(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> "Settings":
         for name in ("topk", "max_topk", "max_queries", "max_query_chars", "max_body_bytes", "max_batch_size",
-                     "search_workers", "num_threads", "max_queued_queries", "max_concurrent_requests"):
+                     "search_workers", "num_threads", "max_queued_queries", "max_concurrent_requests",
+                     "max_header_bytes", "max_headers"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if not 1 <= self.topk <= self.max_topk:
             raise ValueError(f"topk={self.topk} must be within 1..max_topk={self.max_topk}")
-        if self.body_timeout_s <= 0:
-            raise ValueError("body_timeout_s must be > 0")
+        for name in ("body_timeout_s", "header_timeout_s"):
+            if not getattr(self, name) > 0:  # also NaN
+                raise ValueError(f"{name} must be > 0")
         if self.max_wait_ms < 0 or self.cache_size < 0:
             raise ValueError("max_wait_ms and cache_size must be >= 0")
         if self.api_key_file and not self.api_key:

@@ -331,6 +331,10 @@ class RetrieverConfig:
     api_key: str | None = None
     """The key itself; prefer api_key_file or the env variable (a key given here shows on a
     command line; loggers and checkpoints' config.yaml get "<redacted>": `SECRETS`)."""
+    proxy: str | None = None
+    """HTTP proxy to reach the retriever through (http://host:port). None: none; env
+    HTTP_PROXY/ALL_PROXY are not read, so a proxy set for downloads never sees the queries or
+    the key."""
 
 
 @dataclass

@@ -11,9 +11,10 @@ parsed in a worker thread, in Python steps and up to a bounded number of JSON va
 (`loads_bounded`), so no answer holds the rollout's event loop: 8 MiB of tiny passages held it
 for 2.2 s when json and pydantic read it there (issue 83). A 401/403 is
 `RetrieverAuthError`: no retry, no outage — the command stops, and `wait_healthy` finds it at
-start-up. The API key comes from the config,
-a key file or env RETRIEVER_API_KEY (`resolve_api_key`). Imports only `data_prep.io` and
-`retriever_server.schemas` from this project.
+start-up; so is a proxy's 407 (`RetrieverProxyError`). The API key comes from the config,
+a key file or env RETRIEVER_API_KEY (`resolve_api_key`). A proxy is used only when given
+(`proxy`, retriever.proxy): env HTTP_PROXY/ALL_PROXY are not read. Imports only `data_prep.io`,
+`data_prep.bounded_json` and `retriever_server.schemas` from this project.
 """
 
 from __future__ import annotations
@@ -23,16 +24,17 @@ import codecs
 import functools
 import itertools
 import json
-import json.decoder
-import json.scanner
 import logging
 import math
 import os
+import re
+import ssl
 from typing import Any, Callable, Sequence
 
 import httpx
 
 from data_prep.io import read_key_file
+from data_prep.bounded_json import TooManyValues, loads_bounded
 from retriever_server.schemas import RetrieveRequest, RetrieveResponse, ScoredDocument
 
 log = logging.getLogger(__name__)
@@ -66,6 +68,16 @@ class RetrieverAuthError(RetrieverRequestError):
         super().__init__(status, detail)
         self.args = (f"retriever at {url} refused the API key ({status}: {detail}); set retriever.api_key_file "
                      f"or env {API_KEY_ENV} to the server's key",)
+
+
+class RetrieverProxyError(RetrieverAuthError):
+    """407: the proxy the client was told to use (`proxy`, retriever.proxy) wants credentials.
+    Not the retriever's fault and not an outage: like a refused key, the run must stop."""
+
+    def __init__(self, detail: str, url: str, proxy: str):
+        RetrieverRequestError.__init__(self, 407, detail)
+        self.args = (f"the proxy {proxy} refused to pass the request to the retriever at {url} (407: {detail}); "
+                     f"give its credentials in retriever.proxy (http://user:password@host:port) or unset it",)
 
 
 RETRY_STATUS = (408, 429)
@@ -108,38 +120,6 @@ def _detail(body: bytes) -> str:
     except (ValueError, RecursionError):
         data = None
     return str(data.get("detail", text) if isinstance(data, dict) else text)[:MAX_DETAIL_CHARS]
-
-
-class TooManyValues(ValueError):
-    """A JSON document holds more values than its reader allows (`loads_bounded`)."""
-
-
-def loads_bounded(text: str, max_values: int) -> Any:
-    """`json.loads(text)`, or ValueError once it holds more than `max_values` values (each item of
-    an array, each value of an object). Parsed by json's Python scanner, whose C calls are one
-    string or number each: run in a thread, it lets the event loop's thread take the GIL between
-    them, where json's C parser holds it for the whole document (~2.8 M empty strings in 8 MiB),
-    and it stops at the limit instead of building everything first."""
-    left = max_values
-
-    def counted(scan_once: Callable) -> Callable:
-        def scan(string: str, idx: int) -> Any:
-            nonlocal left
-            left -= 1
-            if left < 0:
-                raise TooManyValues(f"more than {max_values} JSON values")
-            return scan_once(string, idx)
-        return scan
-
-    decoder = json.JSONDecoder()
-    decoder.parse_object = lambda s_end, strict, scan_once, *hooks: json.decoder.JSONObject(
-        s_end, strict, counted(scan_once), *hooks)
-    decoder.parse_array = lambda s_end, scan_once: json.decoder.JSONArray(s_end, counted(scan_once))
-    decoder.scan_once = json.scanner.py_make_scanner(decoder)
-    try:
-        return decoder.decode(text)
-    except RecursionError:
-        raise ValueError("JSON nested too deeply") from None
 
 
 def _results(body: bytes | bytearray, n: int, topk: int) -> list[list[ScoredDocument]]:
@@ -202,12 +182,14 @@ class RetrieverClient:
 
     `timeout`: one attempt's limit, connecting and reading included; `max_response_bytes`: a
     longer body is a failed attempt, read no further. `api_key`: sent as X-API-Key; None: env
-    RETRIEVER_API_KEY when set (as the server reads it)."""
+    RETRIEVER_API_KEY when set (as the server reads it). `proxy`: the one HTTP proxy used, and
+    only when given: env HTTP_PROXY/ALL_PROXY (set for downloads, or by a cluster) sent a
+    loopback retriever's queries and key to the proxy, whose 502 was taken for an outage."""
 
     def __init__(self, urls: str | Sequence[str], *, timeout: float = 30.0, connect_timeout: float = 2.0,
                  max_retries: int = 3, backoff: float = 0.1, max_backoff: float = 2.0,
                  api_key: str | None = None, max_connections: int = 256,
-                 max_response_bytes: int = MAX_RESPONSE_BYTES):
+                 max_response_bytes: int = MAX_RESPONSE_BYTES, proxy: str | None = None):
         self.urls = [server_base_url(u) for u in ([urls] if isinstance(urls, str) else urls)]
         if not self.urls:
             raise ValueError("RetrieverClient needs at least one server URL")
@@ -216,15 +198,21 @@ class RetrieverClient:
         self._rr = itertools.count()
         api_key = api_key if api_key is not None else resolve_api_key()  # env RETRIEVER_API_KEY, as the server
         headers = {"X-API-Key": api_key} if api_key else {}
+        self.proxy = proxy
+        self._proxy_shown = re.sub(r"//[^@/]*@", "//", proxy) if proxy else "in front of the server"  # no password
+        # trust_env=False: no proxy, netrc or certificate setting is taken from the environment
+        # (SSL_CERT_FILE, the one a private CA needs, is read here as httpx would)
+        cafile = os.environ.get("SSL_CERT_FILE")
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(timeout, connect=connect_timeout), headers=headers,
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections))
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            trust_env=False, proxy=proxy, verify=ssl.create_default_context(cafile=cafile) if cafile else True)
 
     @classmethod
     def from_config(cls, rcfg: Any, urls: Sequence[str] | None = None, **overrides: Any) -> "RetrieverClient":
-        """A client for a `RetrieverConfig` (url, timeout_s, max_retries, api_key, api_key_file);
+        """A client for a `RetrieverConfig` (url, timeout_s, max_retries, api_key, api_key_file, proxy);
         `overrides` replace the constructor's arguments (e.g. max_retries=0 for a probe)."""
-        kwargs = {"timeout": rcfg.timeout_s, "max_retries": rcfg.max_retries,
+        kwargs = {"timeout": rcfg.timeout_s, "max_retries": rcfg.max_retries, "proxy": getattr(rcfg, "proxy", None),
                   "api_key": resolve_api_key(getattr(rcfg, "api_key", None), getattr(rcfg, "api_key_file", None))}
         return cls(list(urls if urls is not None else rcfg.url), **{**kwargs, **overrides})
 
@@ -279,8 +267,11 @@ class RetrieverClient:
                 except MalformedResponse as e:
                     errors.append(f"{url}: malformed response ({e})")
                     continue
+                if status == 407:
+                    raise RetrieverProxyError(_detail(body), url, self._proxy_shown)
                 if status >= 500 or status in RETRY_STATUS:
-                    errors.append(f"{url}: HTTP {status}")
+                    via = f" (through proxy {self._proxy_shown})" if self.proxy else ""
+                    errors.append(f"{url}: HTTP {status}{via}")
                     continue
                 if status in (401, 403):
                     raise RetrieverAuthError(status, _detail(body), url)
@@ -312,6 +303,8 @@ class RetrieverClient:
                                                  json={"queries": ["health check"], "topk": 1})
             except (httpx.HTTPError, TimeoutError, ResponseTooLarge):
                 continue
+            if status == 407:
+                raise RetrieverProxyError(_detail(body), url, self._proxy_shown)
             if status in (401, 403):
                 raise RetrieverAuthError(status, _detail(body), url)
 
@@ -326,6 +319,8 @@ class RetrieverClient:
                                                      timeout=min(self.timeout, max(interval, deadline - loop.time())))
                     if status == 200:
                         return
+                    if status == 407:  # the proxy's answer, not the server's health: waiting cannot help
+                        raise RetrieverProxyError(_detail(body), url, self._proxy_shown)
                     last = f"{url}: {status} {_text(body[:100])}"
                 except (httpx.HTTPError, TimeoutError, ResponseTooLarge) as e:
                     last = f"{url}: {type(e).__name__}"

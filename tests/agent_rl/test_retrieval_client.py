@@ -186,3 +186,122 @@ def test_bad_urls_refused():
         RetrieverClient(["localhost:8000"])
     with pytest.raises(ValueError, match="at least one"):
         RetrieverClient([])
+
+
+class _Recorder:
+    """A local HTTP server on a thread that answers every request with `status` and `body` and
+    records (request line, headers) of each: a canned retriever, or a proxy (a proxy gets the
+    absolute URL in its request line)."""
+
+    def __init__(self, status: int = 200, body: bytes = b"", headers: dict[str, str] | None = None):
+        import http.server
+        import threading
+
+        seen = self.seen = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self):
+                length = int(self.headers.get("content-length") or 0)
+                self.rfile.read(length)
+                seen.append((self.requestline, dict(self.headers)))
+                self.send_response(status)
+                for k, v in {"content-type": "application/json", **(headers or {})}.items():
+                    self.send_header(k, v)
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+ANSWER = json.dumps({"result": [[{"document": {"id": "7", "contents": '"T"\nbody'}, "score": 0.5}]]}).encode()
+
+
+@pytest.fixture
+def retriever_and_proxy():
+    """(a canned retriever on loopback, a proxy that answers 502 to everything)."""
+    retriever, proxy = _Recorder(200, ANSWER), _Recorder(502, b"<html>Bad Gateway</html>",
+                                                         {"content-type": "text/html"})
+    yield retriever, proxy
+    retriever.close()
+    proxy.close()
+
+
+def test_env_proxies_never_see_a_retrievers_queries_or_key(retriever_and_proxy, monkeypatch):
+    """HTTP_PROXY / ALL_PROXY set in the environment (for downloads, or by a cluster) sent a
+    loopback retriever's queries and X-API-Key to the proxy, whose 502 then counted as a
+    retriever outage (RetrieverUnavailable). Now the client goes straight to the retriever."""
+    from retriever_server.launch import wait_healthy
+
+    retriever, proxy = retriever_and_proxy
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "HTTPS_PROXY"):
+        monkeypatch.setenv(name, proxy.url)
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+
+    async def run():
+        async with RetrieverClient(retriever.url, api_key="s3cret", max_retries=0) as c:
+            await c.wait_healthy(timeout=5)
+            return await c.search(["who?"], 1)
+
+    result = asyncio.run(run())
+    wait_healthy(retriever.url, timeout=5)  # the launcher's probe of a local server too
+    assert result[0][0].document.id == "7"
+    assert proxy.seen == []
+    posts = [h for line, h in retriever.seen if line.startswith("POST /retrieve ")]
+    assert posts and all(h.get("X-API-Key") == "s3cret" for h in posts)
+
+
+def test_an_explicit_proxy_is_used_and_its_407_stops_the_run_not_an_outage(retriever_and_proxy):
+    """retriever.proxy is the one way through a proxy, and it is used (the proxy sees the
+    request, key included: the user asked for it). A proxy asking for credentials (407) is
+    RetrieverProxyError, a RetrieverAuthError (the rollout's fatal error, the CLIs' one-line
+    stop) raised at the first answer, without retries or waiting, naming the proxy without its
+    password; a proxy's 502 is a failed attempt that says it came through the proxy."""
+    from agent_rl.config import TrainConfig
+    from agent_rl.rollout.retrieval_client import RetrieverProxyError
+
+    retriever, bad_gateway = retriever_and_proxy
+    wants_login = _Recorder(407, b"login first", {"proxy-authenticate": 'Basic realm="p"', "content-type": "text/plain"})
+    try:
+        cfg = TrainConfig().retriever
+        cfg.url = [f"{retriever.url}/retrieve"]
+        cfg.proxy = wants_login.url.replace("http://", "http://user:pw123@")
+
+        async def search(rcfg, **kw):
+            async with RetrieverClient.from_config(rcfg, **kw) as c:
+                return await c.search(["who?"], 1)
+
+        t0 = time.monotonic()
+        with pytest.raises(RetrieverProxyError) as e:
+            asyncio.run(search(cfg, max_retries=3, backoff=1.0))
+        assert time.monotonic() - t0 < 1.0 and isinstance(e.value, RetrieverAuthError)
+        assert "407" in str(e.value) and wants_login.url in str(e.value) and "pw123" not in str(e.value)
+        assert len(wants_login.seen) == 1 and wants_login.seen[0][0].startswith(f"POST {retriever.url}/retrieve ")
+
+        async def healthy(rcfg):
+            async with RetrieverClient.from_config(rcfg) as c:
+                await c.wait_healthy(timeout=30)
+
+        t0 = time.monotonic()
+        with pytest.raises(RetrieverProxyError):
+            asyncio.run(healthy(cfg))
+        assert time.monotonic() - t0 < 1.0
+
+        cfg.proxy = bad_gateway.url
+        with pytest.raises(RetrieverUnavailable, match=f"HTTP 502 .through proxy {bad_gateway.url}"):
+            asyncio.run(search(cfg, max_retries=0))
+        assert retriever.seen == []  # every request above went to the proxies
+    finally:
+        wants_login.close()

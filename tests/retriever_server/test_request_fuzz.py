@@ -157,44 +157,58 @@ BIG_BAD = [
     ("1.3M lists as queries", b'{"queries": [' + b",".join([b"[]"] * 1_300_000) + b"]}", "too many queries"),
     ("1.3M empty strings", b'{"queries": [' + b",".join([b'""'] * 1_300_000) + b"]}", "too many queries"),
     ("390k unknown fields", json.dumps({f"{i:x}": 0 for i in range(390_000)}, separators=(",", ":")).encode(),
-     "390000 unknown fields"),
+     "or fields"),
     ("300k duplicate keys", b"{" + b",".join([b'"queries":0'] * 300_000) + b"}", "queries"),
     ("4 MB query string", b'{"queries": ["' + b"a" * 4_000_000 + b'"]}', "max_query_chars"),
     ("4 MB number", b'{"queries": ["a"], "topk": 0.' + b"1" * 4_000_000 + b"}", "topk"),
 ]
 
 
+def search_latencies(url: str, stop: threading.Event, out: list[float], n: int | None = None) -> None:
+    """GOOD searched again and again (a cache hit: the server's own path, no encoder), one at a
+    time, each one's seconds appended to `out`; until `stop` is set or `n` were made."""
+    with httpx.Client(timeout=30) as h:
+        while not stop.is_set() and (n is None or len(out) < n):
+            t = time.perf_counter()
+            assert h.post(f"{url}/retrieve", json=GOOD).status_code == 200
+            out.append(time.perf_counter() - t)
+            time.sleep(0.01)
+
+
 @pytest.mark.parametrize("name,body,words", BIG_BAD, ids=[b[0] for b in BIG_BAD])
-def test_big_bad_bodies_are_refused_quickly_and_health_stays_fast(bm25_server, name, body, words):
-    """A body of max_body_bytes whose every element is wrong: refused by the check made before
-    validation (its detail says so: validation's said "queries[0]: Input should be a valid
-    string"), with /health answered meanwhile. An error per element (~2M) was built and reported
-    on the event loop: one such request held /health and every other client for 1.4-10 s. The
-    time bound is a stall guard, loose enough for a slow host (about a second here)."""
+def test_big_bad_bodies_are_refused_without_holding_other_searches(bm25_server, alone, name, body, words):
+    """A body of max_body_bytes whose every element is wrong is refused, and other clients'
+    searches meanwhile take about what they take alone. json's C parser read such a body on
+    the event loop, holding the GIL for all of it (1.3M `[]`: 1.2 s on this 2-core host, and
+    past the old absolute 5 s bound when the host was busy); now a body over 16 KiB is read
+    value by value on a thread and refused past max_queries + 16 values.
+
+    The bound is relative to this host at this moment: a search during the bad request may
+    take at most twice the slowest of 20 searches just before it, plus 0.25 s. The slowest
+    alone already holds the host's scheduling hiccups now; twice it and 0.25 s leave room for
+    one to land during the request; the old stall (1.2 s for the lists) is above it unless a
+    search alone took over 0.45 s."""
     url, proc = bm25_server
     assert len(body) <= 4 * 1024 * 1024
-    lat: list[float] = []
+    base: list[float] = []
+    search_latencies(url, threading.Event(), base, n=20)
+    during: list[float] = []
     stop = threading.Event()
-
-    def poll():
-        with httpx.Client(timeout=30) as h:
-            while not stop.is_set():
-                t = time.perf_counter()
-                assert h.get(f"{url}/health").status_code == 200
-                lat.append(time.perf_counter() - t)
-                time.sleep(0.01)
-
-    poller = threading.Thread(target=poll)
+    poller = threading.Thread(target=search_latencies, args=(url, stop, during))
     poller.start()
     try:
-        time.sleep(0.05)
+        while not during and poller.is_alive():  # the poller is searching before the bad request starts
+            time.sleep(0.01)
         t = time.perf_counter()
         r = httpx.post(f"{url}/retrieve", content=body, headers=JSON, timeout=60)
         took = time.perf_counter() - t
     finally:
         stop.set()
         poller.join()
-    assert took < 5.0 and max(lat) < 5.0, (took, max(lat), r.text[:100])
+    bound = 2 * max(base) + 0.25
+    assert max(during) < bound, (f"a search took {max(during):.3f} s during the bad request, alone at most "
+                                 f"{max(base):.3f} s", took, r.text[:100])
+    assert took < 30.0, took  # a hang guard only (its timeout is 60 s): its cost is the bound above
     assert_refused(r, 422, words)
     healthy(url, proc)
 

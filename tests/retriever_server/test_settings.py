@@ -116,3 +116,27 @@ def test_cli_takes_allowed_hosts():
     args = vars(build_parser().parse_args(["--allowed-host", "a.lan", "--allowed-host", "B.lan."]))
     args.pop("config"), args.pop("parent_pid")
     assert load_settings(None, **args).allowed_hosts == ["a.lan", "b.lan"]
+
+
+def test_header_limits_are_settings_with_flags_in_help(capsys):
+    """header_timeout_s, max_header_bytes and max_headers (issue 100 cases 6-7): defaults,
+    overrides, refusal of values that would disable them, and the CLI's flags in --help."""
+    from retriever_server.cli import build_parser
+
+    d = Settings()
+    assert (d.header_timeout_s, d.max_header_bytes, d.max_headers) == (10.0, 16384, 100)
+    s = load_settings(None, header_timeout_s=2.5, max_header_bytes=4096, max_headers=20)
+    assert (s.header_timeout_s, s.max_header_bytes, s.max_headers) == (2.5, 4096, 20)
+    for bad in ({"header_timeout_s": 0}, {"header_timeout_s": float("nan")}, {"max_header_bytes": 0},
+                {"max_headers": 0}):
+        with pytest.raises(ValidationError, match=next(iter(bad))):
+            Settings(**bad)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    for flag in ("--header-timeout-s", "--max-header-bytes", "--max-headers"):
+        assert flag in help_text
+    assert "before the API key is checked" in help_text
+    args = vars(build_parser().parse_args(["--header-timeout-s", "3", "--max-header-bytes", "8192",
+                                           "--max-headers", "50"]))
+    assert (args["header_timeout_s"], args["max_header_bytes"], args["max_headers"]) == (3.0, 8192, 50)
