@@ -169,7 +169,7 @@ def to_dict(cfg: Any) -> dict:
     return dataclasses.asdict(cfg)
 
 
-SECRETS = ("retriever.api_key",)
+SECRETS = ("retriever.api_key", "retriever.proxy")  # a proxy URL may carry its user:password
 """Settings that hold a secret (tests/agent_rl/test_config.py checks that every field named
 like a key, token or password is here). `${...}` may not copy one (`load_config` refuses), and
 `redacted` hides a secret's value wherever else it was written."""

@@ -195,6 +195,9 @@ def test_every_field_that_holds_a_secret_is_redacted():
         secret = {k for k in fields(cls) if looks_secret.search(k.rsplit(".", 1)[-1])}
         assert secret <= set(SECRETS), secret - set(SECRETS)
     assert redacted({"retriever": {"api_key": None}})["retriever"]["api_key"] is None  # nothing set: nothing hidden
+    # a proxy URL may carry user:password (retriever.proxy): hidden as a key is
+    shown = str(redacted({"retriever": {"proxy": "http://user:hunter2@proxy.example:3128"}}))
+    assert "hunter2" not in shown and "proxy" in shown
 
 
 # ----------------------------------------------------------------------------- NaN, inf, ranges (issue 83 case 9)
