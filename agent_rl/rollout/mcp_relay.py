@@ -17,13 +17,18 @@ site, no package imports), so it starts in milliseconds.
 - a line that is not JSON is dropped (as the SDK would);
 - a notification (a message without "id") is dropped: the client reads none, and a server
   sending them without pause cost its event loop for each (issue 100); their number goes to
-  stderr once a second as `[relay] dropped N notification(s)`, which the client counts.
+  stderr once a second as `[relay] dropped N notification(s)`, which the client counts;
+- when it ends (the server's stdout closed, or SIGTERM from the client's shutdown), every process
+  the server started is killed, also one that left the process group (setsid) and ignores
+  SIGTERM: the relay is their subreaper (Linux; elsewhere such a helper may outlive it).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -127,13 +132,76 @@ def is_notification(line):
     return b'"id"' not in line and b'"method"' in line
 
 
+def adopt_orphans():
+    """Become the child subreaper (Linux prctl): a helper the server starts that leaves its process
+    group (setsid) and outlives its parent is then our child, not init's, and `end_descendants`
+    finds it; the SDK's shutdown signals our process group only (issue 100)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):  # not Linux: helpers that leave the group may outlive the server
+        pass
+
+
+def children():
+    """The pids whose parent is this process (read from /proc; none where there is no /proc)."""
+    me, found = os.getpid(), []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return found
+    for name in names:
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    if int(f.read().rsplit(b")", 1)[1].split()[1]) == me:
+                        found.append(int(name))
+            except (OSError, ValueError, IndexError):
+                pass
+    return found
+
+
+def end_descendants(deadline_s=2.0):
+    """SIGKILL our children until none is left: each one's own children are ours when it dies."""
+    stop = time.monotonic() + deadline_s
+    while time.monotonic() < stop:
+        alive = children()
+        for pid in alive:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+        except ChildProcessError:
+            pass
+        if not alive:
+            return
+        time.sleep(0.01)
+
+
 def main(argv):
     max_items, max_values, max_list_values, max_bytes = map(int, argv[1:5])
     command = argv[6:]
+    adopt_orphans()
+    # the SDK's shutdown: stdin closed, then SIGTERM to our group, then SIGKILL; at SIGTERM
+    # (a helper may hold the server's stdout open, so no EOF comes) we end every descendant
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
         child = subprocess.Popen(command, stdout=subprocess.PIPE, bufsize=1 << 20)
     except OSError as e:
         sys.exit(f"cannot start {command[0]!r}: {e}")
+    try:
+        relay(child, max_items, max_values, max_list_values, max_bytes)
+    finally:
+        end_descendants()
+    sys.exit(child.returncode if child.returncode is not None else 0)
+
+
+def relay(child, max_items, max_values, max_list_values, max_bytes):
+    """Pass `child`'s stdout on, bounded, until it ends; then wait for the child."""
     dropped, noted_at, out = 0, time.monotonic(), sys.stdout.buffer
     try:
         for line in lines(child.stdout, HELD_LINES * max_bytes):
@@ -153,7 +221,7 @@ def main(argv):
         pass
     if dropped:
         sys.stderr.write(DROPPED.format(dropped) + "\n")
-    sys.exit(child.wait())
+    child.wait()
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ nested 100 000 deep, not an object, 10 MB), `dupes` (two tools named "echo" and 
 "search"), `inject` (a tool whose description and parameter description forge a system turn
 and close a tool call, one named like a special token), `stderr-flood` (20 MB on stderr before
 the handshake), `stderr-line` (20 MB on stderr with no newline), `notify-forever` (log
-notifications written without pause from the start). Each tool of CALLS answers tools/call its
+notifications written without pause from the start), `helper` (starts a helper that calls
+setsid, ignores SIGTERM, keeps stdout open and writes its pid to MCP_TEST_HELPER_PID_FILE). Each tool of CALLS answers tools/call its
 own way (`many`: 150 000 text items; `long_line`: an answer of 96 MiB on one line); messages are handled one at a time, so a
 call that never answers does not hold the others. When MCP_TEST_PID_FILE is set, the process
 writes its pid there at start.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import threading
 
@@ -197,6 +199,10 @@ def main(mode: str) -> None:
                 sys.stderr.write("spam " * 2_000 + "\n")
 
         threading.Thread(target=flood, daemon=True).start()
+    if mode == "helper":  # a helper that leaves the process group, ignores SIGTERM, holds stdout open
+        code = ("import os, signal, sys, time; os.setsid(); signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(600)")
+        subprocess.Popen([sys.executable, "-c", code, os.environ["MCP_TEST_HELPER_PID_FILE"]])
     if mode == "notify-forever":  # a thread that writes log notifications as fast as it can, for ever
         def notify() -> None:
             note = json.dumps({"jsonrpc": "2.0", "method": "notifications/message",

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -250,3 +252,45 @@ def tok(model_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def _alive(pid: int) -> bool:
+    """`pid` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the relay adopts orphans with Linux's prctl")
+def test_a_helper_that_leaves_the_process_group_does_not_outlive_shutdown(tmp_path):
+    """Case 5: the SDK's shutdown signals the server's process group only, so a helper that
+    called setsid, ignores SIGTERM and holds the server's stdout lived on after aclose(). Now the
+    relay is the subreaper of everything the server starts and kills what is left as it ends."""
+    pid_file = tmp_path / "helper"
+
+    async def main():
+        server = McpServer(command=[sys.executable, str(HOSTILE), "helper"],
+                           env={"MCP_TEST_HELPER_PID_FILE": str(pid_file)}, name="helper")
+        (echo,) = await server.tools(include=["echo"], timeout_s=10)
+        assert await echo.invoke({"text": "hi"}) == ToolResult("hi")
+        for _ in range(100):
+            if pid_file.exists() and pid_file.read_text():
+                break
+            await asyncio.sleep(0.05)
+        helper = int(pid_file.read_text())
+        assert _alive(helper) and os.getsid(helper) != os.getsid(0)
+        t0 = time.monotonic()
+        await server.aclose()
+        print(f"aclose: {time.monotonic() - t0:.2f} s")
+        for _ in range(50):  # the relay's SIGKILL lands at once; a busy host may take a moment
+            if not _alive(helper):
+                break
+            await asyncio.sleep(0.1)
+        alive = _alive(helper)
+        if alive:
+            os.kill(helper, signal.SIGKILL)
+        assert not alive, "the helper outlived the tool's shutdown"
+
+    asyncio.run(main())
