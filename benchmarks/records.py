@@ -12,7 +12,9 @@ command, commit, hardware line, settings, headline figures) beside the full JSON
 `index` rewrites, from the records alone: docs/results/README.md (the index), each record's
 README.md (its card), the tables between `<!-- records:begin NAME -->` and
 `<!-- records:end NAME -->` in README.md, docs/real_data.md and docs/gpu.md, and the figures
-`make demo`'s report quotes (agent_rl/demo/expectations.json, shipped with the package).
+`make demo`'s report quotes (agent_rl/demo/expectations.json, shipped with the package). Which
+records and figures README.md's what-to-expect table and the demo's report show, and the
+report's sentences, are data: docs/results/expect.yaml (`load_selection`).
 Documents quote figures only through these tables (tests/benchmarks/test_records.py).
 """
 
@@ -306,39 +308,75 @@ def main_figure(rec: Record) -> str:
 
 
 # ----------------------------------------------------------------------------- tables
-COLUMNS = ("native bf16", "no native bf16 (fp32)", "GPU")
-"""The what-to-expect table's host kinds (records.host_kind's words; any GPU in the last)."""
+SELECTION = "expect.yaml"
+"""docs/results/expect.yaml: which records and figures the README's what-to-expect table shows and
+the sentences `make demo`'s report says them in (data, so a new run is quoted without a code edit)."""
 
-EXPECT = [
-    ("`make demo`: minutes after set-up",
-     [("demo_native_bf16", "minutes after set-up"), ("demo_fp32_avx2", "minutes after set-up"),
-      ("gpu_loop_h200_run11", "demo minutes (stages summed)")]),
-    ("`make demo`: GRPO's own model − its SFT model, agent EM on 200 held-out questions",
-     [("demo_native_bf16", "GRPO's own model − its SFT model"), ("demo_fp32_avx2", "GRPO's own model − its SFT model"),
-      ("gpu_loop_h200_run11", "GRPO's own model − its SFT model")]),
-    ("`rl_vs_sft.py`, pre-registered, on the kind with room above imitation (lookalike KBs 201–203; KB 201 "
-     "alone on the fp32 kind; no choice made on them), best checkpoints, 10-minute arms: what GRPO adds over rejection sampling (RFT) "
-     "and over continued SFT",
-     [("rl_vs_sft_lookalike_kb203_nbf16", ["GRPO − RFT (best checkpoints)", "GRPO − SFT more (best checkpoints)"]),
-      ("rl_vs_sft_lookalike_kb201_fp32", ["GRPO − RFT (best checkpoints)", "GRPO − SFT more (best checkpoints)"]),
-      None]),
-    ("the same on the standard kind (KBs 211–213; its demonstrations are optimal)",
-     [("rl_vs_sft_standard_kb213_nbf16", ["GRPO − RFT (best checkpoints)", "GRPO − SFT more (best checkpoints)"]),
-      None, None]),
-]
-"""README's what-to-expect rows: (what, one (record, headline label or labels) or None per host kind)."""
+CELL_KEYS = {"record", "figure", "figures"}
 
-DEMO_QUOTES = [
-    ("rl_vs_sft_kb101_demos50_best_nbf16", "GRPO's best − SFT's best", "kb101"),
-    ("rl_vs_sft_kb101_demos50_best_fp32", "GRPO's best − SFT's best", "kb101"),
-    ("rl_vs_sft_kb101_gpu_h200", "GRPO − SFT more (same minutes, last checkpoints)", "kb101"),
-    ("rl_vs_sft_unseen_kb_nbf16", "GRPO's best − SFT's best", "unseen"),
-    ("rl_vs_sft_lookalike_kb203_nbf16", "GRPO − RFT (best checkpoints)", "prereg"),
-    ("rl_vs_sft_lookalike_kb203_nbf16", "GRPO − SFT more (best checkpoints)", "prereg"),
-]
-"""The figures `make demo`'s report quotes (agent_rl/demo/expectations.json): for its host kind
-the benchmark on KB 101 ("kb101"), and for every kind the run on an unseen KB ("unseen") and the
-pre-registered runs on KBs no choice saw, against rejection sampling and continued SFT ("prereg")."""
+
+def selection_error(path: Path, where: str, why: str) -> ValueError:
+    return ValueError(f"{path}: {where}: {why}")
+
+
+def check_cell(path: Path, where: str, cell) -> None:
+    """A table cell names one record and either one headline label (`figure`) or a list (`figures`)."""
+    if not isinstance(cell, dict) or not isinstance(cell.get("record"), str) or set(cell) - CELL_KEYS:
+        raise selection_error(path, where, f"a cell is {{record, figure | figures}}, not {cell!r}")
+    labels = cell.get("figures", [cell.get("figure")])
+    if ("figure" in cell) == ("figures" in cell) or not labels or not all(isinstance(x, str) for x in labels):
+        raise selection_error(path, where, "name one headline label as `figure` or a list of them as `figures`")
+
+
+def check_sentences(path: Path, sentences) -> None:
+    """The report's sentences: one per case its code chooses, each using only the {names} its case
+    fills (report.SENTENCE_FIELDS), so a typo fails here and not in a newcomer's demo."""
+    from string import Formatter
+
+    from agent_rl.demo.report import SENTENCE_FIELDS
+
+    if not isinstance(sentences, dict) or set(sentences) != set(SENTENCE_FIELDS):
+        raise selection_error(path, "demo_report", f"needs exactly the cases {sorted(SENTENCE_FIELDS)}")
+    for case, text in sentences.items():
+        names = {name for _, name, _, _ in Formatter().parse(str(text)) if name is not None}
+        if not isinstance(text, str) or names - set(SENTENCE_FIELDS[case]):
+            raise selection_error(path, f"demo_report.{case}", f"uses {sorted(names - set(SENTENCE_FIELDS[case]))}; "
+                                  f"it may use {list(SENTENCE_FIELDS[case])}")
+
+
+def load_selection(path: Path) -> dict:
+    """docs/results/expect.yaml, checked: its columns, table rows (label and cells by column),
+    demo quotes (record, figure, where) and the report's sentences. Records and figures are
+    checked against the records when rendered (`expect_table`, `expectations`)."""
+    import yaml
+
+    data = yaml.safe_load(Path(path).read_text())
+    if not isinstance(data, dict) or set(data) != {"columns", "expect", "demo_quotes", "demo_report"}:
+        raise selection_error(path, "top level", "needs exactly columns, expect, demo_quotes and demo_report")
+    kinds = [c.get("kind") for c in data["columns"]]
+    for i, row in enumerate(data["expect"]):
+        if not isinstance(row.get("label"), str) or not isinstance(row.get("cells"), dict):
+            raise selection_error(path, f"expect[{i}]", "a row is {label: text, cells: {column: cell}}")
+        for col, cell in row["cells"].items():
+            if col not in kinds:
+                raise selection_error(path, f"expect[{i}]", f"column {col!r} is not one of {kinds}")
+            check_cell(path, f"expect[{i}].{col}", cell)
+    for i, quote in enumerate(data["demo_quotes"]):
+        if set(quote) != {"record", "figure", "where"} or quote["where"] not in ("kb101", "unseen", "prereg"):
+            raise selection_error(path, f"demo_quotes[{i}]", "a quote is {record, figure, where: kb101|unseen|prereg}")
+    check_sentences(path, data["demo_report"])
+    return data
+
+
+def headline_figure(records: dict[str, Record], exp: str, label: str, where: str) -> str:
+    """A record's headline figure by its label, or an error naming the selection's entry."""
+    if exp not in records:
+        raise ValueError(f"{SELECTION} {where}: no record {exp!r} in docs/results")
+    if label not in records[exp].headline:
+        raise ValueError(f"{SELECTION} {where}: record {exp!r} has no headline figure {label!r} "
+                         f"(it has {list(records[exp].headline)})")
+    return records[exp].headline[label]
+
 
 GPU = "GPU"
 KINDS_OF = {"real_data": lambda r: not r.host_kind.startswith(GPU), "gpu": lambda r: r.host_kind.startswith(GPU)}
@@ -348,25 +386,27 @@ def column_of(kind: str) -> str:
     return GPU if kind.startswith(GPU) else kind
 
 
-def expect_table(records: dict[str, Record]) -> str:
-    """README's what to expect: at most four rows, one figure a cell (or one for each label it names,
-    each said with its label), each with its record."""
-    head = "| | " + " | ".join(("native bf16, 2-core CPU", "no native bf16 (fp32), 2-core CPU", "GPU (one H200)")) + " |"
-    lines = [head, "|---|---|---|---|"]
-    for what, cells in EXPECT:
+def expect_table(records: dict[str, Record], selection: dict) -> str:
+    """README's what to expect, as expect.yaml selects it: one row an entry (the README's test
+    holds it to four), one figure a cell (or one for each label it names, each said with its
+    label), each with its record."""
+    columns = selection["columns"]
+    lines = ["| | " + " | ".join(c["header"] for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for i, row in enumerate(selection["expect"]):
         out = []
-        for col, cell in zip(COLUMNS, cells):
+        for col in (c["kind"] for c in columns):
+            cell = row["cells"].get(col)
             if cell is None:
                 out.append("")
                 continue
-            exp, labels = cell
-            rec = records[exp]
-            if column_of(rec.host_kind) != col:
-                raise ValueError(f"{exp}: host kind {rec.host_kind!r} is not the column {col!r}")
-            figure = (rec.headline[labels] if isinstance(labels, str)
-                      else "; ".join(f"{label}: {rec.headline[label]}" for label in labels))
+            exp, where = cell["record"], f"expect[{i}].{col}"
+            figure = (headline_figure(records, exp, cell["figure"], where) if "figure" in cell
+                      else "; ".join(f"{label}: {headline_figure(records, exp, label, where)}"
+                                     for label in cell["figures"]))
+            if column_of(records[exp].host_kind) != col:
+                raise ValueError(f"{exp}: host kind {records[exp].host_kind!r} is not the column {col!r}")
             out.append(f"{cell_text(figure)} ([record](docs/results/{exp}/))")
-        lines.append(f"| {what} | " + " | ".join(out) + " |")
+        lines.append(f"| {row['label']} | " + " | ".join(out) + " |")
     return "\n".join(lines)
 
 
@@ -421,23 +461,26 @@ def card(rec: Record) -> str:
     return "\n".join(lines) + "\n"
 
 
-def expectations(records: dict[str, Record]) -> dict:
-    """What `make demo`'s report quotes, by host kind (agent_rl/demo/expectations.json)."""
+def expectations(records: dict[str, Record], selection: dict) -> dict:
+    """What `make demo`'s report quotes, by host kind, and the sentences it says them in, as
+    expect.yaml selects them (agent_rl/demo/expectations.json)."""
     quotes = []
-    for exp, label, where in DEMO_QUOTES:
-        rec = records[exp]
-        quotes.append({"record": f"docs/results/{exp}", "host_kind": rec.host_kind, "where": where,
-                       "command": rec.command, "label": label, "figure": rec.headline[label]})
-    return {"generated_by": "python -m benchmarks.records index", "quotes": quotes}
+    for i, q in enumerate(selection["demo_quotes"]):
+        exp, label = q["record"], q["figure"]
+        figure = headline_figure(records, exp, label, f"demo_quotes[{i}]")
+        quotes.append({"record": f"docs/results/{exp}", "host_kind": records[exp].host_kind, "where": q["where"],
+                       "command": records[exp].command, "label": label, "figure": figure})
+    return {"generated_by": "python -m benchmarks.records index", "quotes": quotes,
+            "sentences": selection["demo_report"]}
 
 
-BLOCKS: dict[tuple[str, str], Callable[[dict[str, Record]], str]] = {
+BLOCKS: dict[tuple[str, str], Callable[[dict[str, Record], dict], str]] = {
     ("README.md", "expect"): expect_table,
-    ("README.md", "suite"): suite_line,
-    ("docs/real_data.md", "records"): lambda r: records_table(r, KINDS_OF["real_data"], "results/"),
-    ("docs/gpu.md", "records"): lambda r: records_table(r, KINDS_OF["gpu"], "results/"),
+    ("README.md", "suite"): lambda r, _: suite_line(r),
+    ("docs/real_data.md", "records"): lambda r, _: records_table(r, KINDS_OF["real_data"], "results/"),
+    ("docs/gpu.md", "records"): lambda r, _: records_table(r, KINDS_OF["gpu"], "results/"),
 }
-"""(document, block name) -> the text between its markers."""
+"""(document, block name) -> the text between its markers, from the records and expect.yaml."""
 
 
 def fill(text: str, name: str, body: str, doc: str) -> str:
@@ -455,15 +498,16 @@ def fill(text: str, name: str, body: str, doc: str) -> str:
 def render(root: Path = ROOT) -> dict[Path, str]:
     """Every generated file's new text, from the records under root/docs/results."""
     records = load_all(root / "docs" / "results")
+    selection = load_selection(root / "docs" / "results" / SELECTION)
     out: dict[Path, str] = {root / "docs" / "results" / "README.md": index_markdown(records),
                             root / "agent_rl" / "demo" / "expectations.json":
-                                json.dumps(expectations(records), indent=1, ensure_ascii=False) + "\n"}
+                                json.dumps(expectations(records, selection), indent=1, ensure_ascii=False) + "\n"}
     for exp, rec in records.items():
         out[root / "docs" / "results" / exp / "README.md"] = card(rec)
     docs: dict[Path, str] = {}
     for (doc, name), make in BLOCKS.items():
         path = root / doc
-        docs[path] = fill(docs.get(path, path.read_text()), name, make(records), doc)
+        docs[path] = fill(docs.get(path, path.read_text()), name, make(records, selection), doc)
     return {**out, **docs}
 
 

@@ -17,9 +17,9 @@ if TYPE_CHECKING:  # budget reads configs/demo.yaml from a checkout; the quoting
     from agent_rl.demo.budget import Budget
 
 EXPECTATIONS = "expectations.json"
-"""The benchmark figures the report quotes, shipped with the package (agent_rl/demo/): generated
-from the records in docs/results by `python -m benchmarks.records index`, so an installed copy
-quotes what the source tree's records say."""
+"""The benchmark figures the report quotes and the sentences it says them in, shipped with the
+package (agent_rl/demo/): generated from docs/results/expect.yaml and the records it names by
+`python -m benchmarks.records index`, so an installed copy quotes what the source tree's records say."""
 
 
 def host_kind(hardware: dict) -> str:
@@ -38,30 +38,34 @@ def packaged_expectations() -> dict:
     return json.loads(files("agent_rl.demo").joinpath(EXPECTATIONS).read_text())
 
 
+QUOTE = ("record", "host_kind", "where", "command", "label", "figure")
+"""A quote's fields in expectations.json (`benchmarks.records.expectations` writes them)."""
+
+SENTENCE_FIELDS = {"kb101": QUOTE, "no_kb101": ("host_kind",), "unseen": QUOTE,
+                   "prereg": ("host_kind", "record", "figures"), "prereg_figure": QUOTE, "closing": ()}
+"""The report's sentences by case (docs/results/expect.yaml `demo_report`) and the {names} each
+may use: `index` refuses any other, so a typo there fails in the source tree, not in a demo."""
+
+
 def expectations(hardware: dict, data: dict | None = None) -> str:
     """What the demo's gain means on this host kind: the benchmark's record for this kind on KB
     101 (the knowledge base its settings were chosen on, said so), the run on a knowledge base
     the team never saw, the pre-registered runs against rejection sampling and continued SFT, and
-    what one demo run can show. `data`: expectations.json's content
+    what one demo run can show. The sentences are data (expect.yaml, carried in
+    expectations.json); this function only chooses them. `data`: expectations.json's content
     (default: the packaged one)."""
     kind = host_kind(hardware)
-    quotes = (data if data is not None else packaged_expectations())["quotes"]
+    data = data if data is not None else packaged_expectations()
+    quotes, says = data["quotes"], data["sentences"]
     mine = [q for q in quotes if q["where"] == "kb101" and q["host_kind"] == kind]
-    out = [f"On this host kind ({kind}), `{q['command']}` on KB 101, the knowledge base its settings were chosen on "
-           f"(so not a test of them): {q['label']} {q['figure']} ({q['record']})." for q in mine]
-    if not mine:
-        out.append(f"No record of `benchmarks/rl_vs_sft.py` on this host kind ({kind}) yet: "
-                   "`python benchmarks/rl_vs_sft.py --kb-seed K` measures it.")
-    out += [f"On a knowledge base the team never saw ({q['host_kind']}), the same benchmark gave {q['label']} "
-            f"{q['figure']} ({q['record']}): the KB-101 result did not carry over, and no claim that GRPO beats "
-            "SFT is made." for q in quotes if q["where"] == "unseen"]
+    out = [says["kb101"].format_map(q) for q in mine] or [says["no_kb101"].format(host_kind=kind)]
+    out += [says["unseen"].format_map(q) for q in quotes if q["where"] == "unseen"]
     prereg = [q for q in quotes if q["where"] == "prereg"]
     if prereg:
-        out.append(f"Pre-registered, on knowledge bases no choice saw ({prereg[0]['host_kind']}, the kind with room "
-                   "above imitation, 10-minute arms; docs/preregistration/rl_beyond_imitation.md): "
-                   + "; ".join(f"{q['label']} {q['figure']}" for q in prereg) + f" ({prereg[0]['record']}).")
-    out.append("This demo's own difference is one run of a few GRPO steps on its development KB: it says whether "
-               "those steps moved this SFT model on these questions, not what RL adds in general.")
+        figures = "; ".join(says["prereg_figure"].format_map(q) for q in prereg)
+        out.append(says["prereg"].format(host_kind=prereg[0]["host_kind"], record=prereg[0]["record"],
+                                         figures=figures))
+    out.append(says["closing"])
     return "\n\n".join(out) + "\n"
 
 

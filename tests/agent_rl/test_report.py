@@ -179,7 +179,9 @@ def test_read_records_skips_a_partial_last_line(tmp_path, capsys):
 
 # ----------------------------------------------------------------------------- the demo's report
 FP32, BF16 = {"native_bf16": False, "gpu": None}, {"native_bf16": True, "gpu": None}
-QUOTES = {"quotes": [
+SENTENCES = json.loads((Path(__file__).resolve().parents[2] / "agent_rl" / "demo" / "expectations.json").read_text())[
+    "sentences"]  # the report's sentences are data (docs/results/expect.yaml); these quotes are the test's own
+QUOTES = {"sentences": SENTENCES, "quotes": [
     {"record": "docs/results/a", "host_kind": "native bf16", "where": "kb101", "command": "python benchmarks/rl_vs_sft.py",
      "label": "GRPO's best − SFT's best", "figure": "+4.0 to +9.0 (3 seeds)"},
     {"record": "docs/results/b", "host_kind": "native bf16", "where": "unseen", "command": "python benchmarks/rl_vs_sft.py",

@@ -337,3 +337,66 @@ def test_a_record_from_elsewhere_is_kept_without_its_secrets(tmp_path, monkeypat
     assert data["command"] == "RETRIEVER_API_KEY=<redacted> python b.py +retriever.api_key=<redacted>"
     assert data["settings"] == {"config": {"retriever": {"api_key": "<redacted>"}}, "note": "used <redacted>"}
     assert data["headline"] == {"a": "1"} and data["experiment"] == "kept"
+
+
+# ----------------------------------------------------------------------------- what the docs select (issue 101)
+def results_tree(tmp_path: Path) -> Path:
+    """A checkout's documents and records under tmp_path, for `render` to read and fill."""
+    shutil.copytree(records.RESULTS, tmp_path / "docs" / "results")
+    for doc in DOCS:
+        shutil.copy2(ROOT / doc, tmp_path / doc)
+    return tmp_path
+
+
+def test_the_data_file_drives_the_readme_table_and_the_demo_sentences(tmp_path):
+    """Issue 101 item 3: docs/results/expect.yaml, not code, chooses the what-to-expect rows and
+    the report's sentences. A row added there appears in README.md's table (its figure the
+    record's headline, 120 / 27 steps, with its link; the columns it leaves out empty), and a
+    sentence changed there is the one the demo's report says."""
+    import yaml
+
+    from agent_rl.demo.report import expectations
+
+    root = results_tree(tmp_path)
+    path = root / "docs" / "results" / records.SELECTION
+    data = yaml.safe_load(path.read_text())
+    data["expect"].append({"label": "a row from the data file",
+                           "cells": {"GPU": {"record": "rl_vs_sft_kb101_gpu_h200", "figure": "steps: SFT more / GRPO"}}})
+    data["demo_report"]["closing"] = "A closing sentence from the data file."
+    path.write_text(yaml.safe_dump(data, allow_unicode=True))
+    out = records.render(root)
+    new_rows, old_rows = (text.split(records.BEGIN.format("expect"))[1].split(records.END.format("expect"))[0]
+                          for text in (out[root / "README.md"], (ROOT / "README.md").read_text()))
+    assert new_rows == old_rows + \
+        "| a row from the data file |  |  | 120 / 27 ([record](docs/results/rl_vs_sft_kb101_gpu_h200/)) |\n"
+    packaged = json.loads(out[root / "agent_rl" / "demo" / "expectations.json"])
+    said = expectations({"native_bf16": True, "gpu": None}, packaged)
+    assert said.endswith("\n\nA closing sentence from the data file.\n") and "one run of a few GRPO steps" not in said
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda d: d["demo_report"].update(unseen="{label} {figur}"), r"demo_report\.unseen: uses \['figur'\]"),
+    (lambda d: d["demo_report"].pop("closing"), "needs exactly the cases"),
+    (lambda d: d["expect"][0]["cells"].update(TPU={"record": "x", "figure": "y"}), r"expect\[0\]: column 'TPU'"),
+    (lambda d: d["expect"][0]["cells"]["GPU"].update(figures=["a"]), r"expect\[0\]\.GPU: name one headline label"),
+    (lambda d: d["demo_quotes"][0].update(where="kb102"), r"demo_quotes\[0\]"),
+])
+def test_a_mistake_in_the_data_file_is_named(tmp_path, edit, match):
+    """A placeholder its case does not fill, a missing case, an unknown column, a cell with both
+    `figure` and `figures`, an unknown case: refused by `index`, naming the entry, not found by
+    a newcomer's demo as a KeyError."""
+    import yaml
+
+    data = yaml.safe_load((records.RESULTS / records.SELECTION).read_text())
+    edit(data)
+    path = tmp_path / records.SELECTION
+    path.write_text(yaml.safe_dump(data, allow_unicode=True))
+    with pytest.raises(ValueError, match=match):
+        records.load_selection(path)
+
+
+def test_a_figure_the_records_do_not_hold_is_named():
+    selection = records.load_selection(records.RESULTS / records.SELECTION)
+    selection["expect"][0]["cells"]["GPU"]["figure"] = "no such label"
+    with pytest.raises(ValueError, match=r"expect\[0\]\.GPU: record 'gpu_loop_h200_run11' has no headline figure"):
+        records.expect_table(records.load_all(), selection)
