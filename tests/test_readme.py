@@ -17,6 +17,41 @@ def test_readme_is_short_and_names_no_commit():
     assert not hashes, hashes
 
 
+PROSE_WIDTH, ROW_WIDTH = 120, 240
+"""The README's widest lines (issue 101: it sat at its line cap and grew sideways, one line 733
+characters, a prose line 295). Prose wraps, so it is held to 120, the width the rest of it is
+written at; a hand-written table row cannot wrap, so it is held to 240 (today's widest: 230) and a
+cell that needs more belongs in the page it links. Code blocks are left out (a command is kept
+whole, so that it runs as written) and so are generated blocks (their width is the records'
+figures, at most four rows: tests/benchmarks/test_records.py)."""
+
+
+def written_lines(text: str) -> list[tuple[int, str]]:
+    """(line number, line) of the text people write: outside ``` blocks and generated blocks."""
+    out, fenced, generated = [], False, False
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.startswith("```"):
+            fenced = not fenced
+        elif line.startswith("<!-- records:begin"):
+            generated = True
+        elif line.startswith("<!-- records:end"):
+            generated = False
+        elif not fenced and not generated:
+            out.append((number, line))
+    return out
+
+
+def test_readme_does_not_grow_sideways():
+    too_wide = [(n, len(line)) for n, line in written_lines(README)
+                if len(line) > (ROW_WIDTH if line.startswith("|") else PROSE_WIDTH)]
+    assert not too_wide, f"README (line, characters) over {PROSE_WIDTH} (prose) or {ROW_WIDTH} (rows): {too_wide}"
+
+
+def test_written_lines_leave_out_code_and_generated_blocks():
+    text = "a\n```bash\nlong command\n```\n<!-- records:begin x -->\n| row |\n<!-- records:end x -->\nb\n"
+    assert written_lines(text) == [(1, "a"), (8, "b")]
+
+
 def test_readme_starts_with_the_two_commands_and_they_exist():
     block = README.split("```bash\n", 1)[1].split("```", 1)[0]
     assert [line.split()[:2] for line in block.splitlines()] == [["make", "demo"], ["make", "test"]]

@@ -360,8 +360,8 @@ def test_the_data_file_drives_the_readme_table_and_the_demo_sentences(tmp_path):
     root = results_tree(tmp_path)
     path = root / "docs" / "results" / records.SELECTION
     data = yaml.safe_load(path.read_text())
-    data["expect"].append({"label": "a row from the data file",
-                           "cells": {"GPU": {"record": "rl_vs_sft_kb101_gpu_h200", "figure": "steps: SFT more / GRPO"}}})
+    cell = {"record": "rl_vs_sft_kb101_gpu_h200", "figure": "steps: SFT more / GRPO"}
+    data["expect"].append({"label": "a row from the data file", "cells": {"GPU": cell}})
     data["demo_report"]["closing"] = "A closing sentence from the data file."
     path.write_text(yaml.safe_dump(data, allow_unicode=True))
     out = records.render(root)
