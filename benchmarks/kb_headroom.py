@@ -39,11 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from a checkout
 from data_prep.hardware import offline_env  # noqa: E402
 from benchmarks import records  # noqa: E402
+from benchmarks.strategy import QUERY_COLUMNS  # noqa: E402
 
 offline_env()
-
-STRATEGIES = {"name only": "hop_queries", "name + attribute": "attribute_queries"}
-"""Strategy -> the row column its queries come from (the first is what demonstrations search)."""
 KINDS = ("single", "bridge", "comparison")
 DEV_KB_SEED = 7
 """The development seed of the lookalike kind: every design choice of the kind was made on it."""
@@ -139,7 +137,7 @@ def tally(rows: list[dict], outcomes: dict[str, list[dict]]) -> dict:
 
 
 def table(split: str, t: dict) -> str:
-    names = list(STRATEGIES)
+    names = list(QUERY_COLUMNS)
     lines = [f"{split}: agent EM of the scripted strategies (points)", "",
              f"| kind | questions | with namesakes | {names[0]} (demos) | {names[1]} | gap |", "|---|---|---|---|---|---|"]
     for group in (*KINDS, "all"):
@@ -184,7 +182,7 @@ async def measure(rows_by_split: dict[str, list[dict]], url: str, topk: int) -> 
     client = RetrieverClient(url, timeout=120.0)
     try:
         search = lambda qs, k: fetch_results(client.search, qs, k)  # noqa: E731
-        return {split: tally(rows, {name: await play(rows, col, search, topk) for name, col in STRATEGIES.items()})
+        return {split: tally(rows, {name: await play(rows, col, search, topk) for name, col in QUERY_COLUMNS.items()})
                 for split, rows in rows_by_split.items()}
     finally:
         await client.aclose()
