@@ -1,4 +1,4 @@
-"""The pre-registered choice of the control arms' settings (`rl_vs_sft.py --choose`): the grid of
+"""The pre-registered choice of the control arms' settings (`rl_vs_sft --choose`): the grid of
 docs/preregistration/rl_beyond_imitation.md, the rule that picks from it, and its table (pure: it
 reads the checkpoints' scores the benchmark made, and runs nothing).
 

@@ -1,4 +1,4 @@
-"""benchmarks/rl_vs_sft.py's summary over cells (KB seed x run seed), its tables, plots and the
+"""benchmarks/rl_vs_sft's summary over cells (KB seed x run seed), its tables, plots and the
 figures of its record (pure: they read the rows and the start curve's points the benchmark
 built, and run nothing)."""
 
@@ -8,8 +8,10 @@ import math
 import statistics
 from pathlib import Path
 
+from benchmarks.strategy import NAME_ONLY, WITH_ATTRIBUTE
+
 ARMS = ("sft_more", "rft", "grpo", "sft_all")
-"""The arms a cell can run from its start, in the tables' order (rl_vs_sft.py's docstring)."""
+"""The arms a cell can run from its start, in the tables' order (benchmarks/rl_vs_sft's docstring)."""
 RL_ARMS = ("rft", "grpo")
 """The arms trained by agent-rl-train (the others by agent-rl-sft)."""
 LABELS = {"start": "start", "sft_more": "SFT more", "rft": "RFT", "grpo": "GRPO", "sft_all": "SFT all (ref.)",
@@ -194,7 +196,7 @@ def table(rows: list[dict], summ: dict, host: str, args) -> str:
 
 def strategy_em_lines(rows: list[dict], models: list[str]) -> list[str]:
     """Agent EM of the questions each model searched with the better strategy against those it
-    searched by name only (rl_vs_sft.em_by_strategy), where a cell's row has them and any question
+    searched by name only (rl_vs_sft.by_strategy.em_by_strategy), where a cell's row has them and any question
     was told: whether the outcome reward can favour the better strategy for that policy (and, where
     the row has it, how often those searches found a gold answer: whether a retrieval term could)."""
     told = [r for r in rows if any(x["n"] for m in r.get("em_by_strategy", {}).values() for x in m.values())]
@@ -207,13 +209,13 @@ def strategy_em_lines(rows: list[dict], models: list[str]) -> list[str]:
     for r in told:
         by = r["em_by_strategy"]
         lines.append(f"{_cell(r)} " + " | ".join(" / ".join(strategy_cell(by[m][s]) if m in by else "-" for m in models)
-                                                 for s in ("name + attribute", "name only")) + " |")
+                                                 for s in (WITH_ATTRIBUTE, NAME_ONLY)) + " |")
     return lines
 
 
 def group_strategy_lines(rows: list[dict]) -> list[str]:
     """What GRPO's advantage saw of the strategies in the RL arms' own batches (`--log-batches`,
-    rl_vs_sft.group_strategy), where a row has them: the better strategy's share of the trajectories
+    rl_vs_sft.by_strategy.group_strategy), where a row has them: the better strategy's share of the trajectories
     at the first and last logged step, the groups that sampled both strategies, and there each
     strategy's mean reward, EM and advantage."""
     told = [(r, a, g) for r in rows for a, g in r.get("group_strategy", {}).items() if g["by_step"]]
@@ -229,7 +231,7 @@ def group_strategy_lines(rows: list[dict]) -> list[str]:
         first, last = g["by_step"][0], g["by_step"][-1]
         lines.append(f"{_cell(r)} {LABELS[arm]} | {pct(first['better'])} (step {first['step']}) → "
                      f"{pct(last['better'])} (step {last['step']}) | {g['mixed']} of {g['groups']} | "
-                     f"{_group_cell(g['name + attribute'])} | {_group_cell(g['name only'])} |")
+                     f"{_group_cell(g[WITH_ATTRIBUTE])} | {_group_cell(g[NAME_ONLY])} |")
     return lines
 
 
@@ -263,7 +265,7 @@ def curve_strategy_lines(curves: dict[int, list[dict]]) -> list[str]:
     for s, p in pts:
         for g, by in p["em_by_strategy"].items():
             lines.append(f"| {s} | {p['step']} | {pct(p['better_strategy'])} | {g} | "
-                         f"{strategy_cell(by['name + attribute'])} | {strategy_cell(by['name only'])} |")
+                         f"{strategy_cell(by[WITH_ATTRIBUTE])} | {strategy_cell(by[NAME_ONLY])} |")
     return lines
 
 
@@ -409,8 +411,9 @@ def plot(rows: list[dict], out: Path) -> Path:
 
 
 def curve_table(curves: dict[int, list[dict]], host: str, args) -> str:
+    """Markdown: each seed's start curve on the one KB of `args` (its kb_seed, a list of one)."""
     kinds = sorted({g for pts in curves.values() for p in pts for g in p["by_kind"]})
-    lines = [f"Start SFT against steps, KB seed {args.kb_seed}, {args.eval_limit} report questions", host, "",
+    lines = [f"Start SFT against steps, KB seed {args.kb_seed[0]}, {args.eval_limit} report questions", host, "",
              "| seed | SFT steps | agent EM | " + " | ".join(kinds) + " | searches | strict format |",
              "|---|---|---|" + "---|" * len(kinds) + "---|---|"]
     for s, pts in curves.items():

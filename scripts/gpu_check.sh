@@ -21,7 +21,7 @@
 #   scripts/gpu_check.sh loop-finish   # there: wait for stage c, then stage d's figures, one table
 #   scripts/gpu_check.sh rl-vs-sft-pack  # here, after the benchmark wrote $RVS_DIR's demonstrations
 #                                      # (stop it then): its KB, demonstrations, settings -> .kit/rvs.tar.xz
-#   scripts/gpu_check.sh rl-vs-sft     # there, instead of the loop: benchmarks/rl_vs_sft.py $RVS_ARGS
+#   scripts/gpu_check.sh rl-vs-sft     # there, instead of the loop: benchmarks.rl_vs_sft $RVS_ARGS
 #                                      # in the background on the carried $RVS_DIR (KB and demonstrations
 #                                      # made on a CPU host), waiting until WAIT_S s into the call
 #   scripts/gpu_check.sh rl-vs-sft-finish  # there: waits for it (stops it WAIT_S s into the call)
@@ -290,7 +290,7 @@ finish_bg() {  # DIR COLLECT SECONDS: wait for start_bg's job until WAIT_S (defa
     STOP=1 wait_bg "$1.pid" "${WAIT_S:-$3}" "$2" "$out"
 }
 
-# RL against the same minutes of SFT on the GPU (benchmarks/rl_vs_sft.py): the workdir's knowledge
+# RL against the same minutes of SFT on the GPU (benchmarks/rl_vs_sft): the workdir's knowledge
 # base and demonstrations need no GPU, so they are made beforehand on a CPU host (the benchmark with
 # the same arguments, stopped once its demonstrations are written) and carried with its
 # settings.json; the benchmark reuses them and builds the rest there.
@@ -304,7 +304,7 @@ rvs_start() {
     # the workdir's stages made on the CPU host, packed by `scripts/gpu_check.sh rl-vs-sft-pack`
     if [ -f "$RVS_PACK" ]; then mkdir -p "$(dirname "$RVS_DIR")" && tar -xJf "$RVS_PACK" -C "$(dirname "$RVS_DIR")"; fi
     # shellcheck disable=SC2086
-    start_bg "$RVS_DIR" collect_rvs "$py" benchmarks/rl_vs_sft.py --workdir "$RVS_DIR" ${RVS_ARGS:-}
+    start_bg "$RVS_DIR" collect_rvs "$py" -m benchmarks.rl_vs_sft --workdir "$RVS_DIR" ${RVS_ARGS:-}
     grep -E "^\[rl_vs_sft\]|^\| |^GRPO|Error" "$RVS_DIR.log" | tail -n 30
 }
 

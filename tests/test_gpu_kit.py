@@ -131,7 +131,7 @@ def test_unpack_exit_code_and_a_manifest_of_another_build(kit, tmp_path, capsys)
 
 def test_the_benchmarks_cpu_stages_travel_without_weights_and_unpack_as_they_were(tmp_path):
     """`scripts/gpu_check.sh rl-vs-sft-pack`: the KB, demonstrations and settings of a
-    benchmarks/rl_vs_sft.py workdir, what the GPU run reuses, and nothing else (the policy's
+    benchmarks/rl_vs_sft workdir, what the GPU run reuses, and nothing else (the policy's
     weights are rebuilt there; earlier arms would be reused as if they had run there)."""
     import subprocess
     import tarfile

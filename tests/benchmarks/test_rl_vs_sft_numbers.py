@@ -1,4 +1,4 @@
-"""benchmarks/rl_vs_sft.py's numbers from evaluation folders and metrics written by hand (the
+"""benchmarks/rl_vs_sft's numbers from evaluation folders and metrics written by hand (the
 real runs take hours: not in CI): a cell's row (each arm's EM, searches and better-strategy share
 by question kind, the paired differences GRPO - SFT more, GRPO - RFT and RFT - SFT more, time to
 gain, SFT at GRPO's minutes), each arm's command (the same clock for every arm), the summary over
@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from agent_rl.evaluation import report  # noqa: E402
-from benchmarks import records, rl_vs_sft, rl_vs_sft_tables as tables  # noqa: E402
+import benchmarks.rl_vs_sft.cli  # noqa: E402,F401  (every module of the package: rl_vs_sft.<module>.<name>)
+from benchmarks import records, rl_vs_sft, rl_vs_sft_tables as tables, strategy  # noqa: E402
 
 KINDS = {"q1": "single", "q2": "single", "q3": "bridge", "q4": "bridge"}
 Z = report.Z95
@@ -80,7 +81,7 @@ def _half(diffs: list[float]) -> float:
 
 def test_a_cells_row_pairs_every_arm_on_the_same_questions(tmp_path):
     d = _seed_dir(tmp_path)
-    r = rl_vs_sft.seed_row(101, 7, d, list(tables.ARMS), KINDS, {}, gain=0.05)
+    r = rl_vs_sft.cell.seed_row(101, 7, d, list(tables.ARMS), KINDS, {}, gain=0.05)
     assert (r["kb_seed"], r["seed"], r["n"], r["arms"]) == (101, 7, 4, ["sft_more", "rft", "grpo", "sft_all"])
     assert r["em"] == {"start": 0.25, "sft_more": 0.5, "rft": 0.75, "grpo": 0.75, "sft_all": 1.0, "sft_matched": 0.25}
     # GRPO - SFT more: q3 only (0, 0, 1, 0); GRPO - RFT: q3 up, q4 down (0, 0, 1, -1); RFT - SFT more: q4 (0, 0, 0, 1)
@@ -117,7 +118,7 @@ def test_a_cells_row_pairs_every_arm_on_the_same_questions(tmp_path):
 def test_a_cell_of_some_arms_has_only_their_pairs(tmp_path):
     # RFT and GRPO alone: GRPO - RFT, no SFT arm (so no time to gain, no SFT at GRPO's minutes)
     d = _seed_dir(tmp_path)
-    r = rl_vs_sft.seed_row(5, 1, d, ["rft", "grpo"], KINDS, {}, gain=0.05)
+    r = rl_vs_sft.cell.seed_row(5, 1, d, ["rft", "grpo"], KINDS, {}, gain=0.05)
     assert list(r["pairs"]) == ["grpo_minus_rft"] and set(r["minus_start"]) == {"rft", "grpo"}
     assert set(r["em"]) == {"start", "rft", "grpo"} and "sft_matched" not in r and "time_to_gain_min" not in r
     assert set(r["val_points"]) == {"rft", "grpo"}
@@ -129,18 +130,18 @@ def test_the_better_strategy_is_counted_by_question_kind_from_each_trajectorys_q
         attr = question.get("attr")
         return None if attr is None else ("name + attribute" if attr in query else "name only")
 
-    monkeypatch.setattr(rl_vs_sft, "query_strategy", by_hand)
+    monkeypatch.setattr(rl_vs_sft.by_strategy, "query_strategy", by_hand)
     questions = {"q1": {"attr": "1901"}, "q2": {"attr": "Lund"}, "q3": {"attr": "Oslo"}}  # q4: cannot be told
     _write(tmp_path / "e", [1, 0, 1, 0], queries=[["Ann Lee 1901 birth year"], ["Bo Li birthplace", "Bo Li Lund"],
                                                  ["Cy Ro birthplace", "Oslo country"], ["Di Wu"]])
-    counts = rl_vs_sft.strategy_counts(tmp_path / "e", questions, KINDS)
+    counts = rl_vs_sft.by_strategy.strategy_counts(tmp_path / "e", questions, KINDS)
     assert counts == {"all": {"name + attribute": 3, "name only": 2, "unknown": 1},
                       "single": {"name + attribute": 2, "name only": 1},
                       "bridge": {"name only": 1, "name + attribute": 1, "unknown": 1}}
-    assert rl_vs_sft.better_share(counts["single"]) == pytest.approx(2 / 3)
-    assert rl_vs_sft.better_share(counts["all"]) == pytest.approx(3 / 5)  # the unknown one is not in the share
-    assert rl_vs_sft.better_share({"unknown": 4}) is None and rl_vs_sft.better_share({}) is None
-    assert rl_vs_sft.search_queries("<search>a b</search><information><search>x</search></information>") == [
+    assert strategy.better_share(counts["single"]) == pytest.approx(2 / 3)
+    assert strategy.better_share(counts["all"]) == pytest.approx(3 / 5)  # the unknown one is not in the share
+    assert strategy.better_share({"unknown": 4}) is None and strategy.better_share({}) is None
+    assert strategy.search_queries("<search>a b</search><information><search>x</search></information>") == [
         "a b", "x"]  # (an observation's tags are neutralised before they reach a trajectory)
 
 
@@ -152,18 +153,18 @@ def test_em_by_strategy_groups_questions_by_whether_any_search_held_the_attribut
     questions = {f"q{i}": {"hop_attributes": [a]} for i, a in enumerate(["1901", "Lund", "Oslo", "Rome"], 1)}
     _write(tmp_path / "e", [1, 0, 1, 0, 1], hits=[True, True, False, False, True],
            queries=[["Ann Lee 1901"], ["Bo Li", "Bo Li lund"], ["Cy Ro", "Cy Ro birthplace"], ["Di Wu"], ["Ed Ma"]])
-    by = rl_vs_sft.em_by_strategy(tmp_path / "e", questions)
+    by = rl_vs_sft.by_strategy.em_by_strategy(tmp_path / "e", questions)
     assert by == {"name + attribute": {"n": 2, "em": 0.5, "hit": 1.0}, "name only": {"n": 2, "em": 0.5, "hit": 0.0}}
     # one kind's questions only (q2, q3): one each way
-    assert rl_vs_sft.em_by_strategy(tmp_path / "e", questions, {"q2", "q3"}) == {
+    assert rl_vs_sft.by_strategy.em_by_strategy(tmp_path / "e", questions, {"q2", "q3"}) == {
         "name + attribute": {"n": 1, "em": 0.0, "hit": 1.0}, "name only": {"n": 1, "em": 1.0, "hit": 0.0}}
     kinds = {"q1": "single", "q2": "bridge", "q3": "bridge", "q4": "single", "q5": "single"}
-    assert rl_vs_sft.strategy_by_kind(tmp_path / "e", questions, kinds) == {
+    assert rl_vs_sft.by_strategy.strategy_by_kind(tmp_path / "e", questions, kinds) == {
         "all": by,
         "bridge": {"name + attribute": {"n": 1, "em": 0.0, "hit": 1.0}, "name only": {"n": 1, "em": 1.0, "hit": 0.0}},
         "single": {"name + attribute": {"n": 1, "em": 1.0, "hit": 1.0}, "name only": {"n": 1, "em": 0.0, "hit": 0.0}}}
     _write(tmp_path / "f", [0], queries=[["Ann Lee"]])  # no question told apart by name + attribute
-    assert rl_vs_sft.em_by_strategy(tmp_path / "f", questions) == {
+    assert rl_vs_sft.by_strategy.em_by_strategy(tmp_path / "f", questions) == {
         "name + attribute": {"n": 0, "em": None, "hit": None}, "name only": {"n": 1, "em": 0.0, "hit": 0.0}}
     row = {"kb_seed": 9, "seed": 1, "em_by_strategy": {
         "start": by, "grpo": {"name + attribute": {"n": 3, "em": 1.0}, "name only": {"n": 1, "em": 0.0}}}}
@@ -177,13 +178,13 @@ def test_em_by_strategy_groups_questions_by_whether_any_search_held_the_attribut
 
 def test_a_query_is_the_better_strategy_when_it_holds_an_attribute_the_question_gives():
     row = {"hop_attributes": ["Varnholt", ""], "namesakes": [3, 1]}
-    assert rl_vs_sft.query_strategy("Orla Venn of varnholt birth year", row) == "name + attribute"
-    assert rl_vs_sft.query_strategy("Orla Venn birth year", row) == "name only"
-    assert rl_vs_sft.query_strategy("Orla Venn birth year", {"hop_attributes": ["", ""]}) is None  # nothing to tell
-    assert rl_vs_sft.query_strategy("Ann Lee birth year", {}) is None  # the standard kind
+    assert strategy.query_strategy("Orla Venn of varnholt birth year", row) == "name + attribute"
+    assert strategy.query_strategy("Orla Venn birth year", row) == "name only"
+    assert strategy.query_strategy("Orla Venn birth year", {"hop_attributes": ["", ""]}) is None  # nothing to tell
+    assert strategy.query_strategy("Ann Lee birth year", {}) is None  # the standard kind
     import numpy as np  # a row of pandas' to_dict("records") holds numpy arrays
 
-    assert rl_vs_sft.query_strategy("painter Orla Venn", {"hop_attributes": np.array(["painter"])}) == "name + attribute"
+    assert strategy.query_strategy("painter Orla Venn", {"hop_attributes": np.array(["painter"])}) == "name + attribute"
 
 
 def _traj(step: int, group: int, question: str, queries: list[str], reward: float) -> dict:
@@ -203,7 +204,7 @@ def test_group_strategy_gives_each_strategy_grpos_advantage_within_the_groups_th
         _traj(1, 1, "Q2", ["Cy Ro"], 1.0), _traj(1, 1, "Q2", ["Cy Ro"], 0.0),  # name only: not mixed
         # step 2, group 0 (mixed): better 0, name only 1, no search 0 -> mean 1/3, std sqrt(1/3)
         _traj(2, 0, "Q2", ["Cy Ro oslo"], 0.0), _traj(2, 0, "Q2", ["Cy Ro"], 1.0), _traj(2, 0, "Q2", [], 0.0)]
-    g = rl_vs_sft.group_strategy(batches, questions)
+    g = rl_vs_sft.by_strategy.group_strategy(batches, questions)
     assert g["groups"] == 3 and g["mixed"] == 2
     assert g["by_step"] == [{"step": 1, "trajectories": 6, "better": pytest.approx(2 / 6)},
                             {"step": 2, "trajectories": 3, "better": 0.5}]
@@ -214,10 +215,10 @@ def test_group_strategy_gives_each_strategy_grpos_advantage_within_the_groups_th
     assert better["advantage"] == pytest.approx((0.5 / r3 + 0.5 / r3 - (1 / 3) / r3) / 3, rel=1e-5)
     assert name["reward"] == pytest.approx(1 / 3) and name["em"] == pytest.approx(1 / 3)
     assert name["advantage"] == pytest.approx((-0.5 / r3 - 0.5 / r3 + (2 / 3) / r3) / 3, rel=1e-5)
-    assert rl_vs_sft.group_strategy([], questions) == {
+    assert rl_vs_sft.by_strategy.group_strategy([], questions) == {
         "by_step": [], "groups": 0, "mixed": 0, "name + attribute": {"n": 0, "reward": None, "em": None, "advantage": None},
         "name only": {"n": 0, "reward": None, "em": None, "advantage": None}}
-    row = {"kb_seed": 7, "seed": 1, "group_strategy": {"grpo": g, "rft": rl_vs_sft.group_strategy([], questions)}}
+    row = {"kb_seed": 7, "seed": 1, "group_strategy": {"grpo": g, "rft": rl_vs_sft.by_strategy.group_strategy([], questions)}}
     lines = tables.group_strategy_lines([row, {"kb_seed": 7, "seed": 2}])
     assert len(lines) == 6 and lines[-1] == ("| 7 | 1 | GRPO | 33.3 (step 1) → 50.0 (step 2) | 2 of 3 | "
                                              "0.667 / 66.7 / +0.38 (3) | 0.333 / 33.3 / -0.19 (3) |")
@@ -229,21 +230,21 @@ def test_with_log_batches_the_rl_arms_write_every_steps_whole_batch_in_their_fol
 
     w, d = Workdir(tmp_path / "w"), tmp_path / "w" / "seed1"
     for arm in tables.ARMS:
-        cmd = [str(c) for c in rl_vs_sft.arm_stage(w, arm, tmp_path / "s", tmp_path / "v", "http://x", d, 1,
+        cmd = [str(c) for c in rl_vs_sft.arms.arm_stage(w, arm, tmp_path / "s", tmp_path / "v", "http://x", d, 1,
                                                    _args(log_batches=True), tmp_path / "all.parquet")[0]]
         logged = [c for c in cmd if c.startswith("trainer.rollout_data")]
         assert logged == ([f"trainer.rollout_data_dir={d / arm / 'rollouts'}", "trainer.rollout_data_freq=1",
                            "trainer.rollout_data_n=1000000"] if arm in tables.RL_ARMS else [])
-        plain = rl_vs_sft.arm_stage(w, arm, tmp_path / "s", tmp_path / "v", "http://x", d, 1, _args(), tmp_path / "a")[0]
+        plain = rl_vs_sft.arms.arm_stage(w, arm, tmp_path / "s", tmp_path / "v", "http://x", d, 1, _args(), tmp_path / "a")[0]
         assert not any(str(c).startswith("trainer.rollout_data") for c in plain)
 
 
-def _args(**kw) -> argparse.Namespace:
-    base = dict(kb_seed=101, kb_kind="standard", demos=1500, demo_args="", eval_limit=200, val_n=40, start_steps=60,
-                minutes=10.0, clock=rl_vs_sft.CLOCK, val_every=2, overrides=[], start_curve=None, best_of_val=False,
+def _args(**kw) -> rl_vs_sft.settings.Settings:
+    base = dict(kb_seed=[101], kb_kind="standard", demos=1500, demo_args="", eval_limit=200, val_n=40, start_steps=60,
+                minutes=10.0, clock=rl_vs_sft.settings.CLOCK, val_every=2, overrides=[], start_curve=None, best_of_val=False,
                 sft_val_every=10, sft_lr=None, sft_epochs=None, rft_lr=None, gain=0.05, arms=list(tables.ARMS),
                 seeds=[1], workdir=None, log_batches=False)
-    return argparse.Namespace(**{**base, **kw})
+    return rl_vs_sft.settings.Settings(**{**base, **kw})
 
 
 def test_every_arm_runs_from_the_start_on_one_clock_with_its_own_settings(tmp_path):
@@ -253,7 +254,7 @@ def test_every_arm_runs_from_the_start_on_one_clock_with_its_own_settings(tmp_pa
     args = _args(sft_lr=2e-5, sft_epochs=3, rft_lr=1e-5, overrides=["actor_rollout_ref.actor.optim.lr=5e-6"])
 
     def stage(arm: str, a=args) -> tuple[list[str], Path, Path]:
-        cmd, done, model = rl_vs_sft.arm_stage(w, arm, start, val, "http://x", d, 3, a, tmp_path / "all.parquet")
+        cmd, done, model = rl_vs_sft.arms.arm_stage(w, arm, start, val, "http://x", d, 3, a, tmp_path / "all.parquet")
         return [str(c) for c in cmd], done, model
 
     for arm in tables.ARMS:  # the same minutes, every second counted, from the same start
@@ -288,14 +289,14 @@ def test_every_arm_runs_from_the_start_on_one_clock_with_its_own_settings(tmp_pa
 
 
 def test_the_workdirs_of_one_and_several_knowledge_bases(tmp_path):
-    assert rl_vs_sft.kb_workdir(_args(kb_seed=[101]), 101) == ROOT / "runs" / "rl_vs_sft" / "kb101"
-    assert rl_vs_sft.kb_workdir(_args(kb_seed=[3], kb_kind="lookalike"), 3) == ROOT / "runs" / "rl_vs_sft" / "lookalike_kb3"
+    assert rl_vs_sft.settings.kb_workdir(_args(kb_seed=[101]), 101) == ROOT / "runs" / "rl_vs_sft" / "kb101"
+    assert rl_vs_sft.settings.kb_workdir(_args(kb_seed=[3], kb_kind="lookalike"), 3) == ROOT / "runs" / "rl_vs_sft" / "lookalike_kb3"
     one = _args(kb_seed=[101], workdir=str(tmp_path / "gpu_rvs"))  # scripts/gpu_check.sh's --workdir: the KB's own
-    assert rl_vs_sft.kb_workdir(one, 101) == rl_vs_sft.out_dir(one) == tmp_path / "gpu_rvs"
+    assert rl_vs_sft.settings.kb_workdir(one, 101) == rl_vs_sft.settings.out_dir(one) == tmp_path / "gpu_rvs"
     two = _args(kb_seed=[11, 12], kb_kind="lookalike")
-    assert rl_vs_sft.out_dir(two) == ROOT / "runs" / "rl_vs_sft" / "lookalike_kbs11_12"
+    assert rl_vs_sft.settings.out_dir(two) == ROOT / "runs" / "rl_vs_sft" / "lookalike_kbs11_12"
     two.workdir = str(tmp_path / "pre")
-    assert rl_vs_sft.kb_workdir(two, 12) == tmp_path / "pre" / "lookalike_kb12" and rl_vs_sft.out_dir(two) == tmp_path / "pre"
+    assert rl_vs_sft.settings.kb_workdir(two, 12) == tmp_path / "pre" / "lookalike_kb12" and rl_vs_sft.settings.out_dir(two) == tmp_path / "pre"
 
 
 def test_the_t_interval_across_cells_is_students_with_cells_minus_one_df():
@@ -341,7 +342,7 @@ def test_the_summary_over_cells_gives_each_pair_its_spread_and_t_interval():
 
 def test_the_table_names_the_kb_the_host_every_arm_and_the_intervals(tmp_path):
     d = _seed_dir(tmp_path)
-    row = {**rl_vs_sft.seed_row(101, 3, d, list(tables.ARMS), KINDS, {}, gain=0.05), "host": "[hardware] cpu='X'"}
+    row = {**rl_vs_sft.cell.seed_row(101, 3, d, list(tables.ARMS), KINDS, {}, gain=0.05), "host": "[hardware] cpu='X'"}
     args = _args(start_steps=44, sft_lr=2e-5, sft_epochs=3)
     text = tables.table([row], tables.summary([row]), "[hardware] cpu='X'", args)
     assert "SFT more, RFT, GRPO, SFT all (ref.) from one start, 10 minutes an arm (every second counted)" in text
@@ -389,14 +390,14 @@ def test_sft_at_grpos_minutes_is_the_sft_arms_prefix_by_its_own_step_times(tmp_p
     for secs, k in ((399.0, 3), (400.0, 4), (650.0, 6), (99.0, 0)):
         _metrics(grpo, [{"step": 1, "training/elapsed_s": 0.5 * secs}, {"step": 2, "training/elapsed_s": secs}])
         _metrics(tmp_path / "sft", SFT_STEPS)
-        assert rl_vs_sft.matched_steps(tmp_path / "sft", grpo) == (k, 100.0 * k / 60)
+        assert rl_vs_sft.arms.matched_steps(tmp_path / "sft", grpo) == (k, 100.0 * k / 60)
     # the matched run repeats the SFT arm's first k steps: same losses (gap 0), or the gap says how far
     _metrics(tmp_path / "again", SFT_STEPS[:4])
-    assert rl_vs_sft.same_steps_gap(tmp_path / "sft", tmp_path / "again", 4) == 0.0
+    assert rl_vs_sft.arms.same_steps_gap(tmp_path / "sft", tmp_path / "again", 4) == 0.0
     _metrics(tmp_path / "other", [{**r, "sft/loss": r["sft/loss"] + 0.01 * r["step"]} for r in SFT_STEPS[:4]])
-    assert rl_vs_sft.same_steps_gap(tmp_path / "sft", tmp_path / "other", 4) == pytest.approx(0.04)
-    assert rl_vs_sft.same_steps_gap(tmp_path / "sft", tmp_path / "again", 5) == float("inf")
-    assert rl_vs_sft.same_steps_gap(tmp_path / "sft", tmp_path / "absent", 0) == 0.0
+    assert rl_vs_sft.arms.same_steps_gap(tmp_path / "sft", tmp_path / "other", 4) == pytest.approx(0.04)
+    assert rl_vs_sft.arms.same_steps_gap(tmp_path / "sft", tmp_path / "again", 5) == float("inf")
+    assert rl_vs_sft.arms.same_steps_gap(tmp_path / "sft", tmp_path / "absent", 0) == 0.0
 
 
 def test_headroom_counts_questions_any_model_answered_or_retrieved(tmp_path):
@@ -405,7 +406,7 @@ def test_headroom_counts_questions_any_model_answered_or_retrieved(tmp_path):
     for name, ems, hits in (("a", [1, 0, 0, 0], [True, False, False, False]), ("b", [0, 0, 0, 0], [True, True, False, False]),
                             ("c", [0, 1, 0, 0], [False, True, False, False]), ("e", [0, 0, 0, 0], [False, False, False, True])):
         _write(tmp_path / name, ems, hits=hits)
-    assert rl_vs_sft.headroom([tmp_path / n for n in "abce"]) == {"any_right": 0.5, "never_retrieved": 0.25,
+    assert rl_vs_sft.cell.headroom([tmp_path / n for n in "abce"]) == {"any_right": 0.5, "never_retrieved": 0.25,
                                                                   "never_retrieved_ids": ["q3"]}
 
 
@@ -416,14 +417,14 @@ def test_a_finished_evaluation_does_not_need_its_model(tmp_path, monkeypatch):
     from agent_rl.evaluation.evaluate import EvalInputError
 
     ran = []
-    monkeypatch.setattr(rl_vs_sft.stages, "run_stage", lambda cmd, what, tag: ran.append(cmd) or 0.0)
+    monkeypatch.setattr(rl_vs_sft.runs.stages, "run_stage", lambda cmd, what, tag: ran.append(cmd) or 0.0)
     w, run_dir = Workdir(tmp_path / "w"), tmp_path / "grpo"
     run_dir.mkdir()  # a GRPO run directory whose checkpoints are gone
     _write(tmp_path / "eval_done", [1, 0])
-    out = rl_vs_sft.evaluate(w, run_dir, tmp_path / "q.parquet", "http://x", tmp_path / "eval_done", 2)
+    out = rl_vs_sft.runs.evaluate(w, run_dir, tmp_path / "q.parquet", "http://x", tmp_path / "eval_done", 2)
     assert out == tmp_path / "eval_done" and ran == []
     with pytest.raises(EvalInputError, match="not an HF model directory"):
-        rl_vs_sft.evaluate(w, run_dir, tmp_path / "q.parquet", "http://x", tmp_path / "eval_new", 2)
+        rl_vs_sft.runs.evaluate(w, run_dir, tmp_path / "q.parquet", "http://x", tmp_path / "eval_new", 2)
     assert ran == []
 
 
@@ -433,16 +434,16 @@ def test_the_start_curve_trains_once_keeps_every_checkpoint_and_scores_each(tmp_
     from agent_rl.demo.stages import Workdir
 
     ran = []
-    monkeypatch.setattr(rl_vs_sft.stages, "run_stage", lambda cmd, what, tag: ran.append([str(c) for c in cmd]) or 0.0)
+    monkeypatch.setattr(rl_vs_sft.runs.stages, "run_stage", lambda cmd, what, tag: ran.append([str(c) for c in cmd]) or 0.0)
     d = tmp_path / "seed5"
     _write(d / "eval_curve_3", [1, 0, 0, 0], searches=2)
     _write(d / "eval_curve_6", [1, 1, 1, 0], searches=1)
-    pts = rl_vs_sft.start_curve(Workdir(tmp_path / "w"), d, 5, 3, 6, tmp_path / "rep.parquet", "http://x", 4, KINDS)
+    pts = rl_vs_sft.modes.start_curve(Workdir(tmp_path / "w"), d, 5, 3, 6, tmp_path / "rep.parquet", "http://x", 4, KINDS)
     assert len(ran) == 1 and "trainer.total_training_steps=6" in ran[0] and "data.seed=5" in ran[0]
     assert "trainer.save_freq=3" in ran[0] and "trainer.max_ckpt_to_keep=null" in ran[0]
     assert [(p["step"], p["em"], p["searches"]) for p in pts] == [(3, 0.25, 2.0), (6, 0.75, 1.0)]
     assert pts[1]["by_kind"] == {"bridge": 0.5, "single": 1.0}
-    args = argparse.Namespace(kb_seed=0, eval_limit=4)
+    args = argparse.Namespace(kb_seed=[0], eval_limit=4)
     text = tables.curve_table({5: pts}, "[hardware] cpu='X'", args)
     assert "KB seed 0" in text and "[hardware] cpu='X'" in text
     assert "| 5 | 3 | 25.0 | 0.0 | 50.0 | 2.00 | 100.0 |" in text and "| 5 | 6 | 75.0 | 50.0 | 100.0 | 1.00 |" in text
@@ -455,42 +456,42 @@ def test_the_start_curve_on_the_lookalike_kind_shows_what_the_starts_searches_ea
     # -> better share 1/4; name + attribute 100.0 EM, 100.0 hit (1); name only 33.3, 33.3 (3)
     from agent_rl.demo.stages import Workdir
 
-    monkeypatch.setattr(rl_vs_sft.stages, "run_stage", lambda *a, **k: 0.0)
+    monkeypatch.setattr(rl_vs_sft.runs.stages, "run_stage", lambda *a, **k: 0.0)
     d = tmp_path / "seed5"
     questions = {q: {"hop_attributes": [a]} for q, a in zip(KINDS, ["Lund", "Oslo", "Rome", "Pisa"])}
     _write(d / "eval_curve_3", [1, 0, 1, 0], hits=[True, True, False, False],
            queries=[["Ann lund"], ["Bo Li"], ["Cy Ro"], ["Di Wu"]])
-    pts = rl_vs_sft.start_curve(Workdir(tmp_path / "w"), d, 5, 3, 3, tmp_path / "rep.parquet", "http://x", 4, KINDS,
+    pts = rl_vs_sft.modes.start_curve(Workdir(tmp_path / "w"), d, 5, 3, 3, tmp_path / "rep.parquet", "http://x", 4, KINDS,
                                 questions)
     assert pts[0]["better_strategy"] == pytest.approx(0.25)
     by = pts[0]["em_by_strategy"]
     assert by["all"]["name only"] == pytest.approx({"n": 3, "em": 1 / 3, "hit": 1 / 3})
     assert by["single"] == {"name + attribute": {"n": 1, "em": 1.0, "hit": 1.0}, "name only": {"n": 1, "em": 0.0, "hit": 1.0}}
     assert by["bridge"]["name + attribute"] == {"n": 0, "em": None, "hit": None}
-    text = tables.curve_table({5: pts}, "[hardware] cpu='X'", argparse.Namespace(kb_seed=7, eval_limit=4))
+    text = tables.curve_table({5: pts}, "[hardware] cpu='X'", argparse.Namespace(kb_seed=[7], eval_limit=4))
     assert "| 5 | 3 | 25.0 | all | 100.0, 100.0 (1) | 33.3, 33.3 (3) |" in text
     assert "| 5 | 3 | 25.0 | bridge | n/a, n/a (0) | 50.0, 0.0 (2) |" in text
 
 
 def test_a_workdir_made_with_other_settings_is_refused_and_left_alone(tmp_path):
     work = tmp_path / "kb101"
-    rl_vs_sft.check_settings(work, _args())
-    rl_vs_sft.check_settings(work, _args(arms=["grpo"]))  # the same settings, other arms: a re-run goes on
+    rl_vs_sft.compat.check_settings(work, _args(), 101)
+    rl_vs_sft.compat.check_settings(work, _args(arms=["grpo"]), 101)  # the same settings, other arms: a re-run goes on
     recorded = (work / "settings.json").read_text()
     with pytest.raises(SystemExit, match=r"start_steps 60 there, 44 asked"):
-        rl_vs_sft.check_settings(work, _args(start_steps=44))
+        rl_vs_sft.compat.check_settings(work, _args(start_steps=44), 101)
     with pytest.raises(SystemExit, match=r"best_of_val False there, True asked"):
-        rl_vs_sft.check_settings(work, _args(best_of_val=True))
+        rl_vs_sft.compat.check_settings(work, _args(best_of_val=True), 101)
     with pytest.raises(SystemExit, match=r"kb_seed 101 there, 102 asked.*overrides \[\] there"):
-        rl_vs_sft.check_settings(work, _args(kb_seed=102, overrides=["x=1"]))
+        rl_vs_sft.compat.check_settings(work, _args(overrides=["x=1"]), 102)
     for k, v in (("kb_kind", "lookalike"), ("sft_lr", 2e-5), ("sft_epochs", 3), ("rft_lr", 1e-5)):
         with pytest.raises(SystemExit, match=rf"{k} .* there, {v!r} asked"):
-            rl_vs_sft.check_settings(work, _args(**{k: v}))
+            rl_vs_sft.compat.check_settings(work, _args(**{k: v}), 101)
     assert (work / "settings.json").read_text() == recorded
     # the start curve shares the KB and demonstrations, not the arms' settings
-    rl_vs_sft.check_settings(work, _args(start_curve=[20, 100], start_steps=44, minutes=3.0))
+    rl_vs_sft.compat.check_settings(work, _args(start_curve=[20, 100], start_steps=44, minutes=3.0), 101)
     with pytest.raises(SystemExit, match="start_curve"):
-        rl_vs_sft.check_settings(work, _args(start_curve=[10, 50]))
+        rl_vs_sft.compat.check_settings(work, _args(start_curve=[10, 50]), 101)
 
 
 def test_a_workdir_from_before_the_clock_counted_every_second_is_refused(tmp_path):
@@ -498,17 +499,16 @@ def test_a_workdir_from_before_the_clock_counted_every_second_is_refused(tmp_pat
     # the training steps' alone, so its finished arms are not this rule's
     work = tmp_path / "kb101"
     work.mkdir()
-    old = {k: v for k, v in vars(_args()).items() if k in rl_vs_sft.SETTINGS["shared"] + rl_vs_sft.SETTINGS["arms"]
-           and k not in rl_vs_sft.LEGACY}
+    old = {k: v for k, v in rl_vs_sft.compat.workdir_settings(_args(), 101).items() if k not in rl_vs_sft.compat.LEGACY}
     (work / "settings.json").write_text(json.dumps(old))
     with pytest.raises(SystemExit, match=r"clock 'training steps' there, 'every second' asked"):
-        rl_vs_sft.check_settings(work, _args())
+        rl_vs_sft.compat.check_settings(work, _args(), 101)
     # one that ran only the start curve (no arms group) holds nothing of the arms to refuse
     curve = tmp_path / "curve"
     curve.mkdir()
-    (curve / "settings.json").write_text(json.dumps({**{k: old[k] for k in rl_vs_sft.SETTINGS["shared"] if k in old},
+    (curve / "settings.json").write_text(json.dumps({**{k: old[k] for k in rl_vs_sft.compat.SETTINGS["shared"] if k in old},
                                                      "start_curve": [20, 100]}))
-    rl_vs_sft.check_settings(curve, _args())
+    rl_vs_sft.compat.check_settings(curve, _args(), 101)
     assert json.loads((curve / "settings.json").read_text())["clock"] == "every second"
 
 
@@ -516,39 +516,39 @@ def test_earlier_runs_rows_count_only_under_the_same_settings_and_host_kind(tmp_
     xeon = "[hardware] cpu='Xeon' isa=amx torch=AVX512 threads=2 gpu=none native_bf16=yes (amx_bf16+avx512_bf16)"
     epyc = "[hardware] cpu='EPYC' isa=avx2 torch=AVX2 threads=2 gpu=none native_bf16=no (no amx_bf16)"
     args = _args(kb_seed=[101], seeds=[3])
-    same = {k: getattr(args, k) for k in rl_vs_sft.MERGED}
+    same = {k: getattr(args, k) for k in rl_vs_sft.compat.MERGED}
     row = _row(101, 1, {"grpo_minus_sft_more": 0.05})
     f = tmp_path / "old.json"
     f.write_text(json.dumps({**same, "kb_seeds": [101, 102], "host": xeon,
                              "rows": [row, {**row, "seed": 2}, {**row, "kb_seed": 102, "seed": 3}]}))
-    got = rl_vs_sft.earlier_rows([str(f)], args, "native bf16")
+    got = rl_vs_sft.compat.earlier_rows([str(f)], args, "native bf16")
     assert [(r["kb_seed"], r["seed"], r["host"]) for r in got] == [(101, 1, xeon), (101, 2, xeon), (102, 3, xeon)]
-    assert rl_vs_sft.host_kind_of(xeon) == "native bf16" and rl_vs_sft.host_kind_of(epyc) == "no native bf16 (fp32)"
+    assert rl_vs_sft.compat.host_kind_of(xeon) == "native bf16" and rl_vs_sft.compat.host_kind_of(epyc) == "no native bf16 (fp32)"
     with pytest.raises(SystemExit, match="host kind 'native bf16' there, 'no native bf16 \\(fp32\\)' here"):
-        rl_vs_sft.earlier_rows([str(f)], args, "no native bf16 (fp32)")
+        rl_vs_sft.compat.earlier_rows([str(f)], args, "no native bf16 (fp32)")
     for k, v, said in (("start_steps", 44, "start_steps 44 there, 60 here"), ("val_n", 50, "val_n 50 there, 40 here"),
                        ("overrides", ["x=1"], r"overrides \['x=1'\] there, \[\] here"),
                        ("rft_lr", 1e-5, "rft_lr 1e-05 there, None here")):
         f.write_text(json.dumps({**same, k: v, "host": xeon, "rows": [row]}))
         with pytest.raises(SystemExit, match=said):
-            rl_vs_sft.earlier_rows([str(f)], args, "native bf16")
+            rl_vs_sft.compat.earlier_rows([str(f)], args, "native bf16")
     # a file of the two-arm version: its minutes counted the training steps only
-    old = {k: v for k, v in same.items() if k not in rl_vs_sft.LEGACY}
+    old = {k: v for k, v in same.items() if k not in rl_vs_sft.compat.LEGACY}
     f.write_text(json.dumps({**old, "kb_seed": 101, "host": xeon, "rows": [{"seed": 1, "grpo_minus_sft": {}}]}))
     with pytest.raises(SystemExit, match="clock 'training steps' there, 'every second' here"):
-        rl_vs_sft.earlier_rows([str(f)], args, "native bf16")
+        rl_vs_sft.compat.earlier_rows([str(f)], args, "native bf16")
     f.write_text(json.dumps({**same, "host": xeon, "rows": [{**row, "seed": 3}]}))
     with pytest.raises(SystemExit, match="KB 101 seed 3 of --with .* counted twice"):
-        rl_vs_sft.earlier_rows([str(f)], args, "native bf16")
+        rl_vs_sft.compat.earlier_rows([str(f)], args, "native bf16")
     f.write_text(json.dumps({**same, "host": xeon, "rows": [row]}))
     with pytest.raises(SystemExit, match="KB 101 seed 1 of --with .* counted twice"):
-        rl_vs_sft.earlier_rows([str(f), str(f)], args, "native bf16")
+        rl_vs_sft.compat.earlier_rows([str(f), str(f)], args, "native bf16")
 
 
 def test_the_best_step_is_the_highest_running_em_and_a_tie_goes_to_fewer_steps():
-    assert rl_vs_sft.best_step([(0, 0.8), (10, 0.85), (20, 0.85), (30, 0.7)]) == (10, 0.85)
-    assert rl_vs_sft.best_step([(0, 0.8), (4, 0.65), (8, 0.75), (11, 0.8)]) == (0, 0.8)  # none beat the start
-    assert rl_vs_sft.best_step([(0, 0.0), (5, 0.05)]) == (5, 0.05)
+    assert tables.best_step([(0, 0.8), (10, 0.85), (20, 0.85), (30, 0.7)]) == (10, 0.85)
+    assert tables.best_step([(0, 0.8), (4, 0.65), (8, 0.75), (11, 0.8)]) == (0, 0.8)  # none beat the start
+    assert tables.best_step([(0, 0.0), (5, 0.05)]) == (5, 0.05)
 
 
 def _best_seed(tmp_path):
@@ -574,49 +574,49 @@ def _bests(tmp_path, d):
     args = argparse.Namespace(val_n=1, eval_limit=4)
     w, q = Workdir(tmp_path / "w"), tmp_path / "q.parquet"
     first = {0: (d / "val_start", d / "eval_start")}
-    return {"sft_more": rl_vs_sft.best_checkpoint(w, d, "sft_more", q, q, "http://x", args,
+    return {"sft_more": rl_vs_sft.best.best_checkpoint(w, d, "sft_more", q, q, "http://x", args,
                                                   {**first, 6: (d / "val_sft_more", d / "eval_sft_more")}),
-            "grpo": rl_vs_sft.best_checkpoint(w, d, "grpo", q, q, "http://x", args, {**first, 3: (None, d / "eval_grpo")})}
+            "grpo": rl_vs_sft.best.best_checkpoint(w, d, "grpo", q, q, "http://x", args, {**first, 3: (None, d / "eval_grpo")})}
 
 
 def test_each_arm_keeps_its_best_checkpoint_by_the_running_evaluation(tmp_path, monkeypatch):
     # every evaluation was made by hand: nothing runs (a stage that ran would be a defect here)
     from agent_rl.demo.stages import Workdir
 
-    monkeypatch.setattr(rl_vs_sft.stages, "run_stage", lambda *a, **k: pytest.fail(f"ran {a}"))
+    monkeypatch.setattr(rl_vs_sft.runs.stages, "run_stage", lambda *a, **k: pytest.fail(f"ran {a}"))
     d = _best_seed(tmp_path)
-    assert rl_vs_sft.checkpoint_steps(d / "sft_more") == [2, 4, 6]
+    assert rl_vs_sft.runs.checkpoint_steps(d / "sft_more") == [2, 4, 6]
     best = _bests(tmp_path, d)
     sft, grpo = best["sft_more"], best["grpo"]
     assert sft["val_points"] == [(0, 0.5), (2, 0.0), (4, 1.0), (6, 0.5)]
     assert (sft["step"], sft["val_em"], sft["eval"]) == (4, 1.0, str(d / "eval_sft_more_4"))
     assert sft["minutes"] == pytest.approx(400.0 / 60)  # SFT_STEPS: 100 s a step
     assert (grpo["step"], grpo["minutes"], grpo["eval"]) == (0, 0.0, str(d / "eval_start"))
-    row = rl_vs_sft.best_row(d, KINDS, best)
+    row = rl_vs_sft.best.best_row(d, KINDS, best)
     # report questions: start 1/4, SFT's best 4/4, GRPO's best (the start) 1/4
     assert (row["arms"]["sft_more"]["em"], row["arms"]["grpo"]["em"]) == (1.0, 0.25)
     assert list(row["pairs"]) == ["grpo_minus_sft_more"] and row["pairs"]["grpo_minus_sft_more"]["diff"] == pytest.approx(-0.75)
     assert row["minus_start"]["sft_more"]["diff"] == pytest.approx(0.75) and row["minus_start"]["grpo"]["diff"] == 0.0
     # a workdir whose arm kept no checkpoint (trained without --best-of-val) is named, not guessed at
     with pytest.raises(SystemExit, match="kept no checkpoints"):
-        rl_vs_sft.best_checkpoint(Workdir(tmp_path / "w"), d, "sft_matched", d, d, "http://x",
+        rl_vs_sft.best.best_checkpoint(Workdir(tmp_path / "w"), d, "sft_matched", d, d, "http://x",
                                   argparse.Namespace(val_n=1, eval_limit=4), {})
 
 
 def test_time_to_gain_by_the_checkpoints_scores_counts_the_first_checkpoint_past_the_bar(tmp_path):
     d = _best_seed(tmp_path)  # GRPO's checkpoints by the evaluation command: 0.5 at steps 0 and 2, 0.0 at 3
     points = [(3, 0.0), (0, 0.5), (2, 0.5)]  # in any order: the first by step counts
-    assert rl_vs_sft.checkpoint_time_to_gain(d / "grpo", points, 0.5) == 2.0  # step 2 ended at 120 s
-    assert rl_vs_sft.checkpoint_time_to_gain(d / "grpo", points, 0.55) is None  # the start never counts
-    assert rl_vs_sft.checkpoint_time_to_gain(d / "grpo", [(0, 1.0), (3, 0.0)], 0.5) is None
-    assert rl_vs_sft.minutes_to([(0, 0.0, 0.9), (4, 4.0, 0.6), (2, 2.0, 0.7)], 0.7) == 2.0
+    assert rl_vs_sft.best.checkpoint_time_to_gain(d / "grpo", points, 0.5) == 2.0  # step 2 ended at 120 s
+    assert rl_vs_sft.best.checkpoint_time_to_gain(d / "grpo", points, 0.55) is None  # the start never counts
+    assert rl_vs_sft.best.checkpoint_time_to_gain(d / "grpo", [(0, 1.0), (3, 0.0)], 0.5) is None
+    assert rl_vs_sft.best.minutes_to([(0, 0.0, 0.9), (4, 4.0, 0.6), (2, 2.0, 0.7)], 0.7) == 2.0
 
 
 def test_the_table_plot_and_record_add_the_best_checkpoints_only_for_rows_that_have_them(tmp_path, monkeypatch):
-    monkeypatch.setattr(rl_vs_sft.stages, "run_stage", lambda *a, **k: pytest.fail(f"ran {a}"))
+    monkeypatch.setattr(rl_vs_sft.runs.stages, "run_stage", lambda *a, **k: pytest.fail(f"ran {a}"))
     d = _best_seed(tmp_path)
-    row = rl_vs_sft.seed_row(101, 1, d, ["sft_more", "grpo"], KINDS, {}, gain=0.05)
-    row["best_checkpoints"] = rl_vs_sft.best_row(d, KINDS, _bests(tmp_path, d))
+    row = rl_vs_sft.cell.seed_row(101, 1, d, ["sft_more", "grpo"], KINDS, {}, gain=0.05)
+    row["best_checkpoints"] = rl_vs_sft.best.best_row(d, KINDS, _bests(tmp_path, d))
     older = {k: v for k, v in row.items() if k != "best_checkpoints"}
     rows = [row, {**older, "seed": 2}]
     summ = tables.summary(rows)
@@ -655,14 +655,14 @@ def test_the_records_figures_across_cells(tmp_path):
 
 
 def test_a_cells_per_question_file_holds_every_models_answers_and_the_checkpoints_scores(tmp_path, monkeypatch):
-    monkeypatch.setattr(rl_vs_sft.stages, "run_stage", lambda *a, **k: pytest.fail(f"ran {a}"))
+    monkeypatch.setattr(rl_vs_sft.runs.stages, "run_stage", lambda *a, **k: pytest.fail(f"ran {a}"))
     d = _best_seed(tmp_path)
-    row = rl_vs_sft.seed_row(101, 3, d, ["sft_more", "grpo"], KINDS, {}, gain=0.05)
-    without = json.loads(json.dumps(rl_vs_sft.per_question(d, KINDS, row)))  # as the file holds it
+    row = rl_vs_sft.cell.seed_row(101, 3, d, ["sft_more", "grpo"], KINDS, {}, gain=0.05)
+    without = json.loads(json.dumps(rl_vs_sft.cell.per_question(d, KINDS, row)))  # as the file holds it
     assert sorted(without["models"]) == ["grpo", "sft_matched", "sft_more", "start"]
     assert without["running_evaluation"] == {"grpo_trainer_validation": {"0": 0.5, "2": 0.5, "3": 0.0}}
-    row["best_checkpoints"] = rl_vs_sft.best_row(d, KINDS, _bests(tmp_path, d))
-    got = json.loads(json.dumps(rl_vs_sft.per_question(d, KINDS, row)))
+    row["best_checkpoints"] = rl_vs_sft.best.best_row(d, KINDS, _bests(tmp_path, d))
+    got = json.loads(json.dumps(rl_vs_sft.cell.per_question(d, KINDS, row)))
     assert (got["kb_seed"], got["seed"]) == (101, 3)
     # GRPO 3/4: q1-q3 right (q3 a bridge), 2 searches each; SFT's best (step 4) all four
     assert got["models"]["grpo"] == {"em": 75.0, "searches": 2.0, "by_kind": {"bridge": 50.0, "single": 100.0},
@@ -743,7 +743,7 @@ def fake_stages(monkeypatch):
     def served(*a, **k):
         yield "http://x"
 
-    monkeypatch.setattr(rl_vs_sft.stages, "run_stage", _fake_stage)
+    monkeypatch.setattr(rl_vs_sft.runs.stages, "run_stage", _fake_stage)
     monkeypatch.setattr("benchmarks.kb_server.serve_index", served)
     monkeypatch.setattr("agent_rl.evaluation.evaluate.resolve_model_dir", lambda p: Path(p))
 
@@ -755,7 +755,7 @@ def test_main_runs_every_arm_of_every_cell_and_writes_the_result_and_record(tmp_
     JSON, table, plot and record across both cells. A second run reuses everything."""
     argv = ["--kb-seed", "11", "12", "--kb-kind", "lookalike", "--seeds", "1", "--minutes", "10", "--eval-limit", "4",
             "--val-n", "2", "--demos", "3", "--rft-lr", "1e-5", "--workdir", str(tmp_path / "w")]
-    assert rl_vs_sft.main(argv) == 0
+    assert rl_vs_sft.cli.main(argv) == 0
     for k in (11, 12):
         work = tmp_path / "w" / f"lookalike_kb{k}"
         assert (work / "kb" / "kind").read_text() == "lookalike"
@@ -782,21 +782,21 @@ def test_main_runs_every_arm_of_every_cell_and_writes_the_result_and_record(tmp_
     rec = json.loads((tmp_path / "w" / "record.json").read_text())
     assert rec["headline"] == tables.headline(result) and (tmp_path / "w" / "rl_vs_sft.png").stat().st_size > 0
     # a second run finds every stage done; other settings in a KB's workdir are refused before anything runs
-    monkeypatch.setattr(rl_vs_sft.stages, "run_stage", lambda *a, **k: pytest.fail(f"ran {a}"))
-    assert rl_vs_sft.main(argv) == 0
+    monkeypatch.setattr(rl_vs_sft.runs.stages, "run_stage", lambda *a, **k: pytest.fail(f"ran {a}"))
+    assert rl_vs_sft.cli.main(argv) == 0
     with pytest.raises(SystemExit, match="rft_lr 1e-05 there, 2e-05 asked"):
-        rl_vs_sft.main([*argv[:-4], "--rft-lr", "2e-5", "--workdir", str(tmp_path / "w")])
+        rl_vs_sft.cli.main([*argv[:-4], "--rft-lr", "2e-5", "--workdir", str(tmp_path / "w")])
 
 
 def test_main_draws_the_start_curve_on_one_kb(tmp_path, monkeypatch, fake_stages):
     argv = ["--kb-seed", "0", "--seeds", "1", "2", "--start-curve", "3", "6", "--eval-limit", "4", "--val-n", "2",
             "--workdir", str(tmp_path / "w")]
-    assert rl_vs_sft.main(argv) == 0
+    assert rl_vs_sft.cli.main(argv) == 0
     curve = json.loads((tmp_path / "w" / "start_curve.json").read_text())
     assert (curve["kb_seed"], sorted(curve["curves"])) == (0, ["1", "2"])
     assert [p["step"] for p in curve["curves"]["1"]] == [3, 6] and not (tmp_path / "w" / "rl_vs_sft.json").exists()
     with pytest.raises(SystemExit):  # one KB: the dev KB's curve chooses the start
-        rl_vs_sft.main(["--kb-seed", "0", "1", "--start-curve", "3", "6"])
+        rl_vs_sft.cli.main(["--kb-seed", "0", "1", "--start-curve", "3", "6"])
 
 
 def test_the_choice_takes_each_arms_best_checkpoint_and_breaks_ties_by_smaller_lr_then_fewer_epochs():
@@ -834,11 +834,11 @@ def test_main_chooses_on_the_dev_kb_only_scores_every_grid_point_and_frees_its_c
     monkeypatch.setenv("AGENT_RL_NATIVE_BF16", "1")  # the choice's host kind (refused on the other: below)
     argv = ["--kb-kind", "lookalike", "--kb-seed", "7", "--seeds", "1", "--choose", "--minutes", "10", "--demos", "3",
             "--val-n", "2", "--eval-limit", "4", "--sft-val-every", "2", "--val-every", "2", "--workdir", str(tmp_path / "w")]
-    assert rl_vs_sft.main(argv) == 0
+    assert rl_vs_sft.cli.main(argv) == 0
     d = tmp_path / "w" / "seed1"
     result = json.loads((tmp_path / "w" / "choice.json").read_text())
     assert sorted(result["candidates"]) == sorted(n for _, n, _ in choice.candidates())
-    start_val = rl_vs_sft.agent_em(d / "val_start")
+    start_val = rl_vs_sft.runs.agent_em(d / "val_start")
     for name, c in result["candidates"].items():
         run_dir = d / "choice" / name
         assert not (run_dir / "checkpoints").exists()  # scored, then freed
@@ -856,7 +856,7 @@ def test_main_chooses_on_the_dev_kb_only_scores_every_grid_point_and_frees_its_c
             assert "algorithm.adv_estimator=rejection_sampling" in cmd and "trainer.max_time_counts=all" in cmd
             assert [k for k, _ in c["points"]] == [0, 2, 4]
         for k, em in c["points"][1:]:
-            assert em == rl_vs_sft.agent_em(d / "choice" / f"val_{name}_{k}")
+            assert em == rl_vs_sft.runs.agent_em(d / "choice" / f"val_{name}_{k}")
     # the rule by hand over what was scored: highest best EM, then smaller lr, then fewer epochs
     for arm, keys in choice.CHOSEN.items():
         mine = [(max(e for _, e in c["points"]), *(c["settings"][k] for k in keys), n)
@@ -868,15 +868,15 @@ def test_main_chooses_on_the_dev_kb_only_scores_every_grid_point_and_frees_its_c
     rec = json.loads((tmp_path / "w" / "record.json").read_text())
     assert rec["headline"]["candidates"] == "12" and rec["benchmark"] == "benchmarks/rl_vs_sft_choice.py"
     # a re-run reads every point's scores: nothing runs
-    monkeypatch.setattr(rl_vs_sft.stages, "run_stage", lambda *a, **k: pytest.fail(f"ran {a}"))
-    assert rl_vs_sft.main(argv) == 0
+    monkeypatch.setattr(rl_vs_sft.runs.stages, "run_stage", lambda *a, **k: pytest.fail(f"ran {a}"))
+    assert rl_vs_sft.cli.main(argv) == 0
     # no choice on a reported KB, with the values it chooses given, or over several seeds
     for bad in (["--kb-seed", "201"], ["--sft-lr", "1e-5"], ["--seeds", "1", "2"]):
         with pytest.raises(SystemExit):
-            rl_vs_sft.main([*argv, *bad])
+            rl_vs_sft.cli.main([*argv, *bad])
     monkeypatch.setenv("AGENT_RL_NATIVE_BF16", "0")  # nor on the host kind without native bf16
     with pytest.raises(SystemExit):
-        rl_vs_sft.main(argv)
+        rl_vs_sft.cli.main(argv)
 
 
 def test_the_choices_points_kept_with_its_record_join_a_choice_in_another_checkout_from_the_same_start(
@@ -893,7 +893,7 @@ def test_the_choices_points_kept_with_its_record_join_a_choice_in_another_checko
     rec = tmp_path / "docs" / "choice_kb7"
     argv = ["--kb-kind", "lookalike", "--kb-seed", "7", "--seeds", "1", "--choose", "--minutes", "10", "--demos", "3",
             "--val-n", "2", "--eval-limit", "4", "--sft-val-every", "2", "--val-every", "2", "--record-dir", str(rec)]
-    assert rl_vs_sft.main([*argv, "--workdir", str(tmp_path / "w1")]) == 0
+    assert rl_vs_sft.cli.main([*argv, "--workdir", str(tmp_path / "w1")]) == 0
     kept = sorted(p.stem for p in (rec / "points").glob("*.json"))
     assert kept == sorted(n for _, n, _ in choice.candidates()) and (rec / "record.json").is_file()
     first = json.loads((tmp_path / "w1" / "choice.json").read_text())["chosen"]
@@ -903,9 +903,9 @@ def test_the_choices_points_kept_with_its_record_join_a_choice_in_another_checko
     shutil.rmtree(tmp_path / "w1")  # another checkout: the start, checkpoints and evaluations gone
 
     ran = []
-    real = rl_vs_sft.stages.run_stage
-    monkeypatch.setattr(rl_vs_sft.stages, "run_stage", lambda cmd, *a, **k: ran.append(cmd) or real(cmd, *a, **k))
-    assert rl_vs_sft.main([*argv, "--workdir", str(tmp_path / "w1")]) == 0
+    real = rl_vs_sft.runs.stages.run_stage
+    monkeypatch.setattr(rl_vs_sft.runs.stages, "run_stage", lambda cmd, *a, **k: ran.append(cmd) or real(cmd, *a, **k))
+    assert rl_vs_sft.cli.main([*argv, "--workdir", str(tmp_path / "w1")]) == 0
     trained = [c for c in ran if any("/seed1/choice/" in str(x) for x in c)]
     assert trained and all(any("rft_lr3e-05" in str(x) for x in c) for c in trained)  # that point alone
     assert any(any(str(x).endswith("start") for x in c) for c in ran)  # the start, made again
@@ -915,5 +915,5 @@ def test_the_choices_points_kept_with_its_record_join_a_choice_in_another_checko
     before = other.read_text()
     other.write_text(json.dumps({**json.loads(before), "start": "another"}) + "\n")
     with pytest.raises(SystemExit, match="sft_more_lr1e-05_ep1.json was scored from another start"):
-        rl_vs_sft.main([*argv, "--workdir", str(tmp_path / "w1")])
+        rl_vs_sft.cli.main([*argv, "--workdir", str(tmp_path / "w1")])
     assert json.loads(other.read_text())["start"] == "another"
