@@ -116,7 +116,7 @@ def test_time_to_gain_reads_the_running_evaluation(tmp_path):
 
 
 def test_time_to_gain_under_every_second_counts_the_validations_in_the_minutes(tmp_path):
-    """trainer.max_time_counts=all (benchmarks/rl_vs_sft.py's arms): each step's
+    """trainer.max_time_counts=all (benchmarks/rl_vs_sft's arms): each step's
     training/elapsed_s holds the validations (30 s each) and checkpoints (10 s each, every 4
     steps) before it. Steps of 30 s, validated every 4: step 4 ends at 120 s, step 8 at 120 +
     30 + 10 + 120 = 280 s; the gain (0.60 -> 0.65) at step 8 is 280 s of wall time, 4.67 minutes,
