@@ -3,7 +3,7 @@
 Every stage is its own process (`run_stage`): the command is printed first, a failing stage
 raises with its exit code, and a stage the demo interrupts stops as on Ctrl-C (its cleanup
 runs: a checkpoint, Ray shut down, the GPU freed) before it is terminated. The command
-builders are pure: the pipeline (`agent_rl.demo.pipeline`) and benchmarks/rl_vs_sft.py build
+builders are pure: the pipeline (`agent_rl.demo.pipeline`) and benchmarks/rl_vs_sft build
 the same stages from them, on a `Workdir` whose files every stage reads and writes (the
 configs name the default layout's files; each command is given the workdir's instead).
 """

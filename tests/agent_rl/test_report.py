@@ -206,11 +206,11 @@ def test_the_demo_report_says_what_the_records_say_for_its_host_kind():
             in native) and ("GRPO − RFT (best checkpoints) median −0.5, range −2.5 to +1.0; GRPO − SFT more (best "
                             "checkpoints) median +1.5, range −3.0 to +2.5 (docs/results/c)") in native
     fp32 = expectations(FP32, QUOTES)
-    assert fp32.startswith("No record of `benchmarks/rl_vs_sft.py` on this host kind (no native bf16 (fp32))")
+    assert fp32.startswith("No record of `benchmarks/rl_vs_sft` on this host kind (no native bf16 (fp32))")
     assert "+4.0 to +9.0" not in fp32 and "−5.0 [−10.2, +0.2]" in fp32 and "median −0.5" in fp32
     # a GPU is its own kind: the CPU's native bf16 beside it does not make a CPU figure its own
     assert expectations({"native_bf16": True, "gpu": "NVIDIA H200 x1"}, QUOTES).startswith(
-        "No record of `benchmarks/rl_vs_sft.py` on this host kind (GPU (NVIDIA H200 x1))")
+        "No record of `benchmarks/rl_vs_sft` on this host kind (GPU (NVIDIA H200 x1))")
 
 
 def test_the_packaged_figures_are_the_records_figures():
