@@ -788,6 +788,23 @@ def test_main_runs_every_arm_of_every_cell_and_writes_the_result_and_record(tmp_
         rl_vs_sft.cli.main([*argv[:-4], "--rft-lr", "2e-5", "--workdir", str(tmp_path / "w")])
 
 
+def test_the_command_runs_as_a_module_from_the_checkout():
+    """`python -m benchmarks.rl_vs_sft` (the README's form; the package replaced the script):
+    its help is the package's docstring under the command's name, and a bad combination is
+    refused by argparse (exit 2) before anything runs."""
+    import subprocess
+
+    def run(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "benchmarks.rl_vs_sft", *argv], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+
+    shown = run("--help")
+    assert shown.returncode == 0 and shown.stdout.startswith("usage: python -m benchmarks.rl_vs_sft [-h]")
+    assert rl_vs_sft.__doc__.splitlines()[0] in shown.stdout and "--start-curve EVERY STEPS" in shown.stdout
+    refused = run("--kb-seed", "0", "1", "--start-curve", "3", "6")
+    assert refused.returncode == 2 and "--start-curve runs on one --kb-seed" in refused.stderr
+
+
 def test_main_draws_the_start_curve_on_one_kb(tmp_path, monkeypatch, fake_stages):
     argv = ["--kb-seed", "0", "--seeds", "1", "2", "--start-curve", "3", "6", "--eval-limit", "4", "--val-n", "2",
             "--workdir", str(tmp_path / "w")]
