@@ -452,6 +452,8 @@ class TrainerConfig(RunConfig):
     """Write sampled rollouts every this many steps (and at step 1)."""
     rollout_data_n: int = 4
     """Trajectories written per such step (a draw seeded by the step)."""
+    preflight: bool = True
+    """Print the exploration pre-flight of step 1's batch and log it as explore/* (docs/explore.md)."""
     retriever_health_timeout_s: float = 300.0
     """How long agent-rl-train waits for the retriever's /health before giving up."""
     mode: str = "sync"

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from agent_rl.config import ActorRolloutRefConfig, TrainConfig, to_dict
-from agent_rl.training import algos
+from agent_rl.training import algos, explore
 from agent_rl.training.batch import TokenBatch
 from agent_rl.training.checkpoint import STATE, CheckpointManager
 from agent_rl.training.collect import ROLLOUTS, OutageRule, make_collector, read_rollouts
@@ -106,6 +106,7 @@ class RayTrainer:
                 # 1. rollout + reward (group filtering may draw extra prompts); one_step_off |
                 #    async: groups generated ahead, during the updates before
                 trajs, prompt_ids, metrics = self.collector.collect(self.step, t)
+                metrics.update(explore.first_batch(self.step, trajs, metrics, cfg, self.loader.prompts))  # step 1
                 batch = TokenBatch.from_trajectories(trajs)
                 mask = batch.mask(cfg.actor_rollout_ref.actor.state_masking)
                 # 2. log-probs of the policy that sampled (recomputed), the reference, values
