@@ -34,7 +34,7 @@ CHOICES: dict[str, tuple] = {
     "critic.bf16_autocast": ON_OFF_AUTO,
     "actor_rollout_ref.rollout.name": ("vllm",),
     "actor_rollout_ref.rollout.dtype": ("auto", "bfloat16", "float32", "float16"),
-    "actor_rollout_ref.rollout.engine_mode": ("inproc", "mp"),
+    "actor_rollout_ref.rollout.engine_mode": ("inproc", "mp", "hf"),
     "actor_rollout_ref.rollout.protocol": ("search_r1", "hermes"),
     "actor_rollout_ref.rollout.tool_chat_template": ("auto", "model", "fallback"),
     "actor_rollout_ref.model.dtype": ("float32", "bfloat16", "float16"),

@@ -196,7 +196,7 @@ class RolloutConfig:
     """vLLM's weight loading: auto (the model directory's weights) | dummy (random weights from its
     config.json alone; the first weight sync replaces them): with model.load_format=dummy."""
     engine_mode: str = "inproc"
-    """vLLM engine placement: inproc (engine core in this process: fast load, cheap weight sync) | mp (AsyncLLM, core in a child process)."""
+    """Rollout backend: inproc (vLLM, engine core in this process: fast load, cheap weight sync) | mp (vLLM AsyncLLM, core in a child process) | hf (plain transformers, one sequence at a time, no vLLM: tests of the training loop)."""
     seed: int = 0
     """vLLM engine seed (sampling is reproducible for a fixed seed and request order)."""
     max_num_batched_tokens: int | None = None

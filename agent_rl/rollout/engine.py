@@ -7,11 +7,14 @@
   the engine core in this process, stepped by one asyncio task.
 - "mp": `agent_rl.rollout.vllm_mp.MultiprocEngine`, vLLM's `AsyncLLM` (engine core in a child
   process).
+- "hf": `agent_rl.rollout.hf_engine.HfEngine`, plain transformers, one sequence at a time, no
+  vLLM imported: the same contract for tests of the training loop (resume, the clock, async
+  continuation), where vLLM is not the subject and its start-up would be most of the time.
 
 The code vLLM runs inside its worker (weight reload) is in `agent_rl.rollout.vllm_worker`.
 
 vLLM reads its environment at import, so `configure_vllm_env` must run before the first
-`import vllm`; `RolloutEngine.create` calls it and imports vLLM lazily.
+`import vllm`; `RolloutEngine.create` calls it (for the vLLM backends) and imports vLLM lazily.
 
 Logprob semantics (`logprobs_mode="processed_logprobs"`): the logprob of each sampled token
 under the distribution it was sampled from, after temperature (and top-p, renormalised over
@@ -32,7 +35,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -226,7 +229,10 @@ class RolloutEngine:
     """
 
     BACKENDS = {"inproc": "agent_rl.rollout.vllm_inproc:InprocEngine",
-                "mp": "agent_rl.rollout.vllm_mp:MultiprocEngine"}
+                "mp": "agent_rl.rollout.vllm_mp:MultiprocEngine",
+                "hf": "agent_rl.rollout.hf_engine:HfEngine"}
+    uses_vllm = True
+    """The backend runs vLLM: `create` sets vLLM's environment and guards its start-up scan."""
 
     def __init__(self, model_path: str, cfg: RolloutConfig, max_model_len: int) -> None:
         self.model_path = str(model_path)
@@ -255,11 +261,13 @@ class RolloutEngine:
         cfg = dataclasses.replace(cfg, dtype=dtype)  # the resolved dtype, as reported downstream
         log.info("rollout engine dtype: %s (%s)", dtype, why)
         self = backend(model_path, cfg, max_model_len)
-        configure_vllm_env(cfg)
+        if self.uses_vllm:
+            configure_vllm_env(cfg)
         t0 = time.perf_counter()
-        with _kernel_scan_guard():
+        with _kernel_scan_guard() if self.uses_vllm else nullcontext():
             await self._start(self._engine_args())
-        log.info("vLLM engine (%s, %s) ready in %.1fs", cfg.engine_mode, cfg.dtype, time.perf_counter() - t0)
+        log.info("%s engine (%s, %s) ready in %.1fs", "vLLM" if self.uses_vllm else "transformers", cfg.engine_mode,
+                 cfg.dtype, time.perf_counter() - t0)
         return self
 
     def _engine_args(self) -> dict:
@@ -291,6 +299,10 @@ class RolloutEngine:
     async def _start(self, engine_args: dict) -> None:
         """Build the vLLM engine from `engine_args` (EngineArgs keywords)."""
         raise NotImplementedError
+
+    def _prompt(self, prompt_ids: list[int]) -> Any:
+        """Token ids as the backend's input."""
+        return engine_prompt(prompt_ids)
 
     async def _generate(self, rid: str, prompt: Any, params: Any) -> GenerateResult:
         raise NotImplementedError
@@ -334,7 +346,7 @@ class RolloutEngine:
                 f"exceeds max_model_len={self.max_model_len}"
             )
         rid = f"r{next(self._ids)}"
-        result = await self._generate(rid, engine_prompt(prompt_ids), self._sampling_params(sampling))
+        result = await self._generate(rid, self._prompt(prompt_ids), self._sampling_params(sampling))
         self.num_generated_tokens += len(result.token_ids)
         return result
 

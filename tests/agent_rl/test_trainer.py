@@ -1,13 +1,15 @@
 """The driver: group collection with filtering (unit, fake rollouts), then end to end on the
 embedded setup: real retriever server (BM25 over a tiny generated KB), real Ray local
-cluster, real vLLM engine and actor/critic workers on the 135M model. Tiny batches (2
+cluster, real rollout engine and actor/critic workers on the 135M model. Tiny batches (2
 prompts x 2 samples for GRPO, x 1 for PPO; 64 response tokens; 2 turns) keep a step short.
 
-- a 2-step GRPO run and a 2-step PPO run change the weights and log finite, namespaced
-  metrics to jsonl and TensorBoard;
-- a run killed with SIGKILL right after its step-1 checkpoint and started again resumes
-  from that checkpoint and consumes the same prompts, in the same order, as the
-  uninterrupted GRPO run.
+- a 2-step GRPO run and a 2-step PPO run (with LoRA merged into the pushed weights) change
+  the weights and log finite, namespaced metrics to jsonl and TensorBoard: on vLLM, which
+  keeps the real engine honest end to end;
+- the lifecycle runs (a run killed with SIGKILL right after its step-1 checkpoint resumes
+  from it on the uninterrupted run's prompt order; the time budget; a retriever outage;
+  one_step_off; an async run killed mid-step) are about the trainer, not the engine: they
+  sample on the transformers backend (`HF_ENGINE`), which starts in seconds.
 """
 
 from __future__ import annotations
@@ -67,6 +69,11 @@ def overrides(kb: Path, url: str, run_dir: Path, est: str, model: Path) -> list[
         f"trainer.default_local_dir={run_dir}",
         "max_turns=2",
     ]
+
+
+HF_ENGINE = "actor_rollout_ref.rollout.engine_mode=hf"
+"""The transformers backend (agent_rl/rollout/hf_engine.py: vLLM's contract, no vLLM) for runs
+whose subject is the trainer's lifecycle; the GRPO and PPO runs above keep vLLM."""
 
 
 def _ray():
@@ -219,7 +226,7 @@ def test_killed_run_resumes_from_its_checkpoint_on_the_same_data_order(grpo_run,
     ray = _ray()
     run_dir = tmp_path / "killed"
     cmd = [sys.executable, "-m", "agent_rl.training.cli", "--config", "configs/train/demo_grpo_cpu.yaml",
-           *overrides(tiny_kb, retriever, run_dir, "grpo", tiny_policy),
+           *overrides(tiny_kb, retriever, run_dir, "grpo", tiny_policy), HF_ENGINE,
            f"trainer.ray_address={ray.get_runtime_context().gcs_address}"]  # join the test's cluster
     env = kill_after_first_checkpoint(cmd, run_dir, tmp_path / "first.log")
     assert (run_dir / "checkpoints" / "latest").read_text() == "global_step_1"
@@ -243,7 +250,7 @@ def test_time_budget_stops_with_a_checkpoint_and_a_rerun_continues_the_clock(tin
     # 1 s: step 1 runs (nothing measured yet), then the next step would end past the budget
     run_in_process("grpo", tiny_kb, retriever, run_dir, tiny_policy,
                    ["trainer.total_training_steps=3", "trainer.max_time_s=1", "trainer.save_freq=-1",
-                    "trainer.test_freq=5", "data.val_data_num=4"])
+                    "trainer.test_freq=5", "data.val_data_num=4", HF_ENGINE])
     ckpt = run_dir / "checkpoints"
     assert (ckpt / "latest").read_text() == "global_step_1"  # saved although save_freq=-1 and 3 steps were asked
     first = read_jsonl(run_dir)
@@ -256,7 +263,7 @@ def test_time_budget_stops_with_a_checkpoint_and_a_rerun_continues_the_clock(tin
     # step 2 is not on it (a run's training minutes do not depend on how often it validates)
     run_in_process("grpo", tiny_kb, retriever, run_dir, tiny_policy,
                    ["trainer.total_training_steps=2", "trainer.max_time_s=100000", "trainer.test_freq=1",
-                    "data.val_data_num=4"])
+                    "data.val_data_num=4", HF_ENGINE])
     rows = read_jsonl(run_dir)
     assert [r["step"] for r in rows] == [1, 2]
     step_s, validate_s = rows[1]["timing/step"], rows[1]["timing/validate"]
@@ -633,7 +640,7 @@ def test_a_retriever_killed_mid_run_does_not_teach_the_policy(tiny_kb, few_shot_
         "actor_rollout_ref.rollout.temperature=0.3", "trainer.total_training_steps=3", "trainer.save_freq=-1",
         "trainer.test_freq=-1", "trainer.val_before_train=false",
         "retriever.max_retries=1", "retriever.timeout_s=5", "retriever.outage_wait_s=120",
-        "data.balance_by=null"])  # its few-shot questions have no kind column
+        "data.balance_by=null", HF_ENGINE])  # its few-shot questions have no kind column
     trainer = RayTrainer(cfg)
     try:
         trainer.fit(on_step)
@@ -662,7 +669,7 @@ AHEAD = ["actor_rollout_ref.actor.tis_cap=2.0", "trainer.max_staleness=1"]
 def test_one_step_off_trains_step_k_on_the_batch_generated_during_update_k_minus_1(tiny_kb, retriever, tiny_policy,
                                                                                   tmp_path):
     run_dir = run_in_process("grpo", tiny_kb, retriever, tmp_path / "one_step_off", tiny_policy,
-                             ["trainer.mode=one_step_off", *AHEAD])
+                             ["trainer.mode=one_step_off", *AHEAD, HF_ENGINE])
     rows = [r for r in read_jsonl(run_dir) if r["step"] > 0]
     assert [r["step"] for r in rows] == [1, 2]
     # step 1 trains what version 0 sampled; step 2 the batch version 0 sampled during update 1
@@ -684,7 +691,7 @@ def test_async_run_killed_mid_step_continues_its_trajectories_and_trains_every_p
     ray = _ray()
     run_dir = tmp_path / "async"
     cmd = [sys.executable, "-m", "agent_rl.training.cli", "--config", "configs/train/demo_grpo_cpu.yaml",
-           *overrides(tiny_kb, retriever, run_dir, "grpo", tiny_policy), "trainer.mode=async", *AHEAD,
+           *overrides(tiny_kb, retriever, run_dir, "grpo", tiny_policy), "trainer.mode=async", *AHEAD, HF_ENGINE,
            "data.train_data_num=6", "trainer.total_training_steps=null", "trainer.total_epochs=1",
            f"trainer.ray_address={ray.get_runtime_context().gcs_address}"]
     env = kill_after_first_checkpoint(cmd, run_dir, tmp_path / "first.log")
