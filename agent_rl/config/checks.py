@@ -69,6 +69,7 @@ RANGES: dict[str, tuple] = {
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": (1, None, True),
     "actor_rollout_ref.actor.ppo_epochs": (1, None, True), "critic.ppo_epochs": (1, None, True),
     "actor_rollout_ref.actor.clip_ratio": (0, None, False), "actor_rollout_ref.actor.clip_ratio_c": (1, None, False),
+    "actor_rollout_ref.actor.top_entropy_quantile": (0, 1, False),  # 0 would keep no token
     "actor_rollout_ref.actor.grad_clip": (0, None, False), "critic.grad_clip": (0, None, False),
     "algorithm.gamma": (0, 1, True), "algorithm.lam": (0, 1, True), "algorithm.max_filter_rounds": (0, None, True),
     "algorithm.rft_min_acc": (0, 1, False),  # 0 would keep every trajectory, answered or not

@@ -115,7 +115,9 @@ class ActorConfig:
     kl_loss_type: str = "low_var_kl"
     """KL estimator for the loss: kl (k1), abs, mse (k2), low_var_kl (k3)."""
     entropy_coeff: float = 0.0
-    """Entropy bonus coefficient."""
+    """Entropy bonus coefficient: the loss gets -entropy_coeff * (entropy aggregated like the policy loss)."""
+    top_entropy_quantile: float = 1.0
+    """Forking-token gradient (TRL's name, arXiv 2506.01939), in (0, 1]: only each response's top-q tokens by entropy carry the policy gradient (not KL/entropy terms); 1.0 = all."""
     loss_agg_mode: str = "token-mean"
     """token-mean | seq-mean-token-mean | seq-mean-token-sum."""
     grad_clip: float = 1.0

@@ -17,12 +17,12 @@ import math
 import pytest
 import torch
 
-from agent_rl.config import ActorRolloutRefConfig
-from agent_rl.training.algos import agg_loss
+from agent_rl.config import ActorRolloutRefConfig, TrainConfig, load_config
+from agent_rl.training.algos import agg_loss, entropy_from_logits, entropy_mask, get_policy_loss, kl_loss, ppo_policy_loss
 from agent_rl.training.batch import TokenBatch
 from agent_rl.training.workers import forward as fw
 from agent_rl.training.workers.actor import ActorWorker
-from agent_rl.training.workers.step import combine_metrics
+from agent_rl.training.workers.step import Normalizers, combine_metrics
 from agent_rl.types import Trajectory
 
 
@@ -417,6 +417,195 @@ def test_bf16_gradient_agrees_with_fp32(tiny_worker):
     cos = torch.nn.functional.cosine_similarity(bf16, fp32, dim=0)
     assert cos > 0.99, cos
     assert abs(bf16.norm() / fp32.norm() - 1) < 0.05
+
+
+# ----------------------------------------------------------------------------- exploration controls
+def loss_path_worker(cfg: ActorRolloutRefConfig, forward=None, policy=None) -> ActorWorker:
+    """An ActorWorker without a model, for the loss path on hand-made numbers: `forward(mb)` ->
+    (logp, entropy) stands for `_forward`, or `policy(packed, with_entropy, temperature)` for
+    the LogProbModel under the real `_forward`. `_ppo_loss` runs as it is: config -> policy
+    loss, entropy and KL terms."""
+    w = ActorWorker.__new__(ActorWorker)
+    w.cfg, w.device, w.share_prefix, w.policy = cfg, torch.device("cpu"), False, policy
+    w.policy_loss = get_policy_loss(cfg.actor.policy_loss)
+    if forward is not None:
+        w._forward = lambda model, mb, with_entropy, temperature=None: forward(mb)
+    return w
+
+
+def hand_batch(masks: list[list[int]], **fields) -> TokenBatch:
+    """One response per mask (prompt [1], response tokens 2, no rollout log-probs), with `fields`."""
+    trajs = [Trajectory([1], [2] * len(m), m, [0.0] * len(m), group_id=i) for i, m in enumerate(masks)]
+    return TokenBatch.from_trajectories(trajs).with_fields(**fields)
+
+
+def settings(*overrides: str) -> ActorRolloutRefConfig:
+    """The actor's settings as a user sets them: by their dotted names."""
+    return load_config(TrainConfig, None, list(overrides)).actor_rollout_ref
+
+
+def test_clip_ratio_high_set_in_the_config_reaches_the_policy_loss():
+    """DAPO's clip-higher through the actor's loss call. Ratios 1.5 1.1 0.7 0.9 0.5 1.0 1.25 5.0,
+    advantages + + + - - - + -, clip_ratio 0.2, dual-clip c 3 (per token -A*r, clipped):
+    clip_ratio_high unset (0.2): t0 and t6 are cut at 1.2: -1.2 -1.1 -0.7 +0.9 +0.8 +1.0 -1.2
+      +3.0 = 1.5 over 8 tokens, clipped-high share 2/8, no gradient at t6;
+    clip_ratio_high 0.28: t0 at 1.28, t6 (1.25) inside: -1.28 ... -1.25 ... = 1.37 over 8,
+      share 1/8, t6's gradient -A*r/8 = -1.25/8."""
+    r = torch.tensor([[1.5, 1.1, 0.7, 0.9, 0.5, 1.0, 1.25, 5.0]])
+    old = torch.full_like(r, -1.0)
+    batch = hand_batch([[1] * 8], old_logprobs=old, advantages=torch.tensor([[1.0, 1, 1, -1, -1, -1, 1, -1]]))
+    seen = {}
+    for high in (None, 0.28):
+        cfg = settings(*([] if high is None else [f"actor_rollout_ref.actor.clip_ratio_high={high}"]))
+        logp = (old + r.log()).requires_grad_(True)
+        w = loss_path_worker(cfg, lambda mb: (logp, torch.zeros_like(logp)))
+        loss, metrics = w._ppo_loss(batch, Normalizers(tokens=8, seqs=1), reuse_old=False)
+        loss.backward()
+        seen[high] = (loss.item(), metrics["pg_clipfrac_ratio_high"], logp.grad[0, 6].item())
+    assert seen[None] == pytest.approx((1.5 / 8, 2 / 8, 0.0))
+    assert seen[0.28] == pytest.approx((1.37 / 8, 1 / 8, -1.25 / 8))
+
+
+def test_entropy_coeff_adds_minus_coeff_times_the_entropy_and_its_gradient_raises_it():
+    """Two sampled tokens over a 2-word vocabulary, logits (0, 0) and (0, ln 3), and an
+    observation token: entropies ln 2 and ln 4 - (3/4) ln 3 (p = 1/4, 3/4); token-mean
+    H = (ln 2 + ln 4 - 0.75 ln 3) / 2. entropy_coeff 0.01 adds exactly -0.01 * H to the loss;
+    a gradient step on the entropy term alone (advantages 0) raises the second token's entropy
+    (the first is already at its maximum) and leaves the observation token alone."""
+    mask = [[1, 1, 0]]
+
+    def run(coeff: float, advantages: list[float]):
+        logits = torch.tensor([[[0.0, 0.0], [0.0, math.log(3.0)], [0.0, 0.0]]], requires_grad=True)
+        w = loss_path_worker(settings(f"actor_rollout_ref.actor.entropy_coeff={coeff}"),
+                             lambda mb: (torch.log_softmax(logits, -1)[..., 0], entropy_from_logits(logits)))
+        batch = hand_batch(mask, advantages=torch.tensor([advantages]))
+        loss, metrics = w._ppo_loss(batch, Normalizers(tokens=2, seqs=1), reuse_old=True)
+        loss.backward()
+        return loss, metrics, logits
+
+    entropy = (math.log(2) + math.log(4) - 0.75 * math.log(3)) / 2
+    with_bonus, metrics, _ = run(0.01, [0.5, -1.0, 0.0])
+    without, _, _ = run(0.0, [0.5, -1.0, 0.0])
+    assert without.item() == pytest.approx(0.25)  # ratio 1: -(0.5 - 1) / 2
+    assert with_bonus.item() - without.item() == pytest.approx(-0.01 * entropy, rel=1e-5)
+    assert metrics["entropy"] == pytest.approx(entropy, rel=1e-6)
+
+    _, _, logits = run(0.01, [0.0, 0.0, 0.0])
+    before = entropy_from_logits(logits.detach())
+    after = entropy_from_logits(logits.detach() - 10.0 * logits.grad)
+    assert after[0, 1] > before[0, 1] + 1e-3  # a step of 0.1 * dH/dz on the lower logit
+    assert after[0, 0] == pytest.approx(before[0, 0].item())  # uniform: the maximum already
+    assert torch.equal(logits.grad[0, 2], torch.zeros(2))  # not sampled: no entropy term
+
+
+def test_rollout_temperature_reaches_the_sampler_and_the_actor(model_dir):
+    """One setting, actor_rollout_ref.rollout.temperature=0.7: the rollout manager samples with
+    it (greedy evaluation with 0), and the actor takes the old / reference and the update's
+    log-probs of those same trajectories at 0.7; SFT at 1 (the model's own distribution).
+    That the log-probs at T are the plain model's softmax(z / T): test_log_probs_at_the_rollout_temperature."""
+    import asyncio
+
+    from rollout_fakes import FakeRetriever, Q, ScriptedEngine
+    from transformers import AutoTokenizer
+
+    from agent_rl.rollout.manager import RolloutManager
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    cfg = load_config(TrainConfig, None, ["actor_rollout_ref.rollout.temperature=0.7",
+                                          "actor_rollout_ref.rollout.chat_template=false"])
+    engine = ScriptedEngine(tok, ["<answer> x </answer>", "<answer> y </answer>"])
+    manager = RolloutManager(engine, FakeRetriever(), cfg, tokenizer=tok)
+    trajs, _ = asyncio.run(manager.rollout([Q("who?")]))
+    sampled = [s.temperature for _, s in engine.calls]
+    asyncio.run(manager.rollout([Q("who?")], greedy=True))
+    greedy = [s.temperature for _, s in engine.calls[len(sampled):]]
+    assert set(sampled) == {0.7} and set(greedy) == {0.0}
+
+    temperatures = []
+
+    def policy(packed, with_entropy, temperature):
+        temperatures.append(temperature)
+        n = int(packed.resp_lens.sum())
+        return torch.zeros(n), torch.zeros(n)
+
+    w = loss_path_worker(cfg.actor_rollout_ref, policy=policy)
+    batch = TokenBatch.from_trajectories(trajs)
+    norm = Normalizers(tokens=int(batch.loss_mask.sum()), seqs=1)
+    w._forward(w.policy, batch, with_entropy=False)  # old and reference log-probs
+    w._ppo_loss(batch.with_fields(advantages=torch.zeros_like(batch.loss_mask)), norm, reuse_old=True)
+    w._sft_loss(batch, norm)
+    assert temperatures == [0.7, 0.7, 1.0]
+
+
+def forking_batch() -> tuple[TokenBatch, torch.Tensor]:
+    """Two responses, 5 sampled tokens each (row 0 has an observation token, entropy 5.0), and
+    the entropies of algos.entropy_mask's test: at q = 0.4 row 0 keeps t1, t5 and row 1 t1, t3."""
+    ent = torch.tensor([[0.1, 0.9, 0.5, 0.3, 5.0, 0.7], [0.01, 0.05, 0.02, 0.04, 0.03, 0.0]])
+    logp = torch.tensor([[-1.0, -0.5, -2.0, -0.3, -4.0, -1.2], [-0.2, -0.9, -1.5, -0.6, -0.1, 0.0]])
+    batch = hand_batch([[1, 1, 1, 1, 0, 1], [1, 1, 1, 1, 1]],
+                       advantages=torch.tensor([[1.0, 2, 3, 4, 5, 6], [1.0, 1, 1, 1, 1, 0]]),
+                       ref_logprobs=logp - 0.1)
+    return batch, ent
+
+
+def test_top_entropy_quantile_gives_the_policy_gradient_to_the_forking_tokens_only():
+    """At ratio 1 each sampled token adds -A / N (N = 10 sampled tokens, also at q < 1: the
+    others count in the normaliser, as in TRL). q = 1: -(1+2+3+4+6 + 5*1) / 10 = -2.1;
+    q = 0.4: forking tokens only, -(2+6 + 1+1) / 10 = -1.0. The KL and entropy terms keep every
+    sampled token; q = 1 is bit-identical to the loss before the setting existed."""
+    batch, ent0 = forking_batch()
+    mask = batch.loss_mask
+    keep = torch.tensor([[0, 1, 0, 0, 0, 1], [0, 1, 0, 1, 0, 0]]).bool()
+    out = {}
+    for q in (1.0, 0.4):
+        cfg = settings(f"actor_rollout_ref.actor.top_entropy_quantile={q}", "actor_rollout_ref.actor.entropy_coeff=0.01",
+                       "actor_rollout_ref.actor.use_kl_loss=true")
+        logp = batch.ref_logprobs.clone().add_(0.1).requires_grad_(True)
+        ent = ent0.clone().requires_grad_(True)
+        w = loss_path_worker(cfg, lambda mb: (logp, ent))
+        loss, metrics = w._ppo_loss(batch, Normalizers(tokens=10, seqs=2), reuse_old=True)
+        loss.backward()
+        out[q] = loss, metrics, logp.grad, ent.grad
+    a = cfg.actor
+    (loss1, m1, glogp1, gent1), (loss_q, m_q, glogp_q, gent_q) = out[1.0], out[0.4]
+    assert m_q["pg_loss"] == pytest.approx(-1.0) and m1["pg_loss"] == pytest.approx(-2.1)
+    assert (loss_q - loss1).item() == pytest.approx(1.1, rel=1e-5)
+    # the policy gradient -A/N left the other sampled tokens; nothing else moved
+    assert torch.allclose(glogp_q - glogp1, torch.where(mask.bool() & ~keep, batch.advantages / 10, 0.0))
+    assert torch.equal(gent_q, gent1) and m_q["kl_loss"] == m1["kl_loss"] and m_q["entropy"] == m1["entropy"]
+    assert m_q["pg_token_frac"] == pytest.approx(4 / 10) and "pg_token_frac" not in m1
+
+    # q = 1: the loss as computed before top_entropy_quantile existed (fd3a1b5), bit for bit
+    logp = batch.ref_logprobs.clone().add_(0.1)
+    g = dict(global_tokens=10, global_seqs=2)
+    before, _ = ppo_policy_loss(logp, logp, batch.advantages, mask, a, rollout_logp=logp, **g)
+    before = before - a.entropy_coeff * agg_loss(ent0, mask, a.loss_agg_mode, **g)
+    before = before + a.kl_loss_coef * kl_loss(logp, batch.ref_logprobs, mask, a.kl_loss_type, a.loss_agg_mode, **g)[0]
+    assert torch.equal(loss1.detach(), before)
+
+
+def test_top_entropy_quantile_on_the_real_forward(tiny_worker):
+    """The policy's own entropies choose the tokens: the gradient at q = 0.5 is the q = 1
+    gradient of the batch whose advantages are 0 outside `entropy_mask` of those entropies
+    (the KL and entropy terms of tiny_worker unchanged), and not the q = 1 gradient itself.
+    Same forward, same packing: only the selected tokens differ, so the match is to fp32
+    summation order (1e-6)."""
+    w = tiny_worker
+    a = w.cfg.actor
+    batch = rl_batch(w, make_trajs(6))
+    with torch.no_grad():
+        _, ent = w._forward(w.policy, batch, with_entropy=True)
+    keep = entropy_mask(ent, batch.mask(True), 0.5)
+    zeroed = batch.with_fields(advantages=torch.where(keep, batch.advantages, 0.0))
+    full = grads(w, batch)
+    a.top_entropy_quantile = 0.5
+    try:
+        forking = grads(w, batch)
+    finally:
+        a.top_entropy_quantile = 1.0
+    assert close(forking, grads(w, zeroed), 1e-6)
+    assert not close(forking, full, 1e-2)
+    assert 0.45 < float(keep.sum() / batch.mask(True).sum()) < 0.65  # about half, per row
 
 
 # ----------------------------------------------------------------------------- updates

@@ -11,6 +11,7 @@ from agent_rl.training.algos import (
     agg_normalizers,
     entropy_from_logits,
     entropy_loss,
+    entropy_mask,
     get_policy_loss,
     ppo_policy_loss,
     rft_loss,
@@ -290,3 +291,31 @@ def test_entropy_loss_uses_the_mask():
     logits[0, 2] = torch.tensor([100.0, 0, 0, 0])
     ent, m = entropy_loss(logits, torch.tensor([[1, 1, 0]]))
     assert ent.item() == pytest.approx(math.log(4)) and m["entropy"] == pytest.approx(math.log(4))
+
+
+# ----------------------------------------------------------------------------- forking tokens
+def test_entropy_mask_keeps_each_rows_top_quantile_of_sampled_tokens():
+    """TRL's rule (torch's linear quantile at 1 - q, ties kept), per row. Hand values:
+    row 0 sampled entropies 0.1 0.9 0.5 0.3 0.7 (5.0 is an observation token): the 0.6
+      quantile sits at position 0.6 * 4 = 2.4 of the sorted 0.1 0.3 0.5 0.7 0.9, i.e.
+      0.5 + 0.4 * 0.2 = 0.58, so 0.9 and 0.7 are kept, and never the observation;
+    row 1 entropies all below row 0's: its own top two (0.04, 0.05) are kept (per row, not
+      over the batch, where row 0's threshold would keep none of them);
+    row 2 ties: the threshold equals them, every token is kept; row 3 nothing sampled."""
+    ent = torch.tensor([[0.1, 0.9, 0.5, 0.3, 5.0, 0.7],
+                        [0.01, 0.05, 0.02, 0.04, 0.03, 0.0],
+                        [0.2, 0.2, 0.2, 0.0, 0.0, 0.0],
+                        [1.0, 2.0, 0.0, 0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1, 1, 0, 1], [1, 1, 1, 1, 1, 0], [1, 1, 1, 0, 0, 0], [0, 0, 0, 0, 0, 0]])
+    keep = entropy_mask(ent, mask, 0.4)
+    assert keep.tolist() == [[False, True, False, False, False, True],
+                             [False, True, False, True, False, False],
+                             [True, True, True, False, False, False],
+                             [False] * 6]
+    # q = 0.2 on 5 tokens: the 0.8 quantile is at position 3.2, between the top two: only the top one
+    assert entropy_mask(ent, mask, 0.2)[0].tolist() == [False, True, False, False, False, False]
+    # q = 1 keeps every sampled token, and only those
+    assert torch.equal(entropy_mask(ent, mask, 1.0), mask.bool())
+    for bad in (0.0, 1.5, -0.2):
+        with pytest.raises(ValueError, match=r"entropy_mask: quantile must be in \(0, 1\]"):
+            entropy_mask(ent, mask, bad)

@@ -5,7 +5,7 @@
   weights); `place_outcome_reward`; `outcome_of`, `policy_loss_for` (what each declares)
 - policy losses: `get_policy_loss(name)` -> vanilla (PPO clip / clip-higher / dual-clip / TIS),
   rft (NLL of the kept trajectories); `value_loss`, `entropy_loss`, `agg_loss` (+
-  `agg_normalizers` for gradient accumulation)
+  `agg_normalizers` for gradient accumulation); `entropy_mask` (the forking tokens)
 - KL: `kl_penalty`, `kl_loss`, `apply_kl_penalty`, fixed / adaptive controllers
 - `filter_groups` (DAPO dynamic sampling)
 """
@@ -38,6 +38,7 @@ from agent_rl.training.algos.losses import (
     agg_normalizers,
     entropy_from_logits,
     entropy_loss,
+    entropy_mask,
     ppo_policy_loss,
     rft_loss,
     value_loss,
@@ -62,7 +63,8 @@ from agent_rl.training.algos.registry import (
 __all__ = [
     "ADV_ESTIMATORS", "AGG_MODES", "KL_KINDS", "OUTCOMES", "POLICY_LOSSES", "AdaptiveKLController", "FixedKLController",
     "GroupFilterResult", "agg_loss", "agg_normalizers", "apply_kl_penalty", "check_kl_in_reward", "compute_gae",
-    "discounted_returns", "entropy_from_logits", "entropy_loss", "filter_groups", "flat_groups_carry_signal", "gae",
+    "discounted_returns", "entropy_from_logits", "entropy_loss", "entropy_mask", "filter_groups",
+    "flat_groups_carry_signal", "gae",
     "get_adv_estimator", "get_policy_loss", "needs_critic",
     "group_index", "grpo", "kl_loss", "kl_penalty", "make_kl_controller", "masked_mean", "masked_whiten",
     "outcome_of", "place_outcome_reward", "policy_loss_for", "ppo_policy_loss", "register_adv_est",

@@ -275,6 +275,30 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int = 1024) -> torch.T
     return torch.cat(parts).reshape(B, T) if parts else flat.new_zeros(B, T, dtype=torch.float32)
 
 
+def entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
+    """The forking tokens of each response: (B,T) bool, True on the sampled tokens whose
+    entropy is at or above their row's (1 - quantile) quantile among its sampled tokens.
+
+    `entropy`, `mask` (B,T); 0 < quantile <= 1. Only these tokens carry the policy gradient
+    with actor.top_entropy_quantile < 1 ("Beyond the 80/20 rule", Wang et al. 2025,
+    arXiv:2506.01939; the paper keeps rho = 0.2). The quantile rule is TRL's
+    (trl/trainer/grpo_trainer.py `get_high_entropy_mask`, called with 1 - top_entropy_quantile):
+    torch's linearly interpolated quantile, ties at the threshold kept, unsampled tokens never.
+    The scope differs: per sequence here, where TRL (and the paper) take the quantile over the
+    batch (TRL: the per-device micro-batch, gathered over processes). Per row, the mask does not
+    depend on how micro-batches are packed or sharded, so gradient accumulation stays exact,
+    and every response keeps at least its highest-entropy token. A row without sampled tokens
+    keeps none; quantile 1 keeps every sampled token.
+    """
+    m = as_bool_mask(mask, entropy, "entropy_mask")
+    if not 0.0 < quantile <= 1.0:
+        raise ValueError(f"entropy_mask: quantile must be in (0, 1], got {quantile}")
+    # unsampled positions as NaN: nanquantile ignores them, and NaN >= threshold is False
+    ent = torch.where(m, entropy.detach().float(), torch.full_like(entropy, float("nan"), dtype=torch.float32))
+    threshold = torch.nanquantile(ent, 1.0 - quantile, dim=-1, keepdim=True)
+    return m & (ent >= threshold)
+
+
 def entropy_loss(
     logits: torch.Tensor,
     mask: torch.Tensor,

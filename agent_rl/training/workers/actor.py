@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from agent_rl.config import ActorRolloutRefConfig
-from agent_rl.training.algos import agg_loss, get_policy_loss, kl_loss
+from agent_rl.training.algos import agg_loss, entropy_mask, get_policy_loss, kl_loss
 from agent_rl.training.algos.masked import masked_mean
 from agent_rl.training.checkpoint import safe_torch_load
 from agent_rl.training.batch import TokenBatch
@@ -186,8 +186,18 @@ class ActorWorker(UpdateLoopWorker):
         # the engine sampled only loss-mask tokens; elsewhere (state_masking off) there is
         # nothing to correct, so TIS sees rollout = old there (weight 1)
         rollout = torch.where(mb.loss_mask.bool(), mb.rollout_logprobs, old.detach())
-        loss, metrics = self.policy_loss(logp, old, mb.advantages, mask, a, rollout_logp=rollout, **g)
+        advantages, forking = mb.advantages, None
+        if a.top_entropy_quantile < 1.0:
+            # Forking tokens (algos.entropy_mask): the others get advantage 0, so they add 0 to the
+            # policy loss and its gradient while still counting in its normalisers, as TRL multiplies
+            # its per-token loss by the mask (a narrowed `mask` would change seq-mean's 1/L_i).
+            # The KL and entropy terms below keep every sampled token.
+            forking = entropy_mask(ent.detach(), mask, a.top_entropy_quantile)
+            advantages = torch.where(forking, advantages, torch.zeros_like(advantages))
+        loss, metrics = self.policy_loss(logp, old, advantages, mask, a, rollout_logp=rollout, **g)
         metrics["entropy"] = masked_mean(ent.detach(), mask).item()
+        if forking is not None:
+            metrics["pg_token_frac"] = masked_mean(forking.float(), mask).item()
         if a.entropy_coeff != 0:
             loss = loss - a.entropy_coeff * agg_loss(ent, mask, a.loss_agg_mode, **g)
         if a.use_kl_loss:
