@@ -101,6 +101,21 @@ def test_every_fixed_set_and_range_is_checked_when_the_config_loads():
     assert "reward.kind='exact'" in str(two.value) and "data.train_batch_size=0" in str(two.value)
 
 
+@pytest.mark.parametrize("q, refused", [(0.0, True), (-0.1, True), (1.5, True), (0.2, False), (1.0, False)])
+def test_top_entropy_quantile_is_a_share_of_the_tokens(q, refused):
+    """actor.top_entropy_quantile keeps the top q of each response's tokens: q in (0, 1];
+    0 would leave no token a policy gradient, and above 1 means nothing."""
+    from agent_rl.config import ConfigError, load_config
+
+    key = "actor_rollout_ref.actor.top_entropy_quantile"
+    if refused:
+        with pytest.raises(ConfigError, match=rf"{key}={q!r} is out of range \(0, 1\]"):
+            load_config(TrainConfig, None, [f"{key}={q}"])
+    else:
+        assert load_config(TrainConfig, None, [f"{key}={q}"]).actor_rollout_ref.actor.top_entropy_quantile == q
+    assert TrainConfig().actor_rollout_ref.actor.top_entropy_quantile == 1.0  # off by default
+
+
 def test_the_fixed_sets_are_the_ones_the_code_uses():
     from agent_rl.config import AGG_MODES, CHOICES, KL_KINDS, SINKS, STRATEGIES
     from agent_rl.training import algos

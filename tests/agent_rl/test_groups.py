@@ -66,7 +66,16 @@ def via_sync(drop: str):
     return collect_groups(loader, rollout, RewardConfig(), 2, True, 3, StepTimer(), drop_failed=drop)
 
 
-def via_ahead(drop: str):
+AHEAD_MODES = {
+    "one_step_off": ["trainer.mode=one_step_off"],
+    # two batches ahead over a 3-step run: all four prompts are submitted before step 1 takes any
+    "async": ["trainer.mode=async", "trainer.max_staleness=2"],
+    # groups taken as they finish, not in submission order (the scripted stream finishes them in order)
+    "async_drop": ["trainer.mode=async", "trainer.max_staleness=2", "trainer.staleness_policy=drop"],
+}
+
+
+def via_ahead(drop: str, mode: str = "one_step_off"):
     from agent_rl.config import TrainConfig, load_config
     from agent_rl.training.collect import make_collector
     from agent_rl.training.data import PromptLoader
@@ -74,20 +83,23 @@ def via_ahead(drop: str):
 
     # grpo compares samples within a group: a failed search takes its group along; reinforce_plus_plus does not
     estimator = "grpo" if drop == "group" else "reinforce_plus_plus"
-    cfg = load_config(TrainConfig, None, ["trainer.mode=one_step_off", "actor_rollout_ref.actor.tis_cap=2",
+    cfg = load_config(TrainConfig, None, [*AHEAD_MODES[mode], "actor_rollout_ref.actor.tis_cap=2",
                                           "data.train_batch_size=2", "data.shuffle=false", "algorithm.filter_groups=true",
                                           "algorithm.max_filter_rounds=3", "retriever.skip_failed_searches=true",
                                           f"algorithm.adv_estimator={estimator}"])
     loader = PromptLoader(prompts(), batch_size=2, shuffle=False)
-    return make_collector(ScriptedStream(), loader, cfg, total_steps=1, get=lambda x: x).collect(1, StepTimer())
+    total_steps = 1 if mode == "one_step_off" else 3
+    return make_collector(ScriptedStream(), loader, cfg, total_steps=total_steps, get=lambda x: x).collect(1, StepTimer())
 
 
+@pytest.mark.parametrize("mode", list(AHEAD_MODES))
 @pytest.mark.parametrize("drop", ["group", "trajectory"])
-def test_sync_and_ahead_collectors_keep_the_same_groups_and_count_the_same(drop):
+def test_sync_and_ahead_collectors_keep_the_same_groups_and_count_the_same(drop, mode):
     """Sync draws q0, q1 (q1 filtered), then q2, q3 by the keep rate; ahead takes q0, q1, then
-    q2, then q3, one free place at a time: the same trajectories either way."""
+    q2, then q3, one free place at a time (async: from the groups already submitted): the same
+    trajectories either way, so algorithm.filter_groups refills the batch in every mode."""
     sync_trajs, sync_ids, sync_m = via_sync(drop)
-    ahead_trajs, ahead_ids, ahead_m = via_ahead(drop)
+    ahead_trajs, ahead_ids, ahead_m = via_ahead(drop, mode)
     kept = [(t.response_text, t.group_id, t.reward) for t in sync_trajs]
     assert kept == [("<answer>a0</answer>", 0, 1.0), ("<answer>zz</answer>", 0, 0.0),
                     ("<answer>zz</answer>", 1, 0.0), ("<answer>a3</answer>", 1, 1.0)]
@@ -114,7 +126,7 @@ def rft_collect(monkeypatch, estimator: str, mode: str):
     from agent_rl.training.metrics import StepTimer
 
     monkeypatch.setitem(SCRIPT, "q1", [("a1", False), ("a1", False)])
-    ahead = ["trainer.mode=one_step_off", "actor_rollout_ref.actor.tis_cap=2"] if mode == "one_step_off" else []
+    ahead = [*AHEAD_MODES[mode], "actor_rollout_ref.actor.tis_cap=2"] if mode in AHEAD_MODES else []
     cfg = load_config(TrainConfig, None, ["data.train_batch_size=2", "data.shuffle=false", "algorithm.filter_groups=true",
                                           f"algorithm.adv_estimator={estimator}", *ahead])
     loader = PromptLoader(prompts(), batch_size=2, shuffle=False)
@@ -126,11 +138,11 @@ def rft_collect(monkeypatch, estimator: str, mode: str):
     return make_collector(ScriptedStream(), loader, cfg, total_steps=1, get=lambda x: x).collect(1, StepTimer())
 
 
-@pytest.mark.parametrize("mode", ["sync", "one_step_off"])
+@pytest.mark.parametrize("mode", ["sync", "one_step_off", "async"])
 def test_rejection_sampling_keeps_a_group_whose_every_sample_is_right(monkeypatch, mode):
     """The group filter drops a group whose samples agree, for advantage 0 under a group
     baseline; rejection sampling has none and trains on each right answer, so with the filter
-    on it keeps q1 (both right) in either collector. GRPO, on the same samples, drops q1 and
+    on it keeps q1 (both right) in every collector. GRPO, on the same samples, drops q1 and
     draws q2 and q3 for it."""
     trajs, ids, metrics = rft_collect(monkeypatch, "rejection_sampling", mode)
     assert ids == ["q0", "q1"] and "filter/dropped_groups" not in metrics
