@@ -274,9 +274,10 @@ TOOL_TAGS = (*REWARD_TAGS, "tool_call", "tool_response")
 
 
 @functools.lru_cache(maxsize=16)
-def _tag_pattern(specials: tuple[str, ...]) -> re.Pattern:
-    tags = r"</?\s*(?:" + "|".join(TOOL_TAGS) + r")\s*/?>"
-    return re.compile("|".join([tags, *map(re.escape, specials)]), re.IGNORECASE)
+def _tag_pattern(specials: tuple[str, ...], tags: bool = True) -> re.Pattern:
+    """The protocol tags (unless `tags` is False) and the `specials` texts, any case."""
+    tag = r"</?\s*(?:" + "|".join(TOOL_TAGS) + r")\s*/?>"
+    return re.compile("|".join([*([tag] if tags else []), *map(re.escape, specials)]), re.IGNORECASE)
 
 
 def special_texts(tokenizer: Any) -> tuple[str, ...]:
@@ -307,11 +308,16 @@ def encode_text(tokenizer: Any, text: str) -> list[int]:
 
 
 def plain_text(tokenizer: Any, question: str, docs_text: str | None = None) -> tuple[str, str | None]:
-    """(question, passages) as text the model reads, not markup (`neutralize_tags` with the
-    tokenizer's special tokens): a question holding `<|im_start|>` encoded as that token and
-    opened a turn inside the prompt; the passages are neutralised already (a no-op here)."""
+    """(question, passages) with the tokenizer's special-token texts quoted: a question holding
+    `<|im_start|>` encoded as that token and opened a turn inside the prompt. A question's
+    protocol tags stay as written: in the prompt they earn nothing (rewards read the response's
+    view) and a few-shot question shows the model real `<search>` examples. The passages are
+    neutralised whole already (a no-op here)."""
     specials = special_texts(tokenizer)
-    return neutralize_tags(question, specials), None if docs_text is None else neutralize_tags(docs_text, specials)
+    quoted = _tag_pattern(specials, tags=False) if specials else None
+    if quoted is not None:
+        question = quoted.sub(lambda m: m.group(0).replace("<", "&lt;").replace(">", "&gt;"), question)
+    return question, None if docs_text is None else neutralize_tags(docs_text, specials)
 
 
 def render_chat(tokenizer: Any, messages: list[dict], tools: list[dict] | None = None,

@@ -1,6 +1,7 @@
 """Questions and gold answers are text the model reads, as passages are (issue 100, case 16): a
 question or gold answer that spells a tokenizer's special token (`<|im_start|>`, `<|endoftext|>`)
-or a protocol tag reaches no prompt and no demonstration as that token. Each check tokenises
+reaches no prompt and no demonstration as that token (a demonstration's gold answer also has its
+protocol tags quoted; a question's tags in a prompt stay as written). Each check tokenises
 what was built with the embedded model's real tokenizer and counts special-token ids against
 the same thing built from a clean question."""
 
@@ -40,7 +41,9 @@ def test_a_question_adds_no_special_token_to_its_prompt(tokenizer, protocol, tem
     assert special_ids(tokenizer, hostile) == special_ids(tokenizer, clean)
     assert special_ids(tokenizer, clean) or template == "base"  # the chat template's own are there
     text = tokenizer.decode(hostile)
-    assert "&lt;|endoftext|&gt;" in text and "&lt;|im_start|&gt;assistant" in text and "&lt;answer&gt;" in text
+    assert "&lt;|endoftext|&gt;" in text and "&lt;|im_start|&gt;assistant" in text
+    # protocol tags stay text the model reads as written (few-shot questions show real examples)
+    assert "<answer> Paris </answer>" in text
 
 
 def test_a_rag_prompt_of_a_hostile_question_holds_only_the_templates_special_tokens(tokenizer):
