@@ -5,7 +5,8 @@ and `plot`. The installed `agent-rl-eval` takes them all:
     agent-rl-eval report base=runs/eval/base SFT=runs/eval/sft                         (report_main)
     agent-rl-eval plot runs/demo                                                       (plot_main)
     agent-rl-eval show runs/demo/rollouts                                              (show_main)
-    python -m agent_rl.evaluation.cli eval|report|plot|show ...                        (the same)
+    agent-rl-eval explore sft=runs/sft run=runs/grpo --data FILE --retriever-url URL   (explore_main)
+    python -m agent_rl.evaluation.cli eval|report|plot|show|explore ...                (the same)
 
 The heavier working modules are imported once the arguments are parsed, so `--help` starts fast.
 """
@@ -248,11 +249,95 @@ def show_main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- explore
+def explore_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="agent-rl-eval explore",
+        description="`agent-rl-eval explore MODEL... --data FILE --retriever-url URL`: the exploration pre-flight "
+                    "(docs/explore.md) of several checkpoints side by side: each samples --n answers to the same "
+                    "--limit questions at --temperature through the training rollout, and the table says whether "
+                    "RL can still learn from it.")
+    ap.add_argument("models", nargs="+", metavar="MODEL",
+                    help="model, run or checkpoint directories, or LABEL=DIR pairs (column order)")
+    ap.add_argument("--data", nargs="+", required=True, help="QA files (parquet/jsonl): the training questions")
+    ap.add_argument("--retriever-url", nargs="+", required=True, help="retriever base URL(s)")
+    ap.add_argument("--n", type=int, default=None, help="samples per question (default: the config's rollout.n)")
+    ap.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the config's)")
+    ap.add_argument("--limit", type=int, default=32, help="a seeded random sample of K questions per file (default 32)")
+    ap.add_argument("--protocol", default=None, help="action protocol (default: the config's rollout.protocol)")
+    ap.add_argument("--by", default="kind", help="QA column to break the figures down by, where present (default kind)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the --limit sample and of the engine (default 0)")
+    ap.add_argument("--config", default=None, help="training YAML to take lengths, template, reward and sampling from")
+    ap.add_argument("--dtype", default=None, choices=("auto", "bfloat16", "float32", "float16"), help="engine dtype")
+    ap.add_argument("--max-model-len", type=int, default=4096, help="engine context length (default 4096)")
+    ap.add_argument("--retriever-wait", type=float, default=30.0, help="seconds to wait for the retriever's /health")
+    ap.add_argument("--json", default=None, help="also write each model's explore/* figures and verdict here")
+    return ap
+
+
+def explore_main(argv: list[str] | None = None) -> int:
+    """Sample each model on the same questions (evaluate.sample_groups) and print the pre-flight
+    of each side by side (agent_rl.training.explore.comparison)."""
+    args = explore_parser().parse_args(argv)
+    from data_prep.hardware import offline_env
+
+    offline_env(engine=True)
+    import asyncio
+    import json
+
+    from agent_rl.config import TrainConfig, load_config
+    from agent_rl.evaluation.evaluate import (EvalInputError, base_url, check_retriever, load_questions,
+                                              question_kinds, resolve_model_dir, sample_groups)
+    from agent_rl.training import explore
+    from agent_rl.training.groups import GroupRules
+
+    pairs = [m.split("=", 1) if "=" in m else (Path(m).name, m) for m in args.models]
+    try:
+        over = ["retriever.url=[" + ",".join(base_url(u) for u in args.retriever_url) + "]",
+                f"actor_rollout_ref.rollout.seed={args.seed}"]
+        for flag, key in ((args.n, "actor_rollout_ref.rollout.n"),
+                          (args.temperature, "actor_rollout_ref.rollout.temperature"),
+                          (args.protocol, "actor_rollout_ref.rollout.protocol"),
+                          (args.dtype, "actor_rollout_ref.rollout.dtype")):
+            if flag is not None:
+                over.append(f"{key}={flag}")
+        dirs = {label: resolve_model_dir(d) for label, d in pairs}  # every model checked before any engine starts
+        if len(dirs) < len(pairs):
+            raise EvalInputError(f"two models share a label: {[label for label, _ in pairs]}")
+        try:
+            cfgs = {label: load_config(TrainConfig, args.config, [*over, f"actor_rollout_ref.model.path={d}"])
+                    for label, d in dirs.items()}
+        except (OSError, ValueError) as e:
+            raise EvalInputError(str(e)) from None
+        first = next(iter(cfgs.values()))
+        prompts = load_questions(args.data, args.limit, args.seed)
+        kinds = question_kinds(args.data, args.by)
+        asyncio.run(check_retriever(first.retriever, args.retriever_wait))
+    except EvalInputError as e:
+        print(f"agent-rl-eval explore: error: {e}", file=sys.stderr)
+        return 2
+    rules = GroupRules.from_config(first)
+    r = first.actor_rollout_ref.rollout
+    print(f"[explore] {len(prompts)} questions x n {r.n} at temperature {r.temperature}, protocol {r.protocol}, "
+          f"for {len(cfgs)} model(s)", flush=True)
+    kind_of = (lambda tr: kinds.get(tr.question)) if kinds else None
+    results = {}
+    for label, cfg in cfgs.items():
+        groups = asyncio.run(sample_groups(cfg, prompts, r.n, max_model_len=args.max_model_len))
+        results[label] = explore.preflight(groups, kind_of, None, rules.filter_metric, rules.filter_on)
+    print(explore.comparison(results), end="")
+    if args.json:
+        Path(args.json).write_text(json.dumps({label: {"verdict": res.verdict, **res.metrics()}
+                                               for label, res in results.items()}, indent=1) + "\n")
+    return 0
+
+
 # ----------------------------------------------------------------------------- the commands
 COMMANDS = {"eval": (evaluate_main, "greedy evaluation in agent / rag / direct modes (agent-rl-eval --model ...)"),
             "report": (report_main, "the model x mode table of several evaluation directories"),
             "plot": (plot_main, "a run's reward and EM curves as PNG, or several runs compared"),
-            "show": (show_main, "sampled rollouts a run wrote (trainer.rollout_data_dir), context shaded")}
+            "show": (show_main, "sampled rollouts a run wrote (trainer.rollout_data_dir), context shaded"),
+            "explore": (explore_main, "the exploration pre-flight of several checkpoints side by side: can RL learn?")}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -467,3 +467,51 @@ async def run_evaluation(cfg: TrainConfig, prompts: Sequence[Prompt], modes: Seq
     result.summary = summarize(records)
     write_summary(result.summary, out, title=f"Evaluation of {model_dir}")
     return result
+
+
+# ----------------------------------------------------------------------------- explore
+def question_kinds(files: Sequence[str], column: str) -> dict[str, str]:
+    """{question text: its `column` value} over the QA files that have the column (the generated
+    KB's `kind`); {} where none has it (real data): the pre-flight then reads no kinds."""
+    from data_prep.qa import read_qa
+
+    out: dict[str, str] = {}
+    for f in files:
+        df = read_qa(f, Report())
+        if column in df.columns:
+            out.update({str(q): str(k) for q, k in zip(df["question"], df[column]) if k is not None and str(k)})
+    return out
+
+
+async def sample_groups(cfg: TrainConfig, prompts: Sequence[Prompt], n: int, *, engine: Any = None,
+                        retriever: Any = None, max_model_len: int = 4096) -> list[list[Any]]:
+    """n sampled agent trajectories per prompt from `cfg.actor_rollout_ref.model.path` at the
+    config's temperature and protocol, through the training rollout manager, scored with the
+    training reward: the groups a training step of that start would see (`agent-rl-eval explore`).
+    `engine` / `retriever`: as run_evaluation's."""
+    from agent_rl.rollout.engine import RolloutEngine
+    from agent_rl.rollout.manager import RolloutManager
+    from agent_rl.rollout.retrieval_client import RetrieverClient
+    from agent_rl.training.groups import group_trajectories, score_trajectories
+
+    own_engine = own_client = manager = None
+    try:
+        if engine is None:
+            model_dir = resolve_model_dir(cfg.actor_rollout_ref.model.path)
+            engine = own_engine = await RolloutEngine.create(str(model_dir), cfg.actor_rollout_ref.rollout, max_model_len)
+        if retriever is None:
+            retriever = own_client = RetrieverClient.from_config(cfg.retriever, [base_url(u) for u in cfg.retriever.url])
+        manager = RolloutManager(engine, retriever, cfg)
+        trajs, _ = await manager.rollout(list(prompts), n=n, greedy=False, mode="agent")
+    finally:
+        if manager is not None:
+            await manager.aclose()
+        if own_client is not None:
+            await own_client.aclose()
+        if own_engine is not None:
+            await own_engine.shutdown()
+    failed = sum(tr.num_tool_failures > 0 for tr in trajs)
+    if failed:  # kept: the trainer keeps them too unless retriever.skip_failed_searches
+        log.warning("explore: %d of %d trajectories saw a failed search (scored as they ended)", failed, len(trajs))
+    score_trajectories(trajs, list(prompts), cfg.reward)
+    return group_trajectories(trajs)

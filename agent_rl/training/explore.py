@@ -291,6 +291,19 @@ def render_table(columns: Mapping[str, Figures]) -> str:
     return "\n".join([line(header), rule, *(line(r) for r in body)])
 
 
+def comparison(results: Mapping[str, Preflight]) -> str:
+    """Several starts side by side (`agent-rl-eval explore`): one table of their figures, one per
+    question kind (the starts that have it), then each start's verdict and advice."""
+    parts = [render_table({label: r.overall for label, r in results.items()})]
+    kinds = sorted({k for r in results.values() for k in r.by_kind})
+    for kind in kinds:
+        parts.append(f"kind {kind}:\n" + render_table({label: r.by_kind[kind] for label, r in results.items()
+                                                        if kind in r.by_kind}))
+    for label, r in results.items():
+        parts.append("\n".join([f"{label}: {r.verdict}", *(f"  to change: {a}" for a in r.advice)]))
+    return "\n\n".join(parts) + "\n"
+
+
 # ----------------------------------------------------------------------------- in agent-rl-train
 def kinds_by_question(prompts: Sequence[Any]) -> Callable[[Trajectory], str | None] | None:
     """A trajectory's question kind from the training prompts' `stratum` (the `data.balance_by`
