@@ -193,20 +193,26 @@ def test_comparison_table_side_by_side():
 
 
 @pytest.mark.slow
-def test_explore_command_end_to_end(tiny_policy, tiny_kb, retriever_url, tmp_path, capsys):
+def test_explore_command_end_to_end(tiny_policy, tiny_kb, retriever_url, tmp_path):
     """agent-rl-eval explore on the tiny policy, a real retriever, 2 questions x 2 samples of one
     short turn (the settings a training YAML gives): the table, the model's column, its verdict,
-    and the --json figures. Several models side by side: test_comparison_table_side_by_side."""
-    from agent_rl.evaluation.cli import eval_main
+    and the --json figures. Several models side by side: test_comparison_table_side_by_side.
+    Its own process, as a user runs it: an in-process vLLM engine's shutdown tears down vLLM's
+    process-wide parallel state, which the session's `engine` fixture still uses."""
+    import subprocess
+    import sys
+    from pathlib import Path
 
     short = tmp_path / "short.yaml"  # one turn of 24 tokens: the command's path, not the model's skill
     short.write_text("max_turns: 1\nactor_rollout_ref:\n  rollout:\n    max_tokens_per_turn: 24\n")
     out_json = tmp_path / "explore.json"
-    rc = eval_main(["explore", f"a={tiny_policy}", "--data", str(tiny_kb / "train.parquet"), "--retriever-url",
-                    retriever_url, "--n", "2", "--limit", "2", "--temperature", "1.5", "--json", str(out_json),
-                    "--config", str(short), "--max-model-len", "1024", "--dtype", "float32"])
-    out = capsys.readouterr().out
-    assert rc == 0, out
+    console = Path(sys.executable).with_name("agent-rl-eval")
+    proc = subprocess.run([str(console), "explore", f"a={tiny_policy}", "--data", str(tiny_kb / "train.parquet"),
+                           "--retriever-url", retriever_url, "--n", "2", "--limit", "2", "--temperature", "1.5",
+                           "--json", str(out_json), "--config", str(short), "--max-model-len", "1024",
+                           "--dtype", "float32"], capture_output=True, text=True, timeout=600)
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr[-3000:]
     assert "[explore] 2 questions x n 2 at temperature 1.5" in out
     assert re.search(r"^\| groups x samples +\| +2 x 2 \|$", out, re.M), out
     assert "\nkind " in out  # the generated KB's questions carry their kind

@@ -66,6 +66,7 @@ def test_tally_shares_by_condition_and_kind():
     assert "| look-alike | bridge | 4 | 0.750 | 0.250 | 0.250 | 0.500 |" in text
 
 
+@pytest.mark.slow  # starts a retriever process and a vLLM engine (the suite's check found it unmarked)
 def test_a_real_run_counts_hops_as_the_retriever_ranks_them(tiny_policy, tmp_path):
     import pandas as pd
 
