@@ -56,7 +56,7 @@ from agent_rl.coldstart.plan import (
 )
 from agent_rl.config import TrainConfig
 from agent_rl.rollout import observation
-from agent_rl.rollout.protocol import ActionProtocol, encode_text, protocol_for
+from agent_rl.rollout.protocol import ActionProtocol, encode_text, neutralize_tags, protocol_for, special_texts
 from agent_rl.rollout.engine import GenerateResult, Sampling
 from agent_rl.types import Trajectory
 
@@ -228,9 +228,8 @@ def plain_row(row: dict, specials: Sequence[str]) -> dict:
     queries come from the question and the answer turn from a gold answer, both written into the
     model's turns, where `<|im_end|>` would be encoded as the token that ends the turn. A gold
     answer is then found in an observation neutralised the same way."""
-    neutral = observation.neutralize_tags
-    return {**row, "question": neutral(str(row["question"]), specials),
-            "golden_answers": [neutral(str(g), specials) for g in row["golden_answers"]]}
+    return {**row, "question": neutralize_tags(str(row["question"]), specials),
+            "golden_answers": [neutralize_tags(str(g), specials) for g in row["golden_answers"]]}
 
 
 async def build_demos(rows: Sequence[dict], search: SearchFn, tokenizer: Any, cfg: TrainConfig,
@@ -254,7 +253,7 @@ async def build_demos(rows: Sequence[dict], search: SearchFn, tokenizer: Any, cf
         out.dropped[reason] += 1
         out.dropped_ids.append((str(row["id"]), reason))
 
-    specials = observation.special_texts(tokenizer)
+    specials = special_texts(tokenizer)
     for start in range(0, len(rows), chunk):
         part = [plain_row(row, specials) for row in rows[start : start + chunk]]
         plans: list[Plan | None] = []

@@ -410,6 +410,24 @@ async def evaluate_mode(manager: Any, prompts: Sequence[Prompt], mode: str, done
     return len(todo)
 
 
+def retriever_client(cfg: TrainConfig) -> Any:
+    """The search client `cfg.retriever` describes (its URLs as base URLs)."""
+    from agent_rl.rollout.retrieval_client import RetrieverClient
+
+    return RetrieverClient.from_config(cfg.retriever, [base_url(u) for u in cfg.retriever.url])
+
+
+async def close_owned(manager: Any, client: Any, engine: Any) -> None:
+    """Close what a call made for itself (None: not made here): the rollout manager, then the
+    search client and the engine it started."""
+    if manager is not None:
+        await manager.aclose()
+    if client is not None:
+        await client.aclose()
+    if engine is not None:
+        await engine.shutdown()
+
+
 async def run_evaluation(cfg: TrainConfig, prompts: Sequence[Prompt], modes: Sequence[str], out_dir: str | os.PathLike,
                          *, engine: Any = None, retriever: Any = None, overwrite: bool = False,
                          progress: bool = True, max_model_len: int = 4096) -> EvalResult:
@@ -444,9 +462,7 @@ async def run_evaluation(cfg: TrainConfig, prompts: Sequence[Prompt], modes: Seq
 
             engine = own_engine = await RolloutEngine.create(str(model_dir), cfg.actor_rollout_ref.rollout, max_model_len)
         if retriever is None and missing and any(m in NEEDS_RETRIEVER for m in modes):
-            from agent_rl.rollout.retrieval_client import RetrieverClient
-
-            retriever = own_client = RetrieverClient.from_config(cfg.retriever, [base_url(u) for u in cfg.retriever.url])
+            retriever = own_client = retriever_client(cfg)
         manager = RolloutManager(engine, retriever, cfg) if missing else None
         for mode in modes:
             result.reused[mode] = sum(finished(done, record_key(mode, p.data_source, p.id)) for p in prompts)
@@ -455,12 +471,7 @@ async def run_evaluation(cfg: TrainConfig, prompts: Sequence[Prompt], modes: Seq
             )
     finally:
         sink.close()
-        if manager is not None:
-            await manager.aclose()
-        if own_client is not None:
-            await own_client.aclose()
-        if own_engine is not None:
-            await own_engine.shutdown()
+        await close_owned(manager, own_client, own_engine)
     # The summary covers this run's questions in every mode the directory holds for them.
     wanted = {(p.data_source, p.id) for p in prompts}
     records = [r for r in done.values() if (r["data_source"], r["id"]) in wanted]
@@ -491,7 +502,6 @@ async def sample_groups(cfg: TrainConfig, prompts: Sequence[Prompt], n: int, *, 
     `engine` / `retriever`: as run_evaluation's."""
     from agent_rl.rollout.engine import RolloutEngine
     from agent_rl.rollout.manager import RolloutManager
-    from agent_rl.rollout.retrieval_client import RetrieverClient
     from agent_rl.training.groups import group_trajectories, score_trajectories
 
     own_engine = own_client = manager = None
@@ -500,16 +510,11 @@ async def sample_groups(cfg: TrainConfig, prompts: Sequence[Prompt], n: int, *, 
             model_dir = resolve_model_dir(cfg.actor_rollout_ref.model.path)
             engine = own_engine = await RolloutEngine.create(str(model_dir), cfg.actor_rollout_ref.rollout, max_model_len)
         if retriever is None:
-            retriever = own_client = RetrieverClient.from_config(cfg.retriever, [base_url(u) for u in cfg.retriever.url])
+            retriever = own_client = retriever_client(cfg)
         manager = RolloutManager(engine, retriever, cfg)
         trajs, _ = await manager.rollout(list(prompts), n=n, greedy=False, mode="agent")
     finally:
-        if manager is not None:
-            await manager.aclose()
-        if own_client is not None:
-            await own_client.aclose()
-        if own_engine is not None:
-            await own_engine.shutdown()
+        await close_owned(manager, own_client, own_engine)
     failed = sum(tr.num_tool_failures > 0 for tr in trajs)
     if failed:  # kept: the trainer keeps them too unless retriever.skip_failed_searches
         log.warning("explore: %d of %d trajectories saw a failed search (scored as they ended)", failed, len(trajs))

@@ -14,9 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from agent_rl.rollout.protocol import (  # noqa: F401 - neutralize_tags, special_texts, TOOL_TAGS: named here too
-    OBS_CLOSE, OBS_OPEN, TOOL_TAGS, encode_text, neutralize_tags, special_texts,
-)
+from agent_rl.rollout.protocol import OBS_CLOSE, OBS_OPEN, encode_text, neutralize_tags, special_texts
 from retriever_server.schemas import ScoredDocument
 
 # Shown (inside <information>) when the retriever fails after its retries; not in Search-R1,

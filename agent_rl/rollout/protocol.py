@@ -290,14 +290,15 @@ def special_texts(tokenizer: Any) -> tuple[str, ...]:
     return tuple(sorted((t for t in texts if "<" in t), key=lambda t: (-len(t), t)))
 
 
-def neutralize_tags(text: str, specials: Sequence[str] = ()) -> str:
+def neutralize_tags(text: str, specials: Sequence[str] = (), tags: bool = True) -> str:
     """`text` with every protocol tag (`TOOL_TAGS`, any case) and every `specials` text
     written with `&lt;`/`&gt;`: a passage or a tool's output that holds `</information>`,
     `<answer>`, `<tool_call>` or `<|im_end|>` would otherwise close the observation, be scored
     as the model's answer, or fake a turn. The model reads them as quoted text. Passages and tool
     output (`observation.tool_observation`), questions (`prompt_ids`) and the demonstrations'
-    questions and gold answers (`coldstart.demos`) all pass through it; it changes no text twice."""
-    pattern = _tag_pattern(tuple(specials))
+    questions and gold answers (`coldstart.demos`) all pass through it; it changes no text twice.
+    `tags=False`: the `specials` alone (a question in a prompt: `plain_text`)."""
+    pattern = _tag_pattern(tuple(specials), tags)
     return pattern.sub(lambda m: m.group(0).replace("<", "&lt;").replace(">", "&gt;"), text)
 
 
@@ -314,9 +315,8 @@ def plain_text(tokenizer: Any, question: str, docs_text: str | None = None) -> t
     view) and a few-shot question shows the model real `<search>` examples. The passages are
     neutralised whole already (a no-op here)."""
     specials = special_texts(tokenizer)
-    quoted = _tag_pattern(specials, tags=False) if specials else None
-    if quoted is not None:
-        question = quoted.sub(lambda m: m.group(0).replace("<", "&lt;").replace(">", "&gt;"), question)
+    if specials:
+        question = neutralize_tags(question, specials, tags=False)
     return question, None if docs_text is None else neutralize_tags(docs_text, specials)
 
 

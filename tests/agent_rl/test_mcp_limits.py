@@ -9,8 +9,6 @@ import asyncio
 import gzip
 import os
 import signal
-import socket
-import subprocess
 import sys
 import time
 import zlib
@@ -21,6 +19,7 @@ import pytest
 from agent_rl.rollout import mcp_tools
 from agent_rl.rollout.mcp_tools import McpCallError, McpServer
 from agent_rl.rollout.tools import ToolResult
+from listening import free_port, listening
 from loop_stall import LoopStall
 
 HOSTILE = Path(__file__).with_name("mcp_hostile_server.py")
@@ -30,24 +29,9 @@ SLACK_S = 0.5  # asyncio.wait's own lateness on a busy 2-core host, well under w
 
 @pytest.fixture(scope="module")
 def hostile_http():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, str(HOSTILE), "http", str(port)])
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, f"hostile HTTP server exited with {proc.returncode}"
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "hostile HTTP server did not listen within 30 s"
-                time.sleep(0.05)
+    port = free_port()
+    with listening([sys.executable, str(HOSTILE), "http", str(port)], port, "hostile HTTP server", 30):
         yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        proc.kill()
-        proc.wait(10)
 
 
 async def _least_stall(tool, arguments: dict) -> tuple[BaseException | str, float, float]:

@@ -9,7 +9,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import pytest
 from agent_rl.rollout.manager import RolloutManager
 from agent_rl.rollout.mcp_tools import McpCallError, McpConnectError, McpServer
 from agent_rl.rollout.tools import ToolResult
+from listening import free_port, listening
 from loop_stall import LoopStall
 from rollout_fakes import FakeRetriever, Q, ScriptedEngine, make_cfg
 
@@ -88,30 +88,11 @@ def test_stdio_tools_calls_errors_and_stats():
     asyncio.run(main())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(params=["http"])
 def http_server(request):
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, str(SERVER), request.param, str(port)])
-    try:
-        deadline = time.monotonic() + 40
-        while True:
-            assert proc.poll() is None, f"MCP HTTP server exited with {proc.returncode}"
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "MCP HTTP server did not listen within 40 s"
-                time.sleep(0.05)
+    port = free_port()
+    with listening([sys.executable, str(SERVER), request.param, str(port)], port, "MCP HTTP server", 40) as proc:
         yield f"http://127.0.0.1:{port}/mcp", proc
-    finally:
-        proc.kill()
-        proc.wait(10)
 
 
 @pytest.mark.timeout(60)
@@ -342,7 +323,7 @@ def test_start_fails_clearly():
 
         with pytest.raises(McpConnectError, match="No such file"):
             await McpServer(command=["/nonexistent/mcp-server"], name="missing").start()
-        port = _free_port()  # nothing listens there
+        port = free_port()  # nothing listens there
         with pytest.raises(McpConnectError, match=f"127.0.0.1:{port}"):
             await McpServer(url=f"http://127.0.0.1:{port}/mcp", connect_timeout_s=10).start()
 

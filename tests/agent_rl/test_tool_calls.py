@@ -465,7 +465,8 @@ def _mcp_rollout(tok, cfg, turns, gold, tokenizer=None):
 
 
 def test_cap_bytes_and_neutralize_tags_are_exact():
-    from agent_rl.rollout.observation import cap_bytes, neutralize_tags
+    from agent_rl.rollout.observation import cap_bytes
+    from agent_rl.rollout.protocol import neutralize_tags
 
     assert cap_bytes("abc", 10) == ("abc", False)
     assert cap_bytes("é" * 10, 5) == ("éé", True)  # never half a character

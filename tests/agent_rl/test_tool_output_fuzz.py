@@ -709,8 +709,8 @@ def test_any_tool_output_is_a_bounded_closed_neutral_observation(tok, output, n,
     inner = decoded[len(frame[0]):-len(frame[1])]
     for body in (inner, obs.text):
         low = body.lower()
-        assert not any(f"<{t}>" in low or f"</{t}>" in low for t in O.TOOL_TAGS), body
-        assert not any(s in body for s in O.special_texts(tok)), body
+        assert not any(f"<{t}>" in low or f"</{t}>" in low for t in PR.TOOL_TAGS), body
+        assert not any(s in body for s in PR.special_texts(tok)), body
     specials = set(tok.all_special_ids)
     assert sum(i in specials for i in obs.ids) == sum(i in specials for i in head + tail)
 

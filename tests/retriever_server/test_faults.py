@@ -14,6 +14,7 @@ import pytest
 from retriever_server.app import create_app
 from retriever_server.launch import ServerThread
 from retriever_server.settings import Settings
+from trickle import Trickle
 
 
 class ScriptedBackend:
@@ -172,46 +173,6 @@ def test_a_big_answer_is_built_off_the_event_loop():
     assert health.status_code == 200 and health_s < 0.4, health_s
 
 
-class SlowLoris:
-    """A raw socket that sends `head` and then one byte of body every `every_s` seconds for as
-    long as the server keeps the connection; `.received` is what it answered, `.closed_after_s`
-    when it closed the connection (None while it is open)."""
-
-    def __init__(self, port: int, head: bytes, every_s: float = 0.2):
-        import socket
-
-        self.sock = socket.create_connection(("127.0.0.1", port))
-        self.sock.sendall(head)
-        self.t0 = time.monotonic()
-        self.every_s = every_s
-        self.received = b""
-        self.closed_after_s: float | None = None
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        import select
-
-        try:
-            while not self.stop.is_set():
-                if select.select([self.sock], [], [], self.every_s)[0]:
-                    chunk = self.sock.recv(65536)
-                    if not chunk:
-                        break
-                    self.received += chunk
-                    continue
-                self.sock.sendall(b" ")
-        except OSError:  # reset: closed by the server as well
-            pass
-        self.closed_after_s = time.monotonic() - self.t0
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(5)
-        self.sock.close()
-
-
 def _slow_post(length: int = 1000) -> bytes:
     return (b"POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             b"Content-Length: " + str(length).encode() + b"\r\n\r\n{\"queries\"")
@@ -222,7 +183,7 @@ def test_connections_whose_body_does_not_arrive_in_time_are_dropped():
     were held for the whole run, each holding one of max_concurrent_requests (here all of
     them). Past body_timeout_s each is answered 408 and closed, and the server serves again."""
     with serve(ScriptedBackend(), body_timeout_s=1.0, max_concurrent_requests=20) as srv:
-        lorises = [SlowLoris(srv.port, _slow_post()) for _ in range(20)]
+        lorises = [Trickle(srv.port, _slow_post()) for _ in range(20)]
         try:
             time.sleep(0.4)
             held = httpx.post(f"{srv.url}/retrieve", json={"queries": ["q"]}, timeout=5)
@@ -257,7 +218,7 @@ def test_a_slow_body_within_the_deadline_is_answered_and_an_unread_body_closes_t
                 time.sleep(0.1)
             answer = s.recv(65536)
         assert answer.startswith(b"HTTP/1.1 200 "), answer
-        loris = SlowLoris(srv.port, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\n{")
+        loris = Trickle(srv.port, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\n{")
         try:
             deadline = time.monotonic() + 6
             while loris.closed_after_s is None and time.monotonic() < deadline:

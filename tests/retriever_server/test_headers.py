@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import threading
 import time
 
 import httpx
@@ -16,6 +15,7 @@ import pytest
 from retriever_server.app import create_app
 from retriever_server.launch import ServerThread
 from retriever_server.settings import Settings
+from trickle import Trickle
 
 KEY = "the-key"
 
@@ -62,47 +62,10 @@ def stats(url: str) -> dict:
     return httpx.get(f"{url}/stats", headers={"x-api-key": KEY}, timeout=5, trust_env=False).json()
 
 
-class SlowHead:
-    """A raw socket that sends `head` and then one more header byte every `every_s` s (none
-    when `every_s` is None: an idle connection) while the server keeps it; `.received` is what
-    the server answered, `.closed_after_s` when it closed the connection (None while open)."""
-
-    def __init__(self, port: int, head: bytes, every_s: float | None = 0.2):
-        self.sock = socket.create_connection(("127.0.0.1", port))
-        self.sock.sendall(head)
-        self.t0 = time.monotonic()
-        self.received = b""
-        self.closed_after_s: float | None = None
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, args=(every_s,), daemon=True)
-        self.thread.start()
-
-    def _run(self, every_s: float | None) -> None:
-        import select
-
-        try:
-            while not self.stop.is_set():
-                if select.select([self.sock], [], [], every_s or 0.05)[0]:
-                    chunk = self.sock.recv(65536)
-                    if not chunk:
-                        break
-                    self.received += chunk
-                elif every_s is not None:
-                    self.sock.sendall(b"a")
-        except OSError:  # reset: closed by the server as well
-            pass
-        self.closed_after_s = time.monotonic() - self.t0
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(5)
-        self.sock.close()
-
-
 SLOW_HEAD = b"POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nX-Pad: "
 
 
-def wait_closed(conns: list[SlowHead], within_s: float) -> None:
+def wait_closed(conns: list[Trickle], within_s: float) -> None:
     deadline = time.monotonic() + within_s
     while any(c.closed_after_s is None for c in conns) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -114,8 +77,8 @@ def test_slow_headers_are_closed_by_the_deadline_and_searches_get_through_meanwh
     answered 408 and closed after about a second, with no API key sent (the limit runs before
     the key check); a real search made while they are all open gets its answer."""
     with serve(header_timeout_s=1.0) as srv:
-        slow = [SlowHead(srv.port, SLOW_HEAD) for _ in range(100)]
-        idle = [SlowHead(srv.port, b"", every_s=None) for _ in range(5)]
+        slow = [Trickle(srv.port, SLOW_HEAD, byte=b"a") for _ in range(100)]
+        idle = [Trickle(srv.port, b"", every_s=None) for _ in range(5)]
         try:
             time.sleep(0.3)
             assert all(c.closed_after_s is None for c in slow + idle)
