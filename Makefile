@@ -17,10 +17,10 @@ demo: setup
 	$(PY) -m agent_rl.demo
 
 test: setup
-	$(PY) -m pytest -q -x --timeout=1800 tests
+	$(PY) -m pytest -q -x --timeout=1800 -n 2 --dist loadgroup tests
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow" tests
 
 clean:
 	rm -rf artifacts runs

@@ -25,10 +25,27 @@ heavy.install()
 
 
 def pytest_collection_modifyitems(config, items):
-    """`slow` by what a test asks for: a fixture that starts an engine, a retriever or Ray."""
+    """`slow` by what a test asks for: a fixture that starts an engine, a retriever or Ray.
+
+    Under pytest-xdist (`make test` runs two workers), the slow and the `timed` tests form one
+    lane (`xdist_group("serial")`, with `--dist loadgroup`): they run one after another on one
+    worker, as they did before, sharing its session engine and never two Ray clusters at once,
+    while the other worker runs the rest. The lane is moved to the front so it starts at once: it
+    is the longer of the two, and started last it would run alone at the end."""
     for item in items:
         if heavy.HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    lane = [item for item in items if item.get_closest_marker("slow") or item.get_closest_marker("timed")]
+    for item in lane:
+        item.add_marker(pytest.mark.xdist_group(SERIAL_LANE))
+    in_lane = set(map(id, lane))
+    items[:] = lane + [item for item in items if id(item) not in in_lane]
+
+
+SERIAL_LANE = "serial"
+"""The xdist group of the tests that must not share the machine with each other (see above)."""
 
 
 @pytest.fixture(autouse=True)
@@ -77,9 +94,15 @@ def shared_data() -> Path:
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
     """The embedded policy as an HF directory (prepared once, then reused)."""
+    import fcntl
+
     from data_prep.model import prepare_model
 
-    return prepare_model(ROOT / "artifacts" / "model")
+    out = ROOT / "artifacts" / "model"
+    out.parent.mkdir(exist_ok=True)
+    with open(out.parent / ".model.lock", "w") as lock:  # two xdist workers: one prepares, the other waits
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return prepare_model(out)
 
 
 @pytest.fixture(scope="session")

@@ -34,3 +34,43 @@ def test_heavy_fixtures_make_a_test_slow(request):
     text = "\n".join(p.read_text() for p in Path(__file__).parent.rglob("*.py"))
     missing = [f for f in heavy.HEAVY_FIXTURES if f"def {f}(" not in text]
     assert not missing, f"HEAVY_FIXTURES names fixtures that no longer exist: {missing}"
+
+
+def test_the_slow_and_timed_tests_form_one_lane_that_runs_first(request):
+    """Under xdist (`make test`: `-n 2 --dist loadgroup`) the slow and `timed` tests share one
+    group, kept in their order and moved to the front; without xdist nothing is grouped."""
+    from pathlib import Path
+
+    import pytest
+
+    here = Path(__file__).with_name("conftest.py")
+    conftest = next(p for p in request.config.pluginmanager.get_plugins() if getattr(p, "__file__", None) == str(here))
+
+    class Item:
+        def __init__(self, name, fixtures=(), marks=()):
+            self.name, self.fixturenames, self.marks = name, list(fixtures), [getattr(pytest.mark, m).mark for m in marks]
+
+        def get_closest_marker(self, name):
+            return next((m for m in self.marks if m.name == name), None)
+
+        def add_marker(self, mark):
+            self.marks.append(mark.mark)
+
+    class Config:
+        def __init__(self, xdist):
+            self.pluginmanager = types.SimpleNamespace(hasplugin=lambda name: xdist and name == "xdist")
+
+    def collect(xdist):
+        items = [Item("a"), Item("b", fixtures=["engine"]), Item("c", marks=["timed"]), Item("d"),
+                 Item("e", marks=["slow"])]
+        conftest.pytest_collection_modifyitems(Config(xdist), items)
+        return items
+
+    items = collect(xdist=True)
+    assert [i.name for i in items] == ["b", "c", "e", "a", "d"]
+    groups = {i.name: [m.args for m in i.marks if m.name == "xdist_group"] for i in items}
+    assert groups == {"b": [("serial",)], "c": [("serial",)], "e": [("serial",)], "a": [], "d": []}
+    assert items[0].get_closest_marker("slow") is not None  # slow by its fixture, as before
+    items = collect(xdist=False)
+    assert [i.name for i in items] == ["a", "b", "c", "d", "e"]
+    assert not any(m.name == "xdist_group" for i in items for m in i.marks)

@@ -273,6 +273,7 @@ def test_every_timeout_and_every_reward_term_has_a_range():
 
 
 # ----------------------------------------------------------------------------- interpolation (issue 83 case 13)
+@pytest.mark.timed  # its refusal is bounded in seconds
 def test_interpolation_resolves_each_value_once():
     """Each reference was expanded again at every use: 21 references that double took 5.6 s."""
     import time

@@ -16,6 +16,8 @@ import torch
 
 from agent_rl.rollout.engine import Sampling
 
+pytestmark = pytest.mark.timed  # its longest pause is measured against the run (tests/conftest.py)
+
 PROMPT = "The history of the city of Paris began"
 # Incremental decoding with the KV cache and one full forward of the same fp32 weights differ
 # only in summation order (attention over the cache, matmul shapes): ~1e-6 here; 1e-4 leaves

@@ -25,6 +25,8 @@ from agent_rl.rollout import mcp_tools
 from agent_rl.rollout.mcp_tools import McpCallError, McpConnectError, McpServer, McpTimeoutError, _content_text
 from agent_rl.rollout.tools import ToolInputError, ToolResult, calculate, calculator_tool
 
+pytestmark = pytest.mark.timed  # a call is bounded in seconds (tests/conftest.py)
+
 HOSTILE = Path(__file__).with_name("mcp_hostile_server.py")
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SLACK_S = 3.0  # scheduling on 2 busy cores, process start/stop

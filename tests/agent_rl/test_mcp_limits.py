@@ -22,6 +22,8 @@ from agent_rl.rollout.tools import ToolResult
 from listening import free_port, listening
 from loop_stall import LoopStall
 
+pytestmark = pytest.mark.timed  # its stalls and timeouts are measured (tests/conftest.py)
+
 HOSTILE = Path(__file__).with_name("mcp_hostile_server.py")
 TIMEOUT_S = 5.0
 SLACK_S = 0.5  # asyncio.wait's own lateness on a busy 2-core host, well under what a stall would add

@@ -23,6 +23,8 @@ from listening import free_port, listening
 from loop_stall import LoopStall
 from rollout_fakes import FakeRetriever, Q, ScriptedEngine, make_cfg
 
+pytestmark = pytest.mark.timed  # its stalls and timeouts are measured (tests/conftest.py)
+
 SERVER = Path(__file__).with_name("mcp_test_server.py")
 STDIO = [sys.executable, str(SERVER), "stdio"]
 HOSTILE = Path(__file__).with_name("mcp_hostile_server.py")

@@ -34,6 +34,8 @@ from agent_rl.rollout import protocol as PR
 from agent_rl.rollout import reward as R
 from agent_rl.rollout.protocol import FEEDBACK_INVALID, Action, HermesToolCalls, SearchR1Tags
 
+pytestmark = pytest.mark.timed  # each reader is bounded in seconds (tests/conftest.py)
+
 FUZZ = settings(max_examples=60, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 LONG = settings(FUZZ, max_examples=15)

@@ -21,6 +21,8 @@ from agent_rl.rollout.retrieval_client import (
 )
 from retriever_server.schemas import Document, ScoredDocument
 
+pytestmark = pytest.mark.timed  # its retries are bounded in seconds (tests/conftest.py)
+
 PASSAGES = [
     ("Kestrel Bridge", "Kestrel Bridge spans the river Aun and was opened in 1903 by the mayor of Lindow."),
     ("Ambergris Opera", "The Ambergris Opera was composed by Felicity Marsh in 1888 and tells of a whaling town."),

@@ -49,6 +49,8 @@ from loop_stall import LoopStall
 from loop_thread import LoopThread
 from rollout_fakes import CountingTokenizer, Q, ScriptedEngine, make_cfg
 
+pytestmark = pytest.mark.timed  # tool calls are bounded in seconds (tests/conftest.py)
+
 FUZZ = settings(max_examples=80, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 TIMEOUT, RETRIES, BACKOFF = 0.3, 1, 0.01

@@ -17,6 +17,8 @@ from retriever_server.launch import ServerThread
 from retriever_server.settings import Settings
 from trickle import Trickle
 
+pytestmark = pytest.mark.timed  # its deadlines are measured (tests/conftest.py)
+
 KEY = "the-key"
 
 
