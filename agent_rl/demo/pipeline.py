@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from agent_rl.demo import selection, stages
-from agent_rl.demo.budget import (SIZES, Budget, Speeds, default_budget_minutes, eval_overrun, fit_budget,
-                                  rl_seconds_left, rl_skipped)
+from agent_rl.demo.budget import (SIZES, STANDARD, Budget, Speeds, default_budget_minutes, eval_overrun, fit_budget,
+                                  rl_seconds_left, rl_skipped, shape_overrides)
 from agent_rl.demo.report import write_report
 from agent_rl.demo.stages import ROOT, Workdir
 from data_prep.synthetic import kb_finished
@@ -128,8 +128,9 @@ class Demo:
 
         def refit(stage: str, fixed_eval_limit: bool, revises: Budget | None = None) -> Budget:
             b = fit_budget(left(), sp, eval_limit=eval_limit,
-                           min_eval_limit=None if fixed_eval_limit or args.eval_limit else 100,
-                           demos_built=revises is not None, keep_rl=revises is not None and revises.rl_minutes > 0)
+                           min_eval_limit=None if fixed_eval_limit or args.eval_limit else 0,
+                           demos_built=revises is not None, keep_rl=revises is not None and revises.rl_minutes > 0,
+                           shapes=SIZES.shapes if revises is None else (revises.shape,))
             b.calibration, b.budget_minutes = cal, budget_s / 60
             for name in ("demos", "sft_minutes", "rl_minutes"):
                 if getattr(args, name) is not None:
@@ -146,11 +147,12 @@ class Demo:
                      "build grounded demonstrations (real retriever observations)")
             budget = refit("after the demonstrations", fixed_eval_limit=True, revises=budget)
         if not (w.sft_dir / "model" / "config.json").exists():
-            self.run(stages.sft(w.demos, w.model, w.sft_dir, SIZES.sft_steps,
-                                budget.sft_minutes * 60 * SIZES.sft_clock_slack),
+            # the small shape stops SFT at its planned steps: what a faster SFT saves goes to GRPO's steps
+            steps = SIZES.sft_steps if budget.shape == STANDARD else min(SIZES.sft_steps, budget.sft_steps)
+            self.run(stages.sft(w.demos, w.model, w.sft_dir, steps, budget.sft_minutes * 60 * SIZES.sft_clock_slack),
                      f"cold-start SFT ({budget.sft_minutes:.1f} min)")
         evals = {"base": self.evaluate("base", w.model, url, budget.base_eval_limit, stages.MODES)}
-        evals["SFT"] = self.evaluate("SFT", w.sft_dir, url, eval_limit, stages.MODES)
+        evals["SFT"] = self.evaluate("SFT", w.sft_dir, url, eval_limit, budget.shape.sft_modes)
         # the SFT model's evaluation, not the base's: the same questions and engine as SFT+RL's
         # (the base's 30 questions are mostly start-up, and it writes no format to stop on)
         scale = eval_overrun(self.eval_s["SFT"], budget.estimate_s["evaluate SFT"])
@@ -158,16 +160,18 @@ class Demo:
             print(f"[demo] the SFT evaluation took {scale:.2f}x its estimate: GRPO's validations and the last "
                   "evaluation are charged as much", flush=True)
         rl_s = 60 * args.rl_minutes if args.rl_minutes is not None else (
-            rl_seconds_left(left(), sp, eval_limit, scale) if budget.rl_minutes > 0 else 0.0)
-        budget.rl_minutes, budget.rl_steps = rl_s / 60, int(rl_s / sp.rl_step_s)
+            rl_seconds_left(left(), sp, eval_limit, scale, budget.shape) if budget.rl_minutes > 0 else 0.0)
+        budget.rl_minutes, budget.rl_steps = rl_s / 60, int(rl_s / sp.step_s(budget.shape))
         chosen, skipped = None, None
         if rl_s >= 60:
-            n = selection.write_selection_questions(w.kb / "test.parquet", w.selection, eval_limit, SIZES.select_n)
+            n = selection.write_selection_questions(w.kb / "test.parquet", w.selection, eval_limit,
+                                                    budget.shape.select_n)
             print(f"\n[demo] {left() / 60:.1f} minutes left: GRPO gets {rl_s / 60:.1f}, validated on {n} selection "
                   "questions at its start and its last step", flush=True)
             self.run(stages.grpo(w, w.sft_dir / "model", url, rl_s, args.rl_steps,
                                  overrides=self.proto + selection.grpo_overrides(w.selection, n, w.rl_dir)
-                                 + [f"trainer.rollout_data_dir={w.rollouts}"] + args.grpo_set),
+                                 + [f"trainer.rollout_data_dir={w.rollouts}"] + shape_overrides(budget.shape)
+                                 + args.grpo_set),
                      f"GRPO from the SFT model ({rl_s / 60:.1f} min)")
             chosen = selection.choose(w.rl_dir, n, SIZES.select_alpha)
             chosen["model"] = str(w.rl_dir if chosen["chosen"] == "SFT+RL" else w.sft_dir)
@@ -183,7 +187,7 @@ class Demo:
             if args.rl_minutes is not None:
                 skipped, hint = {"rl_minutes": args.rl_minutes}, "--rl-minutes N"
             else:
-                skipped = rl_skipped(left(), budget_s / 60, sp, eval_limit, scale)
+                skipped = rl_skipped(left(), budget_s / 60, sp, eval_limit, scale, budget.shape)
                 hint = f"--budget-minutes {skipped['budget_to_run']} runs about {skipped['steps']} steps"
             print(f"\n[demo] GRPO skipped: {rl_s / 60:.1f} minutes left for it on this host ({hint})", flush=True)
         return write_report(w.runs, evals, w.rl_dir if "SFT+RL" in evals else None, budget, w.kb / "test.parquet",

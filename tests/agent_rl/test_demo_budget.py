@@ -9,11 +9,12 @@ import time
 
 import pytest
 
-from agent_rl.demo.budget import (SIZES, Speeds, default_budget_minutes, eval_overrun, fit_budget, needed_s,
-                                  rl_seconds_left, rl_skipped)
+from agent_rl.demo.budget import (SIZES, STANDARD, Speeds, default_budget_minutes, eval_overrun, fit_budget,
+                                  needed_s, rl_seconds_left, rl_skipped, shape_overrides)
 
 BUDGET_MINUTES, EVAL_LIMIT, MIN_RL_STEPS = SIZES.budget_minutes, SIZES.eval_limit, SIZES.min_rl_steps
 RL_SHARE, SFT_STEPS = SIZES.rl_share, SIZES.sft_steps
+SMALL = SIZES.shapes[1]
 
 # calibrated speeds (update tok/s, generation tok/s, engine load s): an AVX2 host in fp32 and
 # an AVX512-BF16 host in bf16, as measured by `python -m agent_rl.demo calibrate`
@@ -50,14 +51,61 @@ def test_sft_stops_at_its_steps_and_grpo_gets_the_rest():
 
 
 def test_a_slow_host_compares_on_fewer_questions_before_it_drops_grpo():
-    fast, slow = fit_budget(1300.0, FAST), fit_budget(1300.0, SLOW)
-    assert fast.eval_limit == EVAL_LIMIT and fast.rl_minutes > 0
-    assert 100 <= slow.eval_limit < EVAL_LIMIT and slow.rl_minutes > 0
-    assert fit_budget(1300.0, SLOW, min_eval_limit=None).rl_minutes == 0  # the limit kept: no GRPO fits
+    fast, slow = fit_budget(1300.0, FAST), fit_budget(1300.0, SLOW, shapes=(STANDARD,))
+    assert fast.eval_limit == EVAL_LIMIT and fast.rl_steps >= MIN_RL_STEPS and fast.shape == STANDARD
+    # the standard shape alone: fewer questions, and no limit fits min_rl_steps, so the most steps
+    assert 100 <= slow.eval_limit < EVAL_LIMIT and 0 < slow.rl_steps < MIN_RL_STEPS
+    # the small shape fits min_rl_steps on every question: it is taken
+    small = fit_budget(1300.0, SLOW)
+    assert small.shape == SMALL and small.eval_limit == EVAL_LIMIT and small.rl_steps >= MIN_RL_STEPS
+    # the limit kept: no GRPO fits in the standard shape
+    assert fit_budget(1300.0, SLOW, min_eval_limit=None, shapes=(STANDARD,)).rl_minutes == 0
     # with little time even 100 questions leave too little: SFT and its evaluation only
-    plan = fit_budget(900.0, SLOW)
+    plan = fit_budget(900.0, SLOW, shapes=(STANDARD,))
     assert plan.rl_minutes == 0 and plan.rl_steps == 0 and "grpo" not in plan.estimate_s
     assert plan.eval_limit == EVAL_LIMIT and plan.estimate_s["sft"] > 60
+    # and with less still, no shape: the standard one's plan without GRPO
+    plan = fit_budget(500.0, SLOW)
+    assert plan.rl_minutes == 0 and plan.shape == STANDARD and plan.base_eval_limit == STANDARD.base_eval_limit
+
+
+# the calibration `make demo` measured on a 2-core AVX2 host in fp32 (record demo_fp32_avx2)
+AVX2 = Speeds(84.0, 57.0, 15.5)
+
+
+def test_an_avx2_host_runs_its_least_grpo_steps_in_the_small_shape():
+    """On the 33-minute budget the AVX2 demo had 28.9 minutes after calibration and ran no GRPO
+    step (record demo_fp32_avx2). The standard shape still fits none; the small one fits
+    min_rl_steps. By hand, at 100 questions: a small step (5440/57 + 14400/84) / 2 = 133.4 s;
+    fixed 30 + 40 + base (35.5 + 10 x 250/57 = 79.4) + SFT agent (35.5 + 100 x 100/57 = 210.9)
+    + GRPO (45 + 15.5 + 2 x 20 x 100/57 = 130.7) + SFT+RL 210.9 = 701.9 s; training 1032.1 s, 0.4
+    of it 412.8 s to GRPO (3.09 steps), 619.3 s to SFT (11 steps of 54.3 s). At 120 questions
+    GRPO would get 2.86 steps: too few, so 100."""
+    remaining = 1734.0
+    assert fit_budget(remaining, AVX2, shapes=(STANDARD,)).rl_minutes == 0
+    plan = fit_budget(remaining, AVX2)
+    assert plan.shape == SMALL and plan.eval_limit == 100 and plan.base_eval_limit == 10
+    assert plan.rl_steps == MIN_RL_STEPS == 3 and plan.rl_minutes * 60 == pytest.approx(412.84, abs=0.05)
+    assert plan.sft_minutes * 60 == pytest.approx(619.26, abs=0.05) and plan.sft_steps == 11
+    assert sum(plan.estimate_s.values()) == pytest.approx(remaining)
+    assert "the small shape" in plan.describe() and "4 prompts instead of 8" in plan.describe()
+    # 84 s less: at 100 questions GRPO's share is 0.4 x 948.1 = 379.2 s (2.84 steps), so 80
+    # questions (fixed 631.8 s, 0.4 x 1018.2 = 407.3 s: 3.05 steps)
+    tight = fit_budget(1650.0, AVX2)
+    assert tight.shape == SMALL and tight.eval_limit == 80 and tight.rl_steps == 3
+    assert tight.rl_minutes * 60 == pytest.approx(407.3, abs=0.1)
+    # where no limit fits min_rl_steps, the plan with the most GRPO steps
+    short = fit_budget(1500.0, AVX2)
+    assert short.rl_steps == 2 and short.rl_steps == max(
+        fit_budget(1500.0, AVX2, eval_limit=n, min_eval_limit=None, shapes=(SMALL,)).rl_steps for n in range(60, 201, 20))
+
+
+def test_the_small_shape_overrides_the_grpo_batch_only():
+    assert shape_overrides(STANDARD) == []
+    assert shape_overrides(SMALL) == ["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                                      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4"]
+    assert AVX2.step_s(SMALL) == pytest.approx(AVX2.rl_step_s / 2) and AVX2.step_s(STANDARD) == AVX2.rl_step_s
+    assert SMALL.sft_eval == "rl" and STANDARD.sft_eval == "sft"  # agent mode alone costs an agent evaluation
 
 
 def test_demonstrations_do_not_depend_on_the_calibration():
@@ -96,8 +144,8 @@ def test_the_default_budget_grows_with_what_the_host_needs():
 def test_grpo_is_re_planned_with_the_time_left():
     left = rl_seconds_left(600.0, FAST, EVAL_LIMIT)
     # the two validations on the selection questions: 2 x 40 questions x 100 tokens at 800 tok/s
-    assert FAST.select_s == pytest.approx(2 * 40 * 100 / 800.0)
-    assert left == pytest.approx(600.0 - 45 - FAST.engine_load_s - FAST.select_s - FAST.eval_s(EVAL_LIMIT, "rl"))
+    assert FAST.select_s() == pytest.approx(2 * 40 * 100 / 800.0)
+    assert left == pytest.approx(600.0 - 45 - FAST.engine_load_s - FAST.select_s() - FAST.eval_s(EVAL_LIMIT, "rl"))
     assert rl_seconds_left(10.0, FAST, EVAL_LIMIT) == 0.0
 
 
@@ -108,7 +156,7 @@ def test_grpo_is_charged_for_evaluations_that_ran_over():
     assert eval_overrun(130.0, 100.0) == pytest.approx(1.3)
     assert eval_overrun(80.0, 100.0) == 1.0 and eval_overrun(5.0, 0.0) == 1.0
     # SLOW: select_s = 2 x 40 x 100 / 100 = 80 s; eval_s(200, "rl") = 8 + 20 + 200 x 100 / 100 = 228 s
-    assert SLOW.select_s + SLOW.eval_s(EVAL_LIMIT, "rl") == pytest.approx(308.0)
+    assert SLOW.select_s() + SLOW.eval_s(EVAL_LIMIT, "rl") == pytest.approx(308.0)
     plain, over = rl_seconds_left(900.0, SLOW, EVAL_LIMIT), rl_seconds_left(900.0, SLOW, EVAL_LIMIT, 1.5)
     assert plain == pytest.approx(900.0 - 45 - 8 - 308.0)
     assert plain - over == pytest.approx(0.5 * 308.0)

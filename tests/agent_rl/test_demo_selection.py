@@ -75,9 +75,9 @@ def test_grpo_is_kept_only_where_its_lead_is_more_than_chance_question_by_questi
 
 
 def test_the_demo_asks_for_a_lead_beyond_chance_at_five_percent_on_forty_questions():
-    from agent_rl.demo.budget import SIZES
+    from agent_rl.demo.budget import SIZES, STANDARD
 
-    assert (SIZES.select_n, SIZES.select_alpha) == (40, 0.05)
+    assert (STANDARD.select_n, SIZES.select_alpha) == (40, 0.05)
 
 
 def test_validation_files_are_written_only_where_asked_and_may_name_the_run_directory(tmp_path):

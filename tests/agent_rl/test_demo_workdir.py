@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from agent_rl.demo import cli, pipeline, stages
+from agent_rl.demo.budget import SIZES
 from agent_rl.config import SFTConfig, TrainConfig, load_config
 from agent_rl.training.metrics import write_validation
 
@@ -81,10 +82,13 @@ def under(path: str | Path, work: Path) -> bool:
 GRPO_SET = ["--grpo-set", "actor_rollout_ref.rollout.enforce_eager=false", "--grpo-set", "algorithm.kl_ctrl.kl_coef=0.01"]
 
 
-def fake_stages(monkeypatch) -> tuple[list[list[str]], dict[str, list], list[dict]]:
-    """The demo's stages replaced by stand-ins that write only what the next stage reads; returns
-    the commands run, the paths the report, the retriever and the preview were given, and the
-    report's chosen model."""
+def fake_stages(monkeypatch, speeds: tuple = (900.0, 800.0, 10.0),
+                kb_entities: int = 60) -> tuple[list[list[str]], dict[str, list], list[dict]]:
+    """The demo's stages replaced by stand-ins that write only what the next stage reads (the
+    calibration: `speeds`, update and generation tok/s and engine load s; a knowledge base of
+    `kb_entities`); returns the commands
+    run, the paths the report, the retriever and the preview were given, and the report's
+    chosen model."""
     from retriever_server import launch
 
     cmds: list[list[str]] = []
@@ -99,9 +103,9 @@ def fake_stages(monkeypatch) -> tuple[list[list[str]], dict[str, list], list[dic
         if "calibrate" in cmd:  # the figures the budget reads
             out = stages.ROOT / cmd[cmd.index("--out") + 1]
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps({"update_tok_s": 900.0, "gen_tok_s": 800.0, "engine_load_s": 10.0}))
+            out.write_text(json.dumps(dict(zip(("update_tok_s", "gen_tok_s", "engine_load_s"), speeds))))
         if "synthetic" in cmd:  # the test questions the selection questions are drawn from
-            generate_kb(stages.ROOT / cmd[cmd.index("--out") + 1], seed=0, n_entities=60)
+            generate_kb(stages.ROOT / cmd[cmd.index("--out") + 1], seed=0, n_entities=kb_entities)
         if "agent_rl.training.cli" in cmd:  # the validations the model is chosen on, where the config asks
             cfg = loaded_config(cmd)
             run_dir = Path(cfg.trainer.default_local_dir)
@@ -197,6 +201,27 @@ def test_the_model_is_chosen_on_the_grpo_runs_own_question_by_question_validatio
     assert (chosen["wins"], chosen["losses"], chosen["p"], chosen["chosen"]) == (1, 0, 1.0, "SFT")
     assert Path(chosen["model"]) == stages.Workdir(work).sft_dir
     assert "1 won and 0 lost (McNemar p=1.000" in capsys.readouterr().out
+
+
+def test_an_avx2_host_runs_grpo_in_the_small_shape(tmp_path, monkeypatch, capsys):
+    """The calibration `make demo` measured on a 2-core AVX2 host (record demo_fp32_avx2), where
+    the standard shape fit no GRPO step in 33 minutes: the small shape's choices reach the
+    stages' commands, and the plan printed says it chose them."""
+    cmds, _, _ = fake_stages(monkeypatch, speeds=(84.0, 57.0, 15.5), kb_entities=800)  # 435 test questions
+    assert cli.main(["--workdir", str(tmp_path / "w"), "--budget-minutes", "33"]) == 0
+    out = capsys.readouterr().out
+    assert "the small shape, as this host is too slow for GRPO in the standard one" in out
+    modules = [command(c)[0] for c in cmds]
+    evals = [c for c, m in zip(cmds, modules) if m == "agent_rl.evaluation.cli eval"]
+    modes = [c[c.index("--mode") + 1:c.index("--limit")] for c in evals]
+    limits = [int(c[c.index("--limit") + 1]) for c in evals]
+    assert modes == [list(stages.MODES), ["agent"], ["agent"]]  # base as ever, SFT in agent mode only
+    assert limits[0] == 10 and limits[1] == limits[2] < 200
+    grpo = loaded_config(cmds[modules.index("agent_rl.training.cli")])
+    assert grpo.data.train_batch_size == grpo.actor_rollout_ref.actor.ppo_mini_batch_size == 4
+    assert "validated on 20 selection questions" in out
+    sft = loaded_config(cmds[modules.index("agent_rl.coldstart.cli sft")])
+    assert sft.trainer.total_training_steps < SIZES.sft_steps  # stops at its planned steps
 
 
 @pytest.mark.parametrize("slow", ["base", "SFT"])
