@@ -24,6 +24,7 @@ import heavy  # noqa: E402  (tests/helpers, on pytest's pythonpath)
 heavy.install()
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads xdist_group into the node ids it schedules by
 def pytest_collection_modifyitems(config, items):
     """`slow` by what a test asks for: a fixture that starts an engine, a retriever or Ray.
 

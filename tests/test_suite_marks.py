@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import types
 
+import pytest
+
 import heavy
 
 
@@ -74,3 +76,15 @@ def test_the_slow_and_timed_tests_form_one_lane_that_runs_first(request):
     items = collect(xdist=False)
     assert [i.name for i in items] == ["a", "b", "c", "d", "e"]
     assert not any(m.name == "xdist_group" for i in items for m in i.marks)
+
+
+@pytest.mark.timed  # a test of the lane itself: in it under xdist
+def test_under_xdist_this_timed_test_is_scheduled_in_the_serial_lane(request):
+    """xdist schedules `--dist loadgroup` by a suffix it adds to the node id from the
+    xdist_group mark in its own collection hook: the mark must be there before that hook runs
+    (conftest's is tryfirst), or the slow tests spread over both workers."""
+    import os
+
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        pytest.skip("not run by an xdist worker (make test runs two)")
+    assert request.node.nodeid.endswith("@serial"), request.node.nodeid
