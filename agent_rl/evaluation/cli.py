@@ -272,6 +272,9 @@ def explore_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-model-len", type=int, default=4096, help="engine context length (default 4096)")
     ap.add_argument("--retriever-wait", type=float, default=30.0, help="seconds to wait for the retriever's /health")
     ap.add_argument("--json", default=None, help="also write each model's explore/* figures and verdict here")
+    ap.add_argument("--choose", action="store_true",
+                    help="MODELs are SFT checkpoints in training order: name the RL start the handover rule picks "
+                         "(the latest that passes every floor; docs/explore.md)")
     return ap
 
 
@@ -326,9 +329,13 @@ def explore_main(argv: list[str] | None = None) -> int:
         groups = asyncio.run(sample_groups(cfg, prompts, r.n, max_model_len=args.max_model_len))
         results[label] = explore.preflight(groups, kind_of, None, rules.filter_metric, rules.filter_on)
     print(explore.comparison(results), end="")
+    out = {label: {"verdict": res.verdict, **res.metrics()} for label, res in results.items()}
+    if args.choose:
+        start, why = explore.choose_start(results)
+        print(f"\nstart: {start} = {dirs[start]} ({why})")
+        out["start"] = {"label": start, "model": str(dirs[start]), "why": why}
     if args.json:
-        Path(args.json).write_text(json.dumps({label: {"verdict": res.verdict, **res.metrics()}
-                                               for label, res in results.items()}, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     return 0
 
 

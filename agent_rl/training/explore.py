@@ -304,6 +304,24 @@ def comparison(results: Mapping[str, Preflight]) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def choose_start(results: Mapping[str, Preflight]) -> tuple[str, str]:
+    """The handover rule (docs/explore.md): among SFT checkpoints given in training order (the
+    earliest first), the RL start is the latest whose pre-flight passes every floor (entropy and
+    informative share); where none does, the one with the largest informative share (the
+    earliest of equals: less SFT, more entropy). Not the highest SFT EM: more SFT raises pass@1
+    and collapses the groups RL learns from. Returns (label, why)."""
+    if not results:
+        raise ValueError("choose_start: no checkpoints")
+    passing = [label for label, r in results.items() if not r.risks]
+    if passing:
+        later = len(results) - 1 - list(results).index(passing[-1])
+        return passing[-1], (f"the latest of {len(results)} that can learn"
+                             + (f" ({later} later one(s) at risk)" if later else ""))
+    best = max(results, key=lambda label: results[label].informative)  # max keeps the first of equals
+    return best, (f"none of {len(results)} passes every floor: the largest informative share "
+                  f"({results[best].informative:.0%})")
+
+
 # ----------------------------------------------------------------------------- in agent-rl-train
 def kinds_by_question(prompts: Sequence[Any]) -> Callable[[Trajectory], str | None] | None:
     """A trajectory's question kind from the training prompts' `stratum` (the `data.balance_by`

@@ -10,7 +10,7 @@ from agent_rl.demo.stages import Workdir
 from benchmarks.rl_vs_sft.arms import matched_ran, matched_steps, run_arm, same_steps_gap, sft_lr
 from benchmarks.rl_vs_sft.best import best_of_cell, minutes_to
 from benchmarks.rl_vs_sft.by_strategy import em_by_strategy, group_strategy, strategy_counts
-from benchmarks.rl_vs_sft.runs import agent_em, evaluate, pairs_of, sft, trained
+from benchmarks.rl_vs_sft.runs import agent_em, evaluate, pairs_of, sft, start_model, trained
 from benchmarks.rl_vs_sft.settings import Settings
 from benchmarks.rl_vs_sft_tables import RL_ARMS
 from benchmarks.strategy import better_share
@@ -125,7 +125,7 @@ def run_cell(w: Workdir, d: Path, kb_seed: int, seed: int, val: Path, rep: Path,
              questions: dict[str, dict], s: Settings, demos_all: Path | None, host: str) -> dict:
     """One cell (KB `kb_seed`, run seed `seed`): its start, every arm from it, their evaluations;
     its row (and `d`/per_question.json), with the hardware line it ran under."""
-    start = sft(w, d / "start", seed, s.start_steps, 24 * 3600, w.model)
+    start = start_model(w, d, seed, s, url)
     evaluate(w, start, rep, url, d / "eval_start", s.eval_limit)
     for arm in s.arms:
         model = run_arm(w, arm, start, val, url, d, seed, s, demos_all)

@@ -33,6 +33,12 @@ def parser() -> argparse.ArgumentParser:
                     help="the arms each cell runs from its start (default all: sft_more rft grpo sft_all)")
     ap.add_argument("--start-steps", type=int, default=d.start_steps,
                     help="steps of the start SFT (default 60 on both host kinds, chosen per kind on the dev KB; START_STEPS)")
+    ap.add_argument("--start-rule", choices=("steps", "explore"), default=d.start_rule,
+                    help="steps: the start is SFT's model after --start-steps (default); explore: SFT to "
+                         "--start-steps keeps a checkpoint every --start-every steps and the start is the latest "
+                         "whose exploration pre-flight passes every floor (docs/explore.md, the handover rule)")
+    ap.add_argument("--start-every", type=int, default=d.start_every,
+                    help="with --start-rule explore: SFT steps between the checkpoints compared (default 10)")
     ap.add_argument("--minutes", type=float, default=d.minutes,
                     help="minutes of each arm, every second from its first step counted (default 10)")
     ap.add_argument("--sft-lr", type=float, default=d.sft_lr,
@@ -95,6 +101,8 @@ def refusal(a: argparse.Namespace) -> str | None:
         return "--start-curve EVERY STEPS: 1 <= EVERY <= STEPS"
     if a.start_curve and len(a.kb_seed) > 1:
         return "--start-curve runs on one --kb-seed (the dev KB)"
+    if a.start_rule == "explore" and not 1 <= a.start_every <= a.start_steps:
+        return "--start-every: between 1 and --start-steps"
     if a.sft_val_every < 1:
         return "--sft-val-every: at least 1"
     if a.sft_epochs is not None and a.sft_epochs < 1:

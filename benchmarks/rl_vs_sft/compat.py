@@ -10,14 +10,15 @@ from pathlib import Path
 from benchmarks.rl_vs_sft.settings import Settings
 
 SETTINGS = {"shared": ("kb_seed", "kb_kind", "demos", "demo_args", "eval_limit", "val_n"),
-            "arms": ("start_steps", "minutes", "clock", "val_every", "overrides", "best_of_val", "sft_val_every",
-                     "sft_lr", "sft_epochs", "rft_lr", "log_batches"),
+            "arms": ("start_steps", "start_rule", "start_every", "minutes", "clock", "val_every", "overrides",
+                     "best_of_val", "sft_val_every", "sft_lr", "sft_epochs", "rft_lr", "log_batches"),
             "curve": ("start_curve",),
-            "choice": ("start_steps", "minutes", "clock", "val_every", "overrides", "sft_val_every")}
+            "choice": ("start_steps", "start_rule", "start_every", "minutes", "clock", "val_every", "overrides",
+                       "sft_val_every")}
 """What a workdir's finished stages depend on, by mode: a re-run may reuse them only under the same.
 Which arms run is not among them: an arm's stages do not depend on the others'."""
 LEGACY = {"kb_kind": "standard", "clock": "training steps", "sft_lr": None, "sft_epochs": None, "rft_lr": None,
-          "log_batches": False}
+          "log_batches": False, "start_rule": "steps", "start_every": 10}
 """What a workdir or JSON written before a setting existed ran with (the clock then counted the
 training steps only): compared as if it had recorded it."""
 

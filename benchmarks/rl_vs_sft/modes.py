@@ -19,7 +19,7 @@ from benchmarks.rl_vs_sft.best import val_points
 from benchmarks.rl_vs_sft.by_strategy import strategy_by_kind, strategy_counts
 from benchmarks.rl_vs_sft.cell import run_cell
 from benchmarks.rl_vs_sft.compat import MERGED, SETTINGS
-from benchmarks.rl_vs_sft.runs import evaluate, run, sft, split_test, trained
+from benchmarks.rl_vs_sft.runs import evaluate, run, sft, split_test, start_model, trained
 from benchmarks.rl_vs_sft.settings import DEV_KB_SEEDS, Settings, kb_workdir, out_dir
 from benchmarks.rl_vs_sft_tables import curve_plot, curve_table, plot, summary, table
 from benchmarks.strategy import better_share, query_strategy
@@ -185,7 +185,7 @@ def run_choice(w: Workdir, d: Path, seed: int, val: Path, url: str, s: Settings)
     the same start again. Returns {name: {arm, settings, steps, minutes, points, start}}."""
     from agent_rl.training.identity import model_fingerprint
 
-    start = sft(w, d / "start", seed, s.start_steps, 24 * 3600, w.model)
+    start = start_model(w, d, seed, s, url)
     start_id = model_fingerprint(start)
     start_val = evaluate(w, start, val, url, d / "val_start", s.val_n)
     scored = {}

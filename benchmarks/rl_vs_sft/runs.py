@@ -57,6 +57,29 @@ def sft(w: Workdir, out: Path, seed: int, steps: int, max_time_s: float, model: 
     return out / "model"
 
 
+def start_model(w: Workdir, d: Path, seed: int, s, url: str) -> Path:
+    """A cell's start: SFT's model after `s.start_steps`, or with `s.start_rule` "explore" the
+    checkpoint (every `s.start_every` steps, and the last) that the handover rule picks by their
+    exploration pre-flights on the KB's training questions (`agent-rl-eval explore --choose`; its
+    figures and choice in `d`/start_explore.json)."""
+    if s.start_rule == "steps":
+        return sft(w, d / "start", seed, s.start_steps, 24 * 3600, w.model)
+    final = sft(w, d / "start", seed, s.start_steps, 24 * 3600, w.model, save_every=s.start_every)
+    ckpts = [(f"step{k}", checkpoint(d / "start", k)) for k in checkpoint_steps(d / "start") if k < s.start_steps]
+    out = d / "start_explore.json"
+    run([stages.PY, "-m", "agent_rl.evaluation.cli", "explore", *(f"{name}={p}" for name, p in ckpts),
+         f"step{s.start_steps}={final}", "--data", w.kb / "train.parquet", "--retriever-url", url,
+         "--config", stages.TRAIN_CFG, "--limit", str(EXPLORE_QUESTIONS), "--seed", str(seed), "--choose",
+         "--json", out], f"explore the start's {len(ckpts) + 1} checkpoints", done=out)
+    import json
+
+    return Path(json.loads(out.read_text())["start"]["model"])
+
+
+EXPLORE_QUESTIONS = 32
+"""Training questions each start checkpoint samples its groups on (`agent-rl-eval explore --limit`)."""
+
+
 def keep_every(steps: int) -> list[str]:
     """A checkpoint every `steps` steps, all kept (the start curve, best checkpoints)."""
     return [f"trainer.save_freq={steps}", "trainer.max_ckpt_to_keep=null"]

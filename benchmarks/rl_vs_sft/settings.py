@@ -38,7 +38,13 @@ class Settings:
     arms: list[str] = field(default_factory=lambda: list(ARMS))
     """The arms each cell runs from its start, in ARMS's order."""
     start_steps: int = START_STEPS
-    """Steps of the start SFT."""
+    """Steps of the start SFT (with start_rule explore: its most)."""
+    start_rule: str = "steps"
+    """"steps": the start is SFT's model after start_steps; "explore": SFT keeps a checkpoint every
+    start_every steps and the start is the one the handover rule picks by their pre-flights
+    (agent_rl.training.explore.choose_start, docs/explore.md)."""
+    start_every: int = 10
+    """With start_rule explore: SFT steps between the checkpoints the start is chosen among."""
     minutes: float = 10.0
     """Each arm's minutes, every second from its first step counted (CLOCK)."""
     sft_lr: float | None = None

@@ -192,11 +192,28 @@ def test_comparison_table_side_by_side():
     assert len(verdicts[1].splitlines()) == 1 + len(flat.advice) == 5  # entropy, pass rate, n, filter
 
 
+def test_the_start_is_the_latest_checkpoint_that_can_learn():
+    """Checkpoints in training order: the later, the more collapsed. The latest that passes every
+    floor is taken (not the earliest, not the one with the most disagreement); where none passes,
+    the largest informative share, the earliest of equals; nothing to choose from is an error."""
+    learns, collapsed = explore.preflight(batch()), explore.preflight([batch()[2]])  # 2/3 vs 0 informative
+    assert not learns.risks and collapsed.risks
+    wider = explore.preflight(batch(), thresholds=explore.Thresholds(entropy_floor=0.4))  # at risk, informative 2/3
+    assert explore.choose_start({"s10": learns, "s20": learns, "s40": collapsed}) == (
+        "s20", "the latest of 3 that can learn (1 later one(s) at risk)")
+    assert explore.choose_start({"s10": collapsed, "s20": learns})[0] == "s20"
+    assert explore.choose_start({"s10": collapsed, "s20": wider, "s30": wider, "s40": collapsed}) == (
+        "s20", "none of 4 passes every floor: the largest informative share (67%)")
+    with pytest.raises(ValueError, match="no checkpoints"):
+        explore.choose_start({})
+
+
 @pytest.mark.slow
 def test_explore_command_end_to_end(tiny_policy, tiny_kb, retriever_url, tmp_path):
     """agent-rl-eval explore on the tiny policy, a real retriever, 2 questions x 2 samples of one
     short turn (the settings a training YAML gives): the table, the model's column, its verdict,
-    and the --json figures. Several models side by side: test_comparison_table_side_by_side.
+    the --json figures and --choose's start. Several models side by side:
+    test_comparison_table_side_by_side; the rule: test_the_start_is_the_latest_checkpoint_that_can_learn.
     Its own process, as a user runs it: an in-process vLLM engine's shutdown tears down vLLM's
     process-wide parallel state, which the session's `engine` fixture still uses."""
     import subprocess
@@ -210,7 +227,7 @@ def test_explore_command_end_to_end(tiny_policy, tiny_kb, retriever_url, tmp_pat
     proc = subprocess.run([str(console), "explore", f"a={tiny_policy}", "--data", str(tiny_kb / "train.parquet"),
                            "--retriever-url", retriever_url, "--n", "2", "--limit", "2", "--temperature", "1.5",
                            "--json", str(out_json), "--config", str(short), "--max-model-len", "1024",
-                           "--dtype", "float32"], capture_output=True, text=True, timeout=600)
+                           "--dtype", "float32", "--choose"], capture_output=True, text=True, timeout=600)
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr[-3000:]
     assert "[explore] 2 questions x n 2 at temperature 1.5" in out
@@ -220,3 +237,7 @@ def test_explore_command_end_to_end(tiny_policy, tiny_kb, retriever_url, tmp_pat
     figures = json.loads(out_json.read_text())["a"]
     assert figures["explore/groups"] == 2.0 and figures["explore/samples"] == 4.0
     assert figures["explore/token_nll"] > 0  # sampled at temperature 1.5: no token is certain
+    # --choose: one checkpoint is the start whatever its verdict (the rule: test_the_start_is_the_latest...)
+    start = json.loads(out_json.read_text())["start"]
+    assert start["label"] == "a" and start["model"] == str(tiny_policy)
+    assert f"start: a = {tiny_policy} (" in out

@@ -720,6 +720,11 @@ def _fake_stage(cmd: list, what: str, tag: str) -> float:
                                                            for s in range(5)])
         (Path(over["trainer.default_local_dir"]) / "command.json").write_text(json.dumps(cmd))
         _checkpoints(Path(over["trainer.default_local_dir"]), over, 4)
+    elif "agent_rl.evaluation.cli" in cmd and "explore" in cmd:  # the handover rule: here the next-to-last passes
+        models = [a.split("=", 1) for a in cmd[cmd.index("explore") + 1:cmd.index("--data")]]
+        label, model = models[-2]
+        Path(opt["--json"]).write_text(json.dumps({**{m: {"verdict": "can learn"} for m, _ in models},
+                                                   "start": {"label": label, "model": model, "why": "made up"}}))
     elif "agent_rl.evaluation.cli" in cmd:
         ids = list(pd.read_parquet(opt["--data"])["id"])[: int(opt["--limit"])]
         recs = [{"id": i, "mode": "agent", "data_source": "kb", "em": float(zlib.crc32(f"{opt['--model']}{i}".encode()) % 2),
@@ -786,6 +791,29 @@ def test_main_runs_every_arm_of_every_cell_and_writes_the_result_and_record(tmp_
     assert rl_vs_sft.cli.main(argv) == 0
     with pytest.raises(SystemExit, match="rft_lr 1e-05 there, 2e-05 asked"):
         rl_vs_sft.cli.main([*argv[:-4], "--rft-lr", "2e-5", "--workdir", str(tmp_path / "w")])
+
+
+def test_with_the_explore_rule_the_arms_start_from_the_checkpoint_the_handover_rule_picks(tmp_path, fake_stages):
+    """`--start-rule explore`: the start SFT keeps a checkpoint every --start-every steps, the
+    checkpoints and its final model are explored side by side on the KB's training questions
+    (`agent-rl-eval explore --choose`, in training order) and every arm starts from the one it
+    picks (the fake picks the next-to-last: step 4 of 6); the rule is a setting of the workdir."""
+    argv = ["--kb-seed", "11", "--seeds", "1", "--start-steps", "6", "--start-rule", "explore", "--start-every", "2",
+            "--arms", "grpo", "sft_more", "--eval-limit", "4", "--val-n", "2", "--demos", "3",
+            "--workdir", str(tmp_path / "w")]
+    assert rl_vs_sft.cli.main(argv) == 0
+    d = tmp_path / "w" / "seed1"
+    chosen = json.loads((d / "start_explore.json").read_text())
+    assert list(chosen)[:3] == ["step2", "step4", "step6"] and chosen["start"]["label"] == "step4"
+    step4 = d / "start" / "checkpoints" / "global_step_4"
+    assert chosen["start"]["model"] == str(step4)
+    grpo = json.loads((d / "grpo" / "command.json").read_text())
+    assert f"actor_rollout_ref.model.path={step4}" in grpo
+    sft_more = json.loads((d / "sft_more" / "model" / "config.json").read_text())
+    assert sft_more["actor_rollout_ref.model.path"] == str(step4)
+    assert json.loads((tmp_path / "w" / "settings.json").read_text())["start_rule"] == "explore"
+    with pytest.raises(SystemExit, match="start_rule 'explore' there, 'steps' asked"):
+        rl_vs_sft.cli.main([a for a in argv if a not in ("--start-rule", "explore")])
 
 
 def test_the_command_runs_as_a_module_from_the_checkout():
