@@ -28,17 +28,22 @@ heavy.install()
 def pytest_collection_modifyitems(config, items):
     """`slow` by what a test asks for: a fixture that starts an engine, a retriever or Ray.
 
-    Under pytest-xdist (`make test` runs two workers), the slow and the `timed` tests form one
-    lane (`xdist_group("serial")`, with `--dist loadgroup`): they run one after another on one
-    worker, as they did before, sharing its session engine and never two Ray clusters at once,
-    while the other worker runs the rest. The lane is moved to the front so it starts at once: it
-    is the longer of the two, and started last it would run alone at the end."""
+    Under pytest-xdist (`make test` runs two workers, `--dist loadgroup`), the tests marked slow
+    by hand, those slow by an engine or Ray fixture, and the `timed` tests form one lane
+    (`xdist_group("serial")`): they run one after another on one worker, as they did before,
+    sharing its session engine and never two Ray clusters at once, while the other worker runs
+    the rest, the tests slow only by a retriever fixture among them. The lane is moved to the
+    front so it starts at once: it is the longer of the two, and started last it would run alone
+    at the end. `_slow_mark_is_kept` fails a test outside the lane that starts Ray or an engine."""
     for item in items:
-        if heavy.HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("slow"):
+        fixtures = heavy.HEAVY_FIXTURES & set(getattr(item, "fixturenames", ()))
+        marked = item.get_closest_marker("slow") is not None
+        item.stash[IN_LANE] = marked or bool(fixtures - heavy.RETRIEVER_FIXTURES) or bool(item.get_closest_marker("timed"))
+        if fixtures and not marked:
             item.add_marker(pytest.mark.slow)
     if not config.pluginmanager.hasplugin("xdist"):
         return
-    lane = [item for item in items if item.get_closest_marker("slow") or item.get_closest_marker("timed")]
+    lane = [item for item in items if item.stash[IN_LANE]]
     for item in lane:
         item.add_marker(pytest.mark.xdist_group(SERIAL_LANE))
     in_lane = set(map(id, lane))
@@ -47,6 +52,7 @@ def pytest_collection_modifyitems(config, items):
 
 SERIAL_LANE = "serial"
 """The xdist group of the tests that must not share the machine with each other (see above)."""
+IN_LANE = pytest.StashKey[bool]()
 
 
 @pytest.fixture(autouse=True)
@@ -54,11 +60,14 @@ def _slow_mark_is_kept(request):
     """A test not marked slow must not start an engine, a retriever process or Ray (tests/helpers/heavy.py)."""
     before = heavy.STARTS.copy()
     yield
-    if request.node.get_closest_marker("slow") is None:
-        started = heavy.STARTS - before
-        if started:
-            pytest.fail(f"started {', '.join(sorted(started))} without the `slow` mark: mark it, or take the fixture "
-                        f"that starts it (tests/helpers/heavy.py HEAVY_FIXTURES)", pytrace=False)
+    started = heavy.STARTS - before
+    if request.node.get_closest_marker("slow") is None and started:
+        pytest.fail(f"started {', '.join(sorted(started))} without the `slow` mark: mark it, or take the fixture "
+                    f"that starts it (tests/helpers/heavy.py HEAVY_FIXTURES)", pytrace=False)
+    outside = sorted(set(started) & heavy.LANE_STARTS)
+    if outside and not request.node.stash.get(IN_LANE, True):
+        pytest.fail(f"started {', '.join(outside)} outside make test's serial lane (slow only by a retriever fixture): "
+                    "mark it `slow` by hand (tests/conftest.py)", pytrace=False)
 
 
 # A full run writes up to ~8 GiB at once (checkpoints of the real 135M policy with its optimizer

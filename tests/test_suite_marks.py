@@ -39,11 +39,11 @@ def test_heavy_fixtures_make_a_test_slow(request):
 
 
 def test_the_slow_and_timed_tests_form_one_lane_that_runs_first(request):
-    """Under xdist (`make test`: `-n 2 --dist loadgroup`) the slow and `timed` tests share one
-    group, kept in their order and moved to the front; without xdist nothing is grouped."""
+    """Under xdist (`make test`: `-n 2 --dist loadgroup`) the tests slow by hand or by an engine
+    or Ray fixture and the `timed` ones share one group, kept in their order and moved to the
+    front; a test slow only by a retriever fixture is slow but outside it; without xdist nothing
+    is grouped or moved."""
     from pathlib import Path
-
-    import pytest
 
     here = Path(__file__).with_name("conftest.py")
     conftest = next(p for p in request.config.pluginmanager.get_plugins() if getattr(p, "__file__", None) == str(here))
@@ -51,6 +51,7 @@ def test_the_slow_and_timed_tests_form_one_lane_that_runs_first(request):
     class Item:
         def __init__(self, name, fixtures=(), marks=()):
             self.name, self.fixturenames, self.marks = name, list(fixtures), [getattr(pytest.mark, m).mark for m in marks]
+            self.stash = pytest.Stash()
 
         def get_closest_marker(self, name):
             return next((m for m in self.marks if m.name == name), None)
@@ -63,18 +64,23 @@ def test_the_slow_and_timed_tests_form_one_lane_that_runs_first(request):
             self.pluginmanager = types.SimpleNamespace(hasplugin=lambda name: xdist and name == "xdist")
 
     def collect(xdist):
-        items = [Item("a"), Item("b", fixtures=["engine"]), Item("c", marks=["timed"]), Item("d"),
-                 Item("e", marks=["slow"])]
+        items = [Item("a"), Item("b", fixtures=["engine", "retriever_url"]), Item("r", fixtures=["retriever_url"]),
+                 Item("c", marks=["timed"]), Item("d"), Item("e", marks=["slow"]),
+                 Item("f", fixtures=["bm25_server"], marks=["slow"])]
         conftest.pytest_collection_modifyitems(Config(xdist), items)
         return items
 
     items = collect(xdist=True)
-    assert [i.name for i in items] == ["b", "c", "e", "a", "d"]
+    assert [i.name for i in items] == ["b", "c", "e", "f", "a", "r", "d"]
     groups = {i.name: [m.args for m in i.marks if m.name == "xdist_group"] for i in items}
-    assert groups == {"b": [("serial",)], "c": [("serial",)], "e": [("serial",)], "a": [], "d": []}
-    assert items[0].get_closest_marker("slow") is not None  # slow by its fixture, as before
+    assert groups == {"b": [("serial",)], "c": [("serial",)], "e": [("serial",)], "f": [("serial",)], "a": [],
+                      "r": [], "d": []}
+    slow = {i.name for i in items if i.get_closest_marker("slow")}
+    assert slow == {"b", "r", "e", "f"}  # slow by its fixtures as before, in the lane or not
+    assert {i.name: i.stash[conftest.IN_LANE] for i in items} == {
+        "a": False, "b": True, "r": False, "c": True, "d": False, "e": True, "f": True}
     items = collect(xdist=False)
-    assert [i.name for i in items] == ["a", "b", "c", "d", "e"]
+    assert [i.name for i in items] == ["a", "b", "r", "c", "d", "e", "f"]
     assert not any(m.name == "xdist_group" for i in items for m in i.marks)
 
 

@@ -20,7 +20,10 @@ from benchmarks import async_modes  # noqa: E402
 TINY = ["data.train_batch_size=2", "data.max_response_length=64", "data.max_obs_length=48",
         "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.max_tokens_per_turn=32",
         "actor_rollout_ref.rollout.dtype=float32", "actor_rollout_ref.rollout.kv_cache_space_gb=0.25",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "max_turns=2"]
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "max_turns=2",
+        # the transformers backend: the subject is the command and its table, not vLLM (which the
+        # GPU stage runs; tests/agent_rl/test_trainer.py's GRPO/PPO runs keep it on the CPU)
+        "actor_rollout_ref.rollout.engine_mode=hf"]
 
 
 def _arm(steps: int, train_s: float, **kw) -> dict:

@@ -15,13 +15,16 @@ import importlib.util
 import sys
 from collections import Counter
 
-HEAVY_FIXTURES = frozenset({
+RETRIEVER_FIXTURES = frozenset({"retriever_url", "dense_retriever_url", "retriever", "retriever_server", "bm25_server",
+                                "two_servers", "keyed_server"})
+"""Fixtures that start a retriever process (and nothing heavier)."""
+HEAVY_FIXTURES = RETRIEVER_FIXTURES | frozenset({
     "engine", "engine_bf16",  # vLLM engines (tests/agent_rl/conftest.py)
-    "retriever_url", "dense_retriever_url", "retriever", "retriever_server", "bm25_server",  # retriever processes
-    "two_servers", "keyed_server",
     "grpo_run", "cluster", "sync_setup", "tiny_worker", "full_worker", "lora_worker",  # Ray actors, trainer runs
 })
 """Fixtures that start an engine, a retriever process or Ray (directly or through another)."""
+LANE_STARTS = frozenset({"a Ray session", "a rollout engine"})
+"""What only a test of make test's serial lane may start (tests/conftest.py)."""
 
 STARTS: Counter = Counter()
 """How many of each kind this test process has started."""

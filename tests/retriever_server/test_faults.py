@@ -16,6 +16,8 @@ from retriever_server.launch import ServerThread
 from retriever_server.settings import Settings
 from trickle import Trickle
 
+pytestmark = pytest.mark.timed  # connections are closed within seconds (tests/conftest.py)
+
 
 class ScriptedBackend:
     """Answers row i for the i-th passage; `boom` in a call raises; each call takes `delay` s,
