@@ -72,7 +72,9 @@ def _cmd_split(args) -> int:
 
     try:
         n_rest, n_held = split_by_id(args.input, args.every, args.out_rest, args.out_held)
-    except (ValueError, OSError) as e:  # no such file, no id column, every < 2: not a traceback
+    except FileNotFoundError as e:  # pandas names the file only ("error: demos.parquet")
+        raise DataPrepError(f"{e.filename or args.input}: no such file") from e
+    except (ValueError, OSError) as e:  # no id column, every < 2, unreadable: not a traceback
         raise DataPrepError(str(e)) from e
     print(f"{args.input}: {n_rest} rows -> {args.out_rest}, {n_held} held out (1 in {args.every} by id) -> "
           f"{args.out_held}")

@@ -158,6 +158,11 @@ def demos_main(argv: list[str] | None = None) -> int:
     from data_prep.qa import read_qa
 
     model = args.model or cfg.actor_rollout_ref.model.path
+    if not Path(model).is_dir():  # else transformers reads it as a hub id: "couldn't connect to huggingface.co"
+        given = "--model" if args.model else "the config's actor_rollout_ref.model.path"
+        print(f"error: the tokenizer's directory {model} does not exist ({given}; the embedded model: "
+              "`agent-rl-prep model --out artifacts/model`)", file=sys.stderr)
+        return 2
     qa_report = Report()  # a malformed QA row is reported and skipped; the build goes on
     try:
         tokenizer = AutoTokenizer.from_pretrained(model)

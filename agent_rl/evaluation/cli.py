@@ -204,13 +204,17 @@ def plot_main(argv: list[str] | None = None) -> int:
     offline_env()
     from agent_rl.evaluation.plot import plot_run, plot_runs
 
-    if len(args.runs) == 1 and "=" not in args.runs[0]:
-        print(plot_run(args.runs[0], args.out, args.keys))
-        return 0
     pairs = [r.split("=", 1) if "=" in r else (Path(r).name, r) for r in args.runs]
-    if not args.out:
+    if len(pairs) > 1 and not args.out:
         ap.error("--out is required to compare runs")
-    print(plot_runs(dict(pairs), args.out, args.keys or ["reward/mean", "reward/em"], max(1, args.smooth)))
+    try:
+        if len(args.runs) == 1 and "=" not in args.runs[0]:
+            print(plot_run(args.runs[0], args.out, args.keys))
+        else:
+            print(plot_runs(dict(pairs), args.out, args.keys or ["reward/mean", "reward/em"], max(1, args.smooth)))
+    except FileNotFoundError as e:  # a run directory without its metrics: a user's path, not a bug
+        print(f"plot: error: {e} (a run directory of agent-rl-train or agent-rl-sft)", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -612,6 +612,12 @@ def test_cli_reports_bad_input_in_one_line(tiny_kb, model_dir, tmp_path, capsys)
     base = ["--out", str(out), "--model", str(model_dir)]
     assert cli.demos_main(["--qa", str(tmp_path / "missing.parquet"), "--retriever-url", "http://127.0.0.1:1", *base]) == 2
     assert "missing.parquet" in capsys.readouterr().err
+    # a model directory that is not there is said as such, not read as a hub id ("couldn't connect to huggingface.co")
+    no_model = ["--out", str(out), "--model", str(tmp_path / "no_model")]
+    assert cli.demos_main(["--qa", str(tiny_kb / "test.parquet"), "--retriever-url", "http://127.0.0.1:1", *no_model]) == 2
+    err = capsys.readouterr().err
+    assert f"error: the tokenizer's directory {tmp_path / 'no_model'} does not exist (--model;" in err
+    assert "agent-rl-prep model --out artifacts/model" in err and "huggingface" not in err
     down = f"http://127.0.0.1:{free_port()}"
     assert cli.demos_main(["--qa", str(tiny_kb / "test.parquet"), "--retriever-url", down, *base,
                    "trainer.retriever_health_timeout_s=0.5"]) == 1

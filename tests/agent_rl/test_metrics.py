@@ -117,6 +117,14 @@ def test_plot_writes_png_of_reward_and_em(tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
 
 
+def test_plot_of_a_directory_without_metrics_is_a_clear_error(tmp_path, capsys):
+    """`agent-rl-eval plot DIR` on a directory no run wrote (the README's run not made yet): one
+    line and exit 2, not a traceback."""
+    assert plot_main([str(tmp_path / "no_run")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("plot: error: no metrics.jsonl in ") and "a run directory of agent-rl-train" in err
+
+
 def test_plot_without_reward_metrics_says_so(tmp_path):
     log = MetricsLogger(tmp_path, ["jsonl"])
     log.log({"actor/pg_loss": 0.0}, 1)

@@ -87,9 +87,9 @@ def test_split_writes_both_parts_and_reports_bad_input(tmp_path):
     assert p.returncode == 0 and f"{len(a)} rows -> a.parquet, {len(b)} held out (1 in 4 by id)" in p.stdout, p.stderr
     assert len(a) + len(b) == 20 and len(b) > 0 and not set(a["id"]) & set(b["id"])
     pd.DataFrame({"question": ["q"]}).to_parquet(tmp_path / "noid.parquet")
-    for bad in ("noid.parquet", "missing.parquet"):
+    for bad, says in (("noid.parquet", "noid.parquet: no 'id' column"), ("missing.parquet", "missing.parquet: no such file")):
         p = run("split", bad, "--out-rest", "c.parquet", "--out-held", "d2.parquet", cwd=tmp_path)
-        assert p.returncode == 1 and "error: " in p.stderr and "Traceback" not in p.stderr, p.stderr
+        assert p.returncode == 1 and f"error: {says}" in p.stderr and "Traceback" not in p.stderr, p.stderr
     assert not (tmp_path / "c.parquet").exists() and not (tmp_path / "d2.parquet").exists()
 
 
