@@ -109,6 +109,10 @@ def run_inputs(cfg: TrainConfig) -> dict[str, str]:
     return {k: v for k, v in paths.items() if v}
 
 
+class TooFewPrompts(ValueError):
+    """Fewer training prompts than one batch: the user's data, said in one line (agent-rl-train)."""
+
+
 @dataclass
 class LoaderPosition:
     """Where the loader is: epoch number and index into that epoch's order."""
@@ -150,7 +154,8 @@ class PromptLoader:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if batch_size > len(prompts):
-            raise ValueError(f"batch_size {batch_size} exceeds the {len(prompts)} training prompts")
+            raise TooFewPrompts(f"data.train_batch_size {batch_size} exceeds the {len(prompts)} training prompts "
+                                "(data.train_files, after overlong and malformed rows): lower it or give more questions")
         self.prompts = prompts
         self.batch_size = batch_size
         self.shuffle = shuffle

@@ -388,3 +388,25 @@ def test_a_run_checks_its_resume_once(monkeypatch):
     with pytest.raises(Built):
         trainer.RayTrainer(TrainConfig())
     assert calls == ["identity", "check"]
+
+
+def test_fewer_training_prompts_than_a_batch_stop_in_one_line(tmp_path, monkeypatch, capsys):
+    """The README's your-data commands on a QA set that grounded one demonstration: the loader
+    says how many prompts there are against data.train_batch_size, and agent-rl-train prints it
+    in one line (exit 2) instead of a traceback; Ray, started by then, is left by ray_trainer."""
+    from contextlib import contextmanager
+
+    from agent_rl.training import data, trainer
+
+    with pytest.raises(data.TooFewPrompts, match=r"data.train_batch_size 8 exceeds the 1 training prompts"):
+        data.PromptLoader([data.Prompt(id="q0", question="q", golden_answers=["a"])], 8)
+
+    @contextmanager
+    def too_few(cfg, identity=None):
+        raise data.TooFewPrompts("data.train_batch_size 8 exceeds the 1 training prompts (...)")
+        yield  # pragma: no cover
+
+    fake_model(tmp_path / "model")
+    monkeypatch.setattr(trainer, "ray_trainer", too_few)
+    rc, err = train_cli(["--no-wait-retriever", *train_args(tmp_path)], capsys)
+    assert rc == 2 and "\nagent-rl-train: error: data.train_batch_size 8 exceeds" in err and "Traceback" not in err
