@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
     from agent_rl.training.checkpoint import NoSpaceForCheckpoint
-    from agent_rl.training.data import TooFewPrompts
+    from agent_rl.training.data import TrainDataError
     from agent_rl.training.ray_workers import ClusterTooSmall
     from agent_rl.training.trainer import ray_trainer
 
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         latest = trainer.run.checkpoints.latest() if trainer is not None else None
         print(f"\n[train] interrupted; last checkpoint: {latest or 'none'} (rerun the same command to resume)", flush=True)
         return 130
-    except (ClusterTooSmall, TooFewPrompts) as e:  # the cluster, or the data, too small: said before the engine starts
+    except (ClusterTooSmall, TrainDataError) as e:  # the cluster too small, data that make no batch: before the engine
         print(f"agent-rl-train: error: {e}", file=sys.stderr)
         return 2
     except NoSpaceForCheckpoint as e:  # the message says what to free and that the last checkpoint is intact

@@ -54,7 +54,7 @@ def load_prompts(files: list[str], max_rows: int | None = None, report: Report |
             raise FileNotFoundError(f"data file not found: {path}")
         df = read_qa(path, report)
         if balance_by and balance_by != "data_source" and balance_by not in df.columns:
-            raise ValueError(f"data.balance_by={balance_by!r}: {path} has no such column "
+            raise TrainDataError(f"data.balance_by={balance_by!r}: {path} has no such column "
                              f"(columns: {', '.join(map(str, df.columns))}); data.balance_by=null trains "
                              "on a plain shuffle")
         for row in df.to_dict("records"):
@@ -109,8 +109,13 @@ def run_inputs(cfg: TrainConfig) -> dict[str, str]:
     return {k: v for k, v in paths.items() if v}
 
 
-class TooFewPrompts(ValueError):
-    """Fewer training prompts than one batch: the user's data, said in one line (agent-rl-train)."""
+class TrainDataError(ValueError):
+    """The training data cannot make the run's batches (a column data.balance_by names is missing,
+    fewer prompts than a batch): the user's data, said in one line by agent-rl-train."""
+
+
+class TooFewPrompts(TrainDataError):
+    """Fewer training prompts than one batch."""
 
 
 @dataclass

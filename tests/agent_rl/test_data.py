@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from agent_rl.training.data import Prompt, PromptLoader, drop_overlong, load_prompts
+from agent_rl.training.data import Prompt, PromptLoader, TrainDataError, drop_overlong, load_prompts
 
 
 def _prompts(n: int) -> list[Prompt]:
@@ -152,7 +152,7 @@ def test_balance_by_reads_the_column_or_names_what_is_missing(tmp_path):
     assert [p.stratum for p in load_prompts([str(path)], balance_by="kind")] == ["single", "bridge"]
     assert [p.stratum for p in load_prompts([str(path)], balance_by="data_source")] == ["kb", "kb"]
     assert [p.stratum for p in load_prompts([str(path)])] == ["", ""]
-    with pytest.raises(ValueError, match="data.balance_by='level'.*no such column"):
+    with pytest.raises(TrainDataError, match="data.balance_by='level'.*no such column"):
         load_prompts([str(path)], balance_by="level")
 
 

@@ -401,6 +401,8 @@ def test_fewer_training_prompts_than_a_batch_stop_in_one_line(tmp_path, monkeypa
     with pytest.raises(data.TooFewPrompts, match=r"data.train_batch_size 8 exceeds the 1 training prompts"):
         data.PromptLoader([data.Prompt(id="q0", question="q", golden_answers=["a"])], 8)
 
+    assert issubclass(data.TooFewPrompts, data.TrainDataError)  # what agent-rl-train says in one line
+
     @contextmanager
     def too_few(cfg, identity=None):
         raise data.TooFewPrompts("data.train_batch_size 8 exceeds the 1 training prompts (...)")
