@@ -28,6 +28,7 @@ class Shape:
     select_n: int
     sft_modes: tuple
     min_eval_limit: int
+    rl_first: bool
 
     @property
     def sft_eval(self) -> str:
@@ -198,7 +199,7 @@ def _fit(remaining_s: float, sp: Speeds, eval_limit: int, shape: Shape, rl_share
     step_s = sp.step_s(shape)
     train_s = remaining_s - sum(est.values()) - sum(rl_fixed.values())
     rl_s = rl_share * train_s
-    if shape != STANDARD:  # the small shape is there to run GRPO: its least steps before SFT's share
+    if shape.rl_first:  # a shape there to run GRPO: its least steps before SFT's share
         rl_s = max(rl_s, min(SIZES.min_rl_steps * step_s, train_s - SIZES.min_sft_steps * sp.sft_step_s))
     if rl_s < (1 if keep_rl else SIZES.min_rl_steps / 2) * step_s:
         rl_s, rl_fixed = 0.0, {}

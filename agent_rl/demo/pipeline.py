@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_rl.demo import selection, stages
-from agent_rl.demo.budget import (SIZES, STANDARD, Budget, Speeds, default_budget_minutes, eval_overrun, fit_budget,
+from agent_rl.demo.budget import (SIZES, Budget, Speeds, default_budget_minutes, eval_overrun, fit_budget,
                                   rl_seconds_left, rl_skipped, shape_overrides)
 from agent_rl.demo.report import write_report
 from agent_rl.demo.stages import ROOT, Workdir
@@ -147,8 +147,8 @@ class Demo:
                      "build grounded demonstrations (real retriever observations)")
             budget = refit("after the demonstrations", fixed_eval_limit=True, revises=budget)
         if not (w.sft_dir / "model" / "config.json").exists():
-            # the small shape stops SFT at its planned steps: what a faster SFT saves goes to GRPO's steps
-            steps = SIZES.sft_steps if budget.shape == STANDARD else min(SIZES.sft_steps, budget.sft_steps)
+            # an rl_first shape stops SFT at its planned steps: what a faster SFT saves goes to GRPO's steps
+            steps = min(SIZES.sft_steps, budget.sft_steps) if budget.shape.rl_first else SIZES.sft_steps
             self.run(stages.sft(w.demos, w.model, w.sft_dir, steps, budget.sft_minutes * 60 * SIZES.sft_clock_slack),
                      f"cold-start SFT ({budget.sft_minutes:.1f} min)")
         evals = {"base": self.evaluate("base", w.model, url, budget.base_eval_limit, stages.MODES)}

@@ -3,6 +3,7 @@ run or evaluation left: its steps and minutes, its checkpoints, its EM, paired d
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -71,8 +72,6 @@ def start_model(w: Workdir, d: Path, seed: int, s, url: str) -> Path:
          f"step{s.start_steps}={final}", "--data", w.kb / "train.parquet", "--retriever-url", url,
          "--config", stages.TRAIN_CFG, "--limit", str(EXPLORE_QUESTIONS), "--seed", str(seed), "--choose",
          "--json", out], f"explore the start's {len(ckpts) + 1} checkpoints", done=out)
-    import json
-
     return Path(json.loads(out.read_text())["start"]["model"])
 
 
