@@ -26,33 +26,38 @@ heavy.install()
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads xdist_group into the node ids it schedules by
 def pytest_collection_modifyitems(config, items):
-    """`slow` by what a test asks for: a fixture that starts an engine, a retriever or Ray.
+    """`slow` by what a test asks for: a fixture that starts an engine, a retriever or Ray, or the
+    `ray` mark.
 
-    Under pytest-xdist (`make test` runs two workers, `--dist loadgroup`), the tests marked slow
-    by hand, those slow by an engine or Ray fixture, and the `timed` tests form one lane
-    (`xdist_group("serial")`): they run one after another on one worker, as they did before,
-    sharing its session engine and never two Ray clusters at once, while the other worker runs
-    the rest, the tests slow only by a retriever fixture among them. The lane is moved to the
-    front so it starts at once: it is the longer of the two, and started last it would run alone
-    at the end. `_slow_mark_is_kept` fails a test outside the lane that starts Ray or an engine."""
+    Under pytest-xdist (`make test` runs two workers, `--dist loadgroup`) the heavy tests run in
+    two lanes, each an `xdist_group` that one worker runs test after test: the `ray` lane (the
+    tests that start Ray: the `ray` mark or a Ray fixture), so never two Ray clusters at once,
+    and the `serial` lane (the rest slow by hand or by an engine fixture, and the `timed` tests),
+    whose worker builds the session's engines once and runs no two timed tests together. The
+    lanes are moved to the front and are the two largest units, so xdist gives one to each worker
+    at once; the other tests (those slow only by a retriever fixture among them) go to whichever
+    worker is free. `_slow_mark_is_kept` fails a test outside the lanes that starts Ray or an
+    engine, and one outside the ray lane that starts Ray."""
     for item in items:
         fixtures = heavy.HEAVY_FIXTURES & set(getattr(item, "fixturenames", ()))
         marked = item.get_closest_marker("slow") is not None
-        item.stash[IN_LANE] = marked or bool(fixtures - heavy.RETRIEVER_FIXTURES) or bool(item.get_closest_marker("timed"))
-        if fixtures and not marked:
+        ray = item.get_closest_marker("ray") is not None or bool(fixtures & heavy.RAY_FIXTURES)
+        heavy_here = marked or ray or bool(fixtures - heavy.RETRIEVER_FIXTURES) or bool(item.get_closest_marker("timed"))
+        item.stash[LANE] = RAY_LANE if ray else SERIAL_LANE if heavy_here else None
+        if (fixtures or ray) and not marked:
             item.add_marker(pytest.mark.slow)
     if not config.pluginmanager.hasplugin("xdist"):
         return
-    lane = [item for item in items if item.stash[IN_LANE]]
-    for item in lane:
-        item.add_marker(pytest.mark.xdist_group(SERIAL_LANE))
-    in_lane = set(map(id, lane))
-    items[:] = lane + [item for item in items if id(item) not in in_lane]
+    lanes = [item for item in items if item.stash[LANE]]
+    for item in lanes:
+        item.add_marker(pytest.mark.xdist_group(item.stash[LANE]))
+    in_lane = set(map(id, lanes))
+    items[:] = lanes + [item for item in items if id(item) not in in_lane]
 
 
-SERIAL_LANE = "serial"
-"""The xdist group of the tests that must not share the machine with each other (see above)."""
-IN_LANE = pytest.StashKey[bool]()
+RAY_LANE, SERIAL_LANE = "ray", "serial"
+"""The xdist groups of the tests that must not share the machine with others of their kind (above)."""
+LANE = pytest.StashKey["str | None"]()
 
 
 @pytest.fixture(autouse=True)
@@ -64,10 +69,14 @@ def _slow_mark_is_kept(request):
     if request.node.get_closest_marker("slow") is None and started:
         pytest.fail(f"started {', '.join(sorted(started))} without the `slow` mark: mark it, or take the fixture "
                     f"that starts it (tests/helpers/heavy.py HEAVY_FIXTURES)", pytrace=False)
+    lane = request.node.stash.get(LANE, "unknown")
     outside = sorted(set(started) & heavy.LANE_STARTS)
-    if outside and not request.node.stash.get(IN_LANE, True):
-        pytest.fail(f"started {', '.join(outside)} outside make test's serial lane (slow only by a retriever fixture): "
-                    "mark it `slow` by hand (tests/conftest.py)", pytrace=False)
+    if outside and lane is None:
+        pytest.fail(f"started {', '.join(outside)} outside make test's lanes (slow only by a retriever fixture): "
+                    "mark it `slow` by hand, or `ray` if it starts Ray (tests/conftest.py)", pytrace=False)
+    if started[heavy.RAY_SESSION] and lane not in (RAY_LANE, "unknown"):
+        pytest.fail("started a Ray session outside make test's ray lane: mark it `ray` (tests/conftest.py)",
+                    pytrace=False)
 
 
 # A full run writes up to ~8 GiB at once (checkpoints of the real 135M policy with its optimizer

@@ -9,6 +9,7 @@ import pytest
 
 import heavy
 
+pytest_plugins = ["pytester"]
 
 def test_entry_points_are_wrapped_when_imported():
     from agent_rl.rollout.engine import RolloutEngine
@@ -38,11 +39,12 @@ def test_heavy_fixtures_make_a_test_slow(request):
     assert not missing, f"HEAVY_FIXTURES names fixtures that no longer exist: {missing}"
 
 
-def test_the_slow_and_timed_tests_form_one_lane_that_runs_first(request):
-    """Under xdist (`make test`: `-n 2 --dist loadgroup`) the tests slow by hand or by an engine
-    or Ray fixture and the `timed` ones share one group, kept in their order and moved to the
-    front; a test slow only by a retriever fixture is slow but outside it; without xdist nothing
-    is grouped or moved."""
+def test_the_slow_and_timed_tests_form_two_lanes_that_run_first(request):
+    """Under xdist (`make test`: `-n 2 --dist loadgroup`) the tests that start Ray (the `ray` mark
+    or a Ray fixture) form the `ray` lane; the others slow by hand or by an engine fixture, and the
+    `timed` ones, the `serial` lane; both are kept in their order and moved to the front; a test
+    slow only by a retriever fixture is slow but in neither; without xdist nothing is grouped or
+    moved."""
     from pathlib import Path
 
     here = Path(__file__).with_name("conftest.py")
@@ -65,32 +67,74 @@ def test_the_slow_and_timed_tests_form_one_lane_that_runs_first(request):
 
     def collect(xdist):
         items = [Item("a"), Item("b", fixtures=["engine", "retriever_url"]), Item("r", fixtures=["retriever_url"]),
-                 Item("c", marks=["timed"]), Item("d"), Item("e", marks=["slow"]),
-                 Item("f", fixtures=["bm25_server"], marks=["slow"])]
+                 Item("g", marks=["ray"]), Item("c", marks=["timed"]), Item("d"), Item("e", marks=["slow"]),
+                 Item("h", fixtures=["grpo_run", "retriever_url"]), Item("f", fixtures=["bm25_server"], marks=["slow"])]
         conftest.pytest_collection_modifyitems(Config(xdist), items)
         return items
 
     items = collect(xdist=True)
-    assert [i.name for i in items] == ["b", "c", "e", "f", "a", "r", "d"]
+    assert [i.name for i in items] == ["b", "g", "c", "e", "h", "f", "a", "r", "d"]
     groups = {i.name: [m.args for m in i.marks if m.name == "xdist_group"] for i in items}
-    assert groups == {"b": [("serial",)], "c": [("serial",)], "e": [("serial",)], "f": [("serial",)], "a": [],
-                      "r": [], "d": []}
+    assert groups == {"b": [("serial",)], "g": [("ray",)], "c": [("serial",)], "e": [("serial",)], "h": [("ray",)],
+                      "f": [("serial",)], "a": [], "r": [], "d": []}
     slow = {i.name for i in items if i.get_closest_marker("slow")}
-    assert slow == {"b", "r", "e", "f"}  # slow by its fixtures as before, in the lane or not
-    assert {i.name: i.stash[conftest.IN_LANE] for i in items} == {
-        "a": False, "b": True, "r": False, "c": True, "d": False, "e": True, "f": True}
+    assert slow == {"b", "r", "g", "e", "h", "f"}  # slow by its fixtures or the ray mark, in a lane or not
+    assert {i.name: i.stash[conftest.LANE] for i in items} == {
+        "a": None, "b": "serial", "r": None, "g": "ray", "c": "serial", "d": None, "e": "serial", "h": "ray",
+        "f": "serial"}
     items = collect(xdist=False)
-    assert [i.name for i in items] == ["a", "b", "r", "c", "d", "e", "f"]
+    assert [i.name for i in items] == ["a", "b", "r", "g", "c", "d", "e", "h", "f"]
     assert not any(m.name == "xdist_group" for i in items for m in i.marks)
 
 
-@pytest.mark.timed  # a test of the lane itself: in it under xdist
-def test_under_xdist_this_timed_test_is_scheduled_in_the_serial_lane(request):
-    """xdist schedules `--dist loadgroup` by a suffix it adds to the node id from the
-    xdist_group mark in its own collection hook: the mark must be there before that hook runs
-    (conftest's is tryfirst), or the slow tests spread over both workers."""
+def _under_xdist(request) -> str:
     import os
 
     if "PYTEST_XDIST_WORKER" not in os.environ:
         pytest.skip("not run by an xdist worker (make test runs two)")
-    assert request.node.nodeid.endswith("@serial"), request.node.nodeid
+    return request.node.nodeid
+
+
+@pytest.mark.timed  # a test of the lanes themselves: in one under xdist
+def test_under_xdist_this_timed_test_is_scheduled_in_the_serial_lane(request):
+    """xdist schedules `--dist loadgroup` by a suffix it adds to the node id from the
+    xdist_group mark in its own collection hook: the mark must be there before that hook runs
+    (conftest's is tryfirst), or the slow tests spread over both workers."""
+    assert _under_xdist(request).endswith("@serial"), request.node.nodeid
+
+
+@pytest.mark.ray  # starts nothing: it checks where the mark puts a test
+def test_under_xdist_a_ray_test_is_scheduled_in_the_ray_lane(request):
+    assert _under_xdist(request).endswith("@ray"), request.node.nodeid
+
+
+def test_a_ray_session_started_outside_the_ray_lane_fails_the_test(pytester, monkeypatch):
+    """The check behind the lanes (conftest's `_slow_mark_is_kept`), in a pytest of its own: a test
+    in the serial lane that starts Ray fails and says to mark it `ray`; the same test marked `ray`
+    passes. The start is counted as heavy.py counts `ray.init`, without starting Ray."""
+    import os
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    pytester.makeconftest((here / "conftest.py").read_text())
+    pytester.makeini("[pytest]\nmarkers =\n    slow\n    ray\n    timed\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(here / "helpers"), str(here.parent)]))
+    pytester.makepyfile(test_starts="""
+        import heavy
+        import pytest
+
+        def start():
+            heavy.STARTS[heavy.RAY_SESSION] += 1
+
+        @pytest.mark.slow
+        def test_in_the_serial_lane():
+            start()
+
+        @pytest.mark.ray
+        def test_in_the_ray_lane():
+            start()
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2, errors=1)  # the check fails the serial one at teardown
+    result.stdout.fnmatch_lines(["ERROR test_starts.py::test_in_the_serial_lane - Failed: started a Ray session*"])
+    result.stdout.fnmatch_lines(["*started a Ray session outside make test's ray lane: mark it `ray`*"])

@@ -186,14 +186,18 @@ def test_kernel_scan_guard_hides_modules_vllm_cannot_scan():
         sys.modules.pop("fake_llvmlite_ffi", None)
 
 
-def test_multiprocess_engine_mode(aio, model_dir, hf_model, tokenizer, hf_logprobs):
+def test_multiprocess_engine_mode(aio, tiny_policy, tokenizer, hf_logprobs):
     """engine_mode="mp" (vLLM AsyncLLM, core in a child process): same generate contract, and
-    load_weights through /dev/shm + collective_rpc reaches the child's model."""
+    load_weights through /dev/shm + collective_rpc reaches the child's model. On the 2-block copy
+    of the embedded policy: the subject is the child process's contract, not the model."""
+    from transformers import AutoModelForCausalLM
+
     from agent_rl.config import RolloutConfig
     from agent_rl.rollout.engine import RolloutEngine
 
+    hf_model = AutoModelForCausalLM.from_pretrained(str(tiny_policy), dtype=torch.float32).eval()
     cfg = RolloutConfig(dtype="float32", max_num_seqs=8, kv_cache_space_gb=1, engine_mode="mp")
-    eng = aio(RolloutEngine.create(str(model_dir), cfg, max_model_len=1024), timeout=600)
+    eng = aio(RolloutEngine.create(str(tiny_policy), cfg, max_model_len=1024), timeout=600)
     try:
         prompt = tokenizer.encode(PROMPT)
         greedy = Sampling(temperature=0.0, max_tokens=16, stop=())
@@ -201,7 +205,7 @@ def test_multiprocess_engine_mode(aio, model_dir, hf_model, tokenizer, hf_logpro
         assert len(out.token_ids) == 16
         assert max(_diffs(out.logprobs, hf_logprobs(hf_model, prompt, out.token_ids))) < 2e-4
         sd = _state_dict(hf_model)
-        sd["model.layers.2.mlp.down_proj.weight"] *= 2.0
+        sd["model.layers.1.mlp.down_proj.weight"] *= 2.0
         aio(eng.load_weights(sd.items()))
         after = aio(eng.generate(prompt, greedy))
         from transformers import AutoModelForCausalLM

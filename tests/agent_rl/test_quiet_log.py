@@ -19,12 +19,14 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_calibration_prints_our_lines_and_no_third_party_notices(model_dir, tmp_path):
+def test_calibration_prints_our_lines_and_no_third_party_notices(tiny_policy, tmp_path):
+    # the 2-block copy of the embedded policy: the same loads, engine, update and libraries
+    # print what they print for any model; the subject is the log, not the model
     # the child's own entry point must do the quieting: nothing of it is inherited from this process
     env = {k: v for k, v in os.environ.items() if k not in {*quiet.ENV, *quiet.ENGINE_ENV, quiet.SWITCH_ENV}}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     env["VLLM_DIST_IDENT"] = "29500"  # what a parent that hosted a CPU engine passes on (vLLM sets it there)
-    cmd = [sys.executable, "-m", "agent_rl.demo", "calibrate", "--model", str(model_dir), "--config",
+    cmd = [sys.executable, "-m", "agent_rl.demo", "calibrate", "--model", str(tiny_policy), "--config",
            "configs/train/demo_grpo_cpu.yaml", "--batch", "2", "--gen-tokens", "4", "--out",
            str(tmp_path / "calibration.json"), "actor_rollout_ref.rollout.kv_cache_space_gb=0.25"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,

@@ -36,8 +36,10 @@ def _batch():
     return batch.with_fields(advantages=batch.loss_mask * torch.linspace(-1, 1, len(trajs))[:, None])
 
 
-@pytest.mark.slow
-def test_two_ranks_match_one_rank(model_dir):
+@pytest.mark.ray
+def test_two_ranks_match_one_rank(tiny_policy):
+    """On the 2-block copy of the embedded policy (the subject is rows, order and the collective
+    update, not what the model knows): each rank loads it and takes an Adam step."""
     import ray
 
     from agent_rl.config import TrainConfig, load_config
@@ -48,7 +50,7 @@ def test_two_ranks_match_one_rank(model_dir):
         ray.init(num_cpus=2, include_dashboard=False)
     # fp32 on every host kind (`auto` picks bf16 where it is native): the check is rows and
     # order, and bf16 rounds two packings' log-probs differently by more than its 1e-4
-    cfg = load_config(TrainConfig, None, [f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.n=1",
+    cfg = load_config(TrainConfig, None, [f"actor_rollout_ref.model.path={tiny_policy}", "actor_rollout_ref.rollout.n=1",
                                           "actor_rollout_ref.actor.ppo_mini_batch_size=5",
                                           "actor_rollout_ref.actor.bf16_autocast=false"])
     factory = functools.partial(ActorWorker, cfg.actor_rollout_ref, 10)
@@ -72,7 +74,7 @@ def test_two_ranks_match_one_rank(model_dir):
         two.shutdown()
 
 
-@pytest.mark.slow
+@pytest.mark.ray
 def test_fsdp_group_exports_full_weights_from_rank0(tiny_policy):
     """Under FSDP the export gathers shards collectively: every rank must join rank 0's export
     (rank 0 alone waited for ever: seen while bringing up the GPU path, docs/gpu.md). Gloo here."""

@@ -289,7 +289,7 @@ def test_sft_config_file_loads_with_overrides():
         load_config(SFTConfig, ROOT_CFG, ["trainer.epochs=2"])
 
 
-@pytest.mark.slow  # starts Ray
+@pytest.mark.ray
 def test_sft_with_two_ray_workers_matches_one_worker(demo_file, tiny_policy, tmp_path):
     """SFT data-parallel over 2 Ray workers (gloo, CPU) runs through the same run lifecycle as
     RL (trainer.nnodes and the other run fields are RL's: RunConfig) and takes the same steps

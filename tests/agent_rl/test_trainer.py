@@ -177,7 +177,7 @@ def test_the_run_writes_sampled_rollouts_with_their_loss_mask_and_reward(grpo_ru
     assert out.count("step 1 #") == 3 and (PLAIN_OPEN in out) == any(not p["sampled"] for r in recs for p in r["pieces"])
 
 
-@pytest.mark.slow
+@pytest.mark.ray
 def test_ppo_two_steps_change_weights_and_log_finite_metrics(tiny_kb, retriever, tmp_path, tiny_policy):
     # also validates once before training: greedy rollouts on 2 held-out questions
     val = ["trainer.val_before_train=true", "data.val_data_num=2", f"trainer.validation_data_dir={tmp_path}/ppo/validation"]
@@ -221,7 +221,7 @@ def kill_after_first_checkpoint(cmd: list[str], run_dir: Path, log: Path) -> dic
     return env
 
 
-@pytest.mark.slow
+@pytest.mark.ray
 def test_killed_run_resumes_from_its_checkpoint_on_the_same_data_order(grpo_run, tiny_kb, retriever, tiny_policy,
                                                                       tmp_path):
     ray = _ray()
@@ -245,7 +245,7 @@ def test_killed_run_resumes_from_its_checkpoint_on_the_same_data_order(grpo_run,
     assert after[0]["prompt_ids"] != after[1]["prompt_ids"]
 
 
-@pytest.mark.slow
+@pytest.mark.ray
 def test_time_budget_stops_with_a_checkpoint_and_a_rerun_continues_the_clock(tiny_kb, retriever, tiny_policy, tmp_path):
     run_dir = tmp_path / "budget"
     # 1 s: step 1 runs (nothing measured yet), then the next step would end past the budget
@@ -595,7 +595,7 @@ def test_the_sync_collector_waits_out_an_outage_and_collects_again(monkeypatch):
     assert m["rollout/dropped_for_failed_search"] == 4.0 and m["rollout/failed_search_share"] == 0.0
 
 
-@pytest.mark.slow
+@pytest.mark.ray
 def test_a_retriever_killed_mid_run_does_not_teach_the_policy(tiny_kb, few_shot_prompt, model_dir, tmp_path):
     """A real GRPO run whose retriever (its own server process) is killed after step 1 and
     started again 8 s later on the same port: step 2's failed searches are counted and left
@@ -668,7 +668,7 @@ def test_a_retriever_killed_mid_run_does_not_teach_the_policy(tiny_kb, few_shot_
 AHEAD = ["actor_rollout_ref.actor.tis_cap=2.0", "trainer.max_staleness=1"]
 
 
-@pytest.mark.slow
+@pytest.mark.ray
 def test_one_step_off_trains_step_k_on_the_batch_generated_during_update_k_minus_1(tiny_kb, retriever, tiny_policy,
                                                                                   tmp_path):
     run_dir = run_in_process("grpo", tiny_kb, retriever, tmp_path / "one_step_off", tiny_policy,
@@ -684,7 +684,7 @@ def test_one_step_off_trains_step_k_on_the_batch_generated_during_update_k_minus
     assert (_weights(run_dir / "checkpoints" / "global_step_2" / "actor") - _weights(tiny_policy)).abs().max() > 0
 
 
-@pytest.mark.slow
+@pytest.mark.ray
 def test_async_run_killed_mid_step_continues_its_trajectories_and_trains_every_prompt_once(tiny_kb, retriever,
                                                                                            tiny_policy, tmp_path):
     """trainer.mode=async, 6 prompts, 3 steps of 2: killed with SIGKILL during step 2 (after

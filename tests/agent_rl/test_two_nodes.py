@@ -40,11 +40,13 @@ ENV.pop("RAY_ADDRESS", None)
 
 
 def _trainer_overrides():
-    """test_trainer.overrides: the tiny GRPO settings of the trainer's own end-to-end tests."""
+    """test_trainer.overrides: the tiny GRPO settings of the trainer's own end-to-end tests, on
+    its transformers backend (HF_ENGINE): the subject is where the ranks run and what they
+    train, not vLLM, which test_trainer's GRPO and PPO runs keep."""
     spec = importlib.util.spec_from_file_location("trainer_tests", Path(__file__).with_name("test_trainer.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.overrides
+    return lambda *args: [*module.overrides(*args), module.HF_ENGINE]
 
 
 def _free_port() -> int:

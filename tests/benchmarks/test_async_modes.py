@@ -66,7 +66,7 @@ def test_an_arm_trains_on_the_kb_given_and_the_commands_overrides_win(tmp_path, 
     assert stages.device_overrides() == ["trainer.n_gpus_per_node=1"]
 
 
-@pytest.mark.slow
+@pytest.mark.ray
 def test_the_modes_train_one_after_another_and_land_in_one_table(tiny_policy, tmp_path):
     """sync and async (one_step_off's arm is the same path with another mode: the GPU stage runs
     all three; the suite keeps its minutes), each from the same policy on the KB given."""

@@ -13,7 +13,7 @@ import operator
 import pytest
 import torch
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [pytest.mark.gpu, pytest.mark.ray, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 ray = pytest.importorskip("ray")
 
 

@@ -18,18 +18,22 @@ from collections import Counter
 RETRIEVER_FIXTURES = frozenset({"retriever_url", "dense_retriever_url", "retriever", "retriever_server", "bm25_server",
                                 "two_servers", "keyed_server"})
 """Fixtures that start a retriever process (and nothing heavier)."""
-HEAVY_FIXTURES = RETRIEVER_FIXTURES | frozenset({
+RAY_FIXTURES = frozenset({"grpo_run", "cluster", "sync_setup"})
+"""Fixtures that start Ray (a trainer run, a cluster of nodes, a Ray actor group)."""
+HEAVY_FIXTURES = RETRIEVER_FIXTURES | RAY_FIXTURES | frozenset({
     "engine", "engine_bf16",  # vLLM engines (tests/agent_rl/conftest.py)
-    "grpo_run", "cluster", "sync_setup", "tiny_worker", "full_worker", "lora_worker",  # Ray actors, trainer runs
+    "tiny_worker", "full_worker", "lora_worker",  # actor workers with their models, in this process
 })
-"""Fixtures that start an engine, a retriever process or Ray (directly or through another)."""
-LANE_STARTS = frozenset({"a Ray session", "a rollout engine"})
-"""What only a test of make test's serial lane may start (tests/conftest.py)."""
+"""Fixtures that start an engine, a retriever process or Ray, or load a policy to train (directly
+or through another)."""
+RAY_SESSION = "a Ray session"
+LANE_STARTS = frozenset({RAY_SESSION, "a rollout engine"})
+"""What only a test of make test's lanes may start (tests/conftest.py); Ray only in the ray lane."""
 
 STARTS: Counter = Counter()
 """How many of each kind this test process has started."""
 
-ENTRY_POINTS = {"ray": ("init", "a Ray session"),
+ENTRY_POINTS = {"ray": ("init", RAY_SESSION),
                 "agent_rl.rollout.engine": ("RolloutEngine.create", "a rollout engine"),
                 "retriever_server.launch": ("start_server", "a retriever process")}
 
