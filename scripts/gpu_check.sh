@@ -30,6 +30,13 @@
 #                                      # background until WAIT_S s into the call (the demo's stages up
 #                                      # to SFT first where they have not run)
 #   scripts/gpu_check.sh modes-finish  # there: waits for it (stops it WAIT_S s into the call)
+#   scripts/gpu_check.sh vs-trl-pack   # here: TRL and what it imports beside the kit, as wheels for the
+#                                      # lent image's Python -> .kit/trl.tar.xz (travels in a call of its own)
+#   scripts/gpu_check.sh vs-trl        # there: our GRPO beside TRL's GRPOTrainer with vLLM colocate
+#                                      # (benchmarks/vs_trl.py) from the demo's hermes SFT model, in the
+#                                      # background until WAIT_S s into the call (the demo's stages up to
+#                                      # SFT with --protocol hermes first where they have not run)
+#   scripts/gpu_check.sh vs-trl-finish # there: waits for it (stops it WAIT_S s into the call)
 #   scripts/gpu_check.sh probe         # there, instead of the loop: the varlen kernel's test, where
 #                                      # the actor update's time goes (shared vs whole packing, varlen
 #                                      # kernel vs per-sequence SDPA) and interleaved / plain
@@ -363,6 +370,81 @@ modes_finish() {
     modes_said
 }
 
+# Our GRPO beside TRL's GRPOTrainer (benchmarks/vs_trl.py, issue 98 item 4): from the demo's hermes
+# SFT model, the same minutes each on the one GPU, ours with its vLLM engine and TRL with vLLM colocate
+# (`use_vllm=True, vllm_mode="colocate"`), then both final models evaluated on the same questions.
+# Where the SFT model is absent, the demo's stages up to it run first (--protocol hermes, its GRPO left
+# out). TRL, accelerate and datasets travel as wheels (`vs-trl-pack` here: the image has transformers
+# and torch, not these), unpacked onto PYTHONPATH there (a wheel is a zip). In the background, as
+# `modes`: `vs-trl` waits until WAIT_S s into its call, `vs-trl-finish` for the rest. A CPU rehearsal:
+#   KIT=0 QUICKSTART_ARGS="--demos 8 --sft-minutes 0.5 --eval-limit 4" VSTRL_ARGS="--minutes 0.3 --eval-n 4 --no-start-eval --trl-generation transformers" scripts/gpu_check.sh vs-trl
+VSTRL_DIR=${VSTRL_DIR:-runs/gpu_vs_trl}
+VSTRL_SFT=${VSTRL_SFT:-artifacts/demo_runs_hermes/sft}
+VSTRL_KB=${VSTRL_KB:-artifacts/kb}
+VSTRL_INDEX=${VSTRL_INDEX:-artifacts/kb_index_flat}
+VSTRL_PACK=${VSTRL_PACK:-.kit/trl.tar.xz}
+VSTRL_ARGS=${VSTRL_ARGS:---minutes 3 --eval-n 100 --trl-generation vllm actor_rollout_ref.rollout.enforce_eager=false}
+
+vs_trl_pack() {  # here: TRL and the packages it imports that the image lacks, wheels for its Python
+    local tmp pins
+    tmp=$(mktemp -d)
+    pins=$("$PY" -c "import importlib.metadata as m; print(' '.join(f'{p}=={m.version(p)}' for p in
+        ('trl', 'accelerate', 'datasets', 'multiprocess', 'xxhash', 'fsspec')))")
+    # shellcheck disable=SC2086
+    "$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version "${GPU_PYTHON_VERSION:-3.12}" \
+        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$tmp" $pins
+    mkdir -p "$(dirname "$VSTRL_PACK")"
+    tar -C "$tmp" -cJf "$VSTRL_PACK" .
+    rm -rf "$tmp"
+    du -h "$VSTRL_PACK"
+}
+
+vs_trl_env() {  # PY: the carried wheels unpacked once into .kit/root/trl_site, first on PYTHONPATH
+    local site=$PWD/.kit/root/trl_site w
+    [ -f "$VSTRL_PACK" ] || return 0
+    if [ ! -d "$site" ]; then
+        rm -rf "$site.tmp" && mkdir -p "$site.tmp"
+        tar -xJf "$VSTRL_PACK" -C "$site.tmp"
+        for w in "$site.tmp"/*.whl; do "$1" -m zipfile -e "$w" "$site.tmp/" && rm "$w"; done
+        mv "$site.tmp" "$site"
+    fi
+    export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
+}
+
+vs_trl_job() {  # the demo's hermes stages up to SFT where its model is absent, then the benchmark
+    local py=${GPU_PY:-python3}
+    if [ ! -e "$VSTRL_SFT" ]; then
+        # shellcheck disable=SC2086
+        "$py" -m agent_rl.demo --protocol hermes $QUICKSTART_ARGS --rl-minutes 0 || return 1
+    fi
+    "$py" -c "import trl, accelerate, datasets, transformers, torch; print(f'trl {trl.__version__}, accelerate \
+{accelerate.__version__}, datasets {datasets.__version__}, transformers {transformers.__version__}, torch {torch.__version__}')" \
+        || return 1
+    # shellcheck disable=SC2086
+    "$py" benchmarks/vs_trl.py --sft "$VSTRL_SFT" --kb "$VSTRL_KB" --index "$VSTRL_INDEX" --workdir "$VSTRL_DIR" \
+        $VSTRL_ARGS
+}
+
+vs_trl_start() {
+    local out=${OUT:-gpu_out} py=${GPU_PY:-python3}
+    mkdir -p "$out" "$VSTRL_DIR"
+    kit_ready "$py" || return 1
+    vs_trl_env "$py"
+    start_bg "$VSTRL_DIR" collect_vs_trl bash "$0" vs-trl-job
+    vs_trl_said
+}
+
+vs_trl_said() {  # our lines of the job's log: the demo's stages, the sides, the table
+    grep -E "^\[demo\]|^\[vs_trl\]|^\[hardware\]|^\| |^TRL |^first-turn|^trl |Error" "$VSTRL_DIR.log" | tail -n 40
+}
+
+collect_vs_trl() { collect_job "$VSTRL_DIR" vs_trl "$1"; }
+
+vs_trl_finish() {
+    finish_bg "$VSTRL_DIR" collect_vs_trl 400
+    vs_trl_said
+}
+
 rvs_finish() {
     finish_bg "$RVS_DIR" collect_rvs 200
     grep -E "^\[rl_vs_sft\]|^\| |^GRPO|^Answered|Error" "$RVS_DIR.log" | tail -n 30
@@ -426,6 +508,10 @@ case "${1:-run}" in
     modes) modes_start ;;
     modes-job) modes_job ;;
     modes-finish) modes_finish ;;
+    vs-trl-pack) vs_trl_pack ;;
+    vs-trl) vs_trl_start ;;
+    vs-trl-job) vs_trl_job ;;
+    vs-trl-finish) vs_trl_finish ;;
     run) run ;;
-    *) echo "usage: $0 prepare|prepare-ray|prepare-vllm|kit|loop-start|loop-finish|rl-vs-sft|rl-vs-sft-pack|rl-vs-sft-finish|probe|scale|modes|modes-finish|run" >&2; exit 2 ;;
+    *) echo "usage: $0 prepare|prepare-ray|prepare-vllm|kit|loop-start|loop-finish|rl-vs-sft|rl-vs-sft-pack|rl-vs-sft-finish|probe|scale|modes|modes-finish|vs-trl-pack|vs-trl|vs-trl-finish|run" >&2; exit 2 ;;
 esac
