@@ -453,43 +453,10 @@ def _log_collector(store: dict):
 
 
 # ----------------------------------------------------------------------------- running a side
-class TreeRss:
-    """Peak RSS summed over a process and its descendants, sampled every `period_s` on a thread."""
-
-    def __init__(self, pid: int, period_s: float = 0.25):
-        self.pid, self.period_s, self.peak = pid, period_s, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        import psutil
-
-        while not self._stop.is_set():
-            try:
-                root = psutil.Process(self.pid)
-                procs = [root, *root.children(recursive=True)]
-            except psutil.NoSuchProcess:
-                return
-            total = 0
-            for p in procs:
-                try:
-                    total += p.memory_info().rss
-                except (psutil.NoSuchProcess, psutil.AccessDenied):
-                    pass
-            self.peak = max(self.peak, total)
-            self._stop.wait(self.period_s)
-
-    def __enter__(self) -> "TreeRss":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 def run_side(cmd: list, log: Path) -> dict:
     """`cmd` in its own process, its output to `log` and ours: exit code, wall seconds, peak RSS."""
+    from agent_rl.demo.pipeline import PeakMemory
+
     print(f"[vs_trl] $ {' '.join(map(str, cmd))}", flush=True)
     t0 = time.monotonic()
     with open(log, "w") as f:
@@ -503,7 +470,7 @@ def run_side(cmd: list, log: Path) -> dict:
 
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
-        with TreeRss(proc.pid) as rss:
+        with PeakMemory(every_s=0.25, pid=proc.pid) as rss:
             rc = proc.wait()
         wall_s = time.monotonic() - t0
         reader.join(timeout=30)

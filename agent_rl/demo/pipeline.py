@@ -30,22 +30,28 @@ from data_prep.synthetic import kb_finished
 
 
 class PeakMemory:
-    """Samples the summed RSS of this process and all its descendants (psutil)."""
+    """Samples the summed RSS of a process (`pid`; this one by default) and all its descendants
+    (psutil); stops sampling when that process is gone."""
 
-    def __init__(self, every_s: float = 0.5):
+    def __init__(self, every_s: float = 0.5, pid: int | None = None):
         import psutil
 
         self._psutil = psutil
+        self.pid = pid
         self.peak = 0
         self.stage_peak = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(every_s,), daemon=True)
 
     def _run(self, every_s: float) -> None:
-        me = self._psutil.Process()
         while not self._stop.is_set():
+            try:
+                me = self._psutil.Process(self.pid)
+                procs = [me, *me.children(recursive=True)]
+            except self._psutil.NoSuchProcess:
+                return
             total = 0
-            for p in [me, *me.children(recursive=True)]:
+            for p in procs:
                 try:
                     total += p.memory_info().rss
                 except self._psutil.Error:
