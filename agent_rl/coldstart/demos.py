@@ -67,13 +67,15 @@ class ScriptedEngine:
     """Stands in for the vLLM engine: "samples" the demonstration's turns, one per call.
 
     Token ids are `protocol.encode_text` of each turn (the engine's own sampled ids for that
-    text would differ only in how the model chose to split it). A turn longer than the
-    call's max_tokens is cut, as the engine would.
+    text would differ only in how the model chose to split it), then `end_ids`: the protocol's
+    `turn_end_ids`, so that SFT teaches a chat-format model to close its turns (hermes:
+    `<|im_end|>` after `</tool_call>` and `</answer>`), which a consumer without our stop
+    strings needs. A turn longer than the call's max_tokens is cut, as the engine would.
     """
 
-    def __init__(self, tokenizer: Any, segments: list[str], max_model_len: int):
+    def __init__(self, tokenizer: Any, segments: list[str], max_model_len: int, end_ids: Sequence[int] = ()):
         self.tokenizer = tokenizer
-        self.turns = [encode_text(tokenizer, s) for s in segments]
+        self.turns = [encode_text(tokenizer, s) + list(end_ids) for s in segments]
         self.max_model_len = max_model_len
         self.calls = 0
 
@@ -165,7 +167,8 @@ async def _one_demo(row: dict, plan: Plan, results: dict, tokenizer: Any, cfg: T
     rng = random.Random(f"{seed}:{row['id']}")  # per row: wording independent of order and --limit
     segments = write_segments(plan, answer, rng, protocol, kb_phrasing)
 
-    engine = ScriptedEngine(tokenizer, segments, cfg.data.max_prompt_length + cfg.data.max_response_length)
+    engine = ScriptedEngine(tokenizer, segments, cfg.data.max_prompt_length + cfg.data.max_response_length,
+                            protocol.turn_end_ids())
     if max(map(len, engine.turns)) > cfg.actor_rollout_ref.rollout.max_tokens_per_turn:
         raise Drop("turn_too_long")
     manager = RolloutManager(engine, CachedSearch(results), cfg, tokenizer=tokenizer)

@@ -165,6 +165,12 @@ class ActionProtocol:
     def write_answer(self, answer: str) -> str:
         return f"{ANSWER_OPEN} {answer} {ANSWER_CLOSE}"
 
+    def turn_end_ids(self) -> list[int]:
+        """The ids a model writes to close its turn in the chat format (demonstrations end each
+        model turn with them, so a cold-started model can end its turns where no stop string
+        does: a chat server, TRL's tool loop). None here: Search-R1's turns end at their tags."""
+        return []
+
     def feedback(self, action: Action) -> str:
         """The message the policy reads after an invalid turn."""
         raise NotImplementedError
@@ -431,7 +437,7 @@ class HermesToolCalls(ActionProtocol):
     follows the output up to the next assistant turn; a tool's output is truncated between
     them, so its ids are the template's ids. One tool call per turn (generation stops at
     `</tool_call>`); a turn that ends in the template's end-of-turn token has that token
-    counted once (`observation_ids`)."""
+    counted once (`turn_end_ids`)."""
 
     name = "hermes"
     stop = (TOOL_CALL_CLOSE, ANSWER_CLOSE)
@@ -544,6 +550,16 @@ class HermesToolCalls(ActionProtocol):
 
     def observation_frame(self) -> tuple[str, str]:
         return self._frames["tool"]
+
+    def turn_end_ids(self) -> list[int]:
+        """The template's end-of-turn token (Qwen2.5's `<|im_end|>`): the special token that
+        opens what the template renders after an assistant message. Our rollouts stop at
+        `stop` before it and the frame supplies it as context; a turn that already ends in it
+        is not given a second (RolloutManager `_without_repeated_end`)."""
+        if self.tokenizer is None:
+            raise RuntimeError("HermesToolCalls must be bound to a tokenizer (bind) first")
+        ids = encode_text(self.tokenizer, self._frames["tool"][0])
+        return ids[:1] if ids and ids[0] in set(getattr(self.tokenizer, "all_special_ids", ())) else []
 
     def feedback_frame(self, action: Action) -> tuple[str, str]:
         """A malformed call is answered as its tool's result would be; a turn without any

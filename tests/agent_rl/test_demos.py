@@ -342,6 +342,49 @@ def test_rollout_manager_replaying_the_turns_reproduces_the_demonstration(aio, b
         assert t.response_text == r["response_text"]
 
 
+def test_hermes_demonstrations_close_each_model_turn_with_the_end_of_turn_token(aio, kb_rows, retriever_url, tokenizer):
+    """A chat-format model must end its turns itself where no stop string does (TRL's tool loop,
+    a chat server): each model turn of a hermes demonstration ends in the template's
+    `<|im_end|>`, trained (mask 1), and the frame after it does not repeat it; replayed through
+    the rollout manager the demonstration is the same, and the reward reads the same answer."""
+    from agent_rl.rollout.manager import RolloutManager
+    from agent_rl.rollout.retrieval_client import RetrieverClient
+    from agent_rl.training.data import Prompt
+
+    cfg = _cfg()
+    cfg.actor_rollout_ref.rollout.protocol = "hermes"
+    cfg.actor_rollout_ref.rollout.max_tokens_per_turn = 128  # a tool call's JSON is longer than a tag
+    hermes = PR.protocol_for(cfg.actor_rollout_ref.rollout, tokenizer)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert hermes.turn_end_ids() == [end] and P.turn_end_ids() == []
+
+    async def run():
+        async with RetrieverClient(retriever_url) as client:
+            res = await D.build_demos(kb_rows[:24], client.search, tokenizer, cfg, max_searches=2, seed=0)
+            replayed = []
+            for r in res.rows:
+                eng = _ReplayEngine(tokenizer, _spans(r["response_ids"], r["loss_mask"]),
+                                    cfg.data.max_prompt_length + cfg.data.max_response_length)
+                mgr = RolloutManager(eng, client, cfg, tokenizer=tokenizer)
+                (t,), _ = await mgr.rollout([Prompt(r["id"], r["question"], r["golden_answers"])], n=1, greedy=True)
+                replayed.append(t)
+            return res, replayed
+
+    res, replayed = aio(run())
+    rows = res.rows
+    assert len(rows) >= 8, res.dropped
+    for r, t in zip(rows, replayed):
+        spans = _spans(r["response_ids"], r["loss_mask"])
+        assert len(spans) == r["num_searches"] + 1
+        assert all(s[-1] == end and end not in s[:-1] for s in spans), r["id"]
+        ids = r["response_ids"]
+        # one closes each model turn, one each tool message: the frame's own copy after a model
+        # turn is not repeated
+        assert ids.count(end) == len(spans) + r["num_searches"] and (ids[-1], r["loss_mask"][-1]) == (end, 1)
+        assert (t.response_ids, t.loss_mask, t.finish_reason) == (ids, r["loss_mask"], "answer")
+        assert R.extract_answer(t.reward_text) == r["answer"]
+
+
 def test_ungrounded_candidates_are_dropped_and_counted(aio, built, kb_rows, retriever_url, tokenizer):
     from agent_rl.rollout.retrieval_client import RetrieverClient
 
