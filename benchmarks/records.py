@@ -180,10 +180,29 @@ def generic_headline(result: dict) -> dict[str, str]:
     return dict(list(out.items())[:12]) or {"figures": "in the JSON"}
 
 
+def vs_trl_headline(result: dict) -> dict[str, str]:
+    """benchmarks/vs_trl.py's figures: ours ÷ TRL per figure of its table, each side's steps (or
+    its error), the agent EM of the start and both final models and the paired differences."""
+    sides, ratio, ev = result["sides"], result.get("ratios") or {}, result.get("eval") or {}
+    out = {f"ours ÷ TRL, {label}": f"{ratio[key]:.2f}x" for key, label in
+           (("steps_per_hour", "GRPO steps per hour"), ("step_s", "seconds per step"),
+            ("tokens_per_s", "sampled tokens per second"), ("peak_rss_gib", "peak memory"))
+           if ratio.get(key) is not None}
+    out["GRPO steps: ours / TRL"] = " / ".join(str(sides[s].get("steps", "error")) for s in ("ours", "trl"))
+    if ev.get("em"):
+        out[f"agent EM on {ev['n']} questions: start / ours / TRL"] = " / ".join(
+            em(ev["em"][k]["em"]) if k in ev["em"] else "not measured" for k in ("start", "ours", "trl"))
+    for key, label in (("ours_minus_trl", "ours − TRL, agent EM"), ("ours_minus_start", "ours − start, agent EM"),
+                       ("trl_minus_start", "TRL − start, agent EM")):
+        if ev.get(key):
+            out[label] = paired(ev[key])
+    return out
+
+
 HEADLINES: dict[str, Callable[[dict], dict[str, str]]] = {
     "rl_vs_sft": rl_vs_sft_headline, "start_curve": start_curve_headline,
     "miss_recovery": miss_recovery_headline, "gpu_loop": gpu_loop_headline, "kb_headroom": kb_headroom_headline,
-    "rl_vs_sft_choice": rl_vs_sft_choice_headline, "scale": scale_headline,
+    "rl_vs_sft_choice": rl_vs_sft_choice_headline, "scale": scale_headline, "vs_trl": vs_trl_headline,
 }
 """A benchmark's headline from its result; generic_headline for the rest."""
 

@@ -23,7 +23,7 @@ characters, a prose line 295). Prose wraps, so it is held to 120, the width the 
 written at; a hand-written table row cannot wrap, so it is held to 240 (today's widest: 230) and a
 cell that needs more belongs in the page it links. Code blocks are left out (a command is kept
 whole, so that it runs as written) and so are generated blocks (their width is the records'
-figures, at most four rows: tests/benchmarks/test_records.py)."""
+figures, at most five rows: tests/benchmarks/test_records.py)."""
 
 
 def written_lines(text: str) -> list[tuple[int, str]]:

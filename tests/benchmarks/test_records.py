@@ -19,7 +19,7 @@ from benchmarks import records
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ["README.md", "docs/real_data.md", "docs/gpu.md"]
 JSON_OF = {"rl_vs_sft": "rl_vs_sft.json", "start_curve": "start_curve.json", "miss_recovery": "miss_recovery.json",
-           "gpu_loop": "gpu_loop.json"}
+           "gpu_loop": "gpu_loop.json", "vs_trl": "vs_trl.json"}
 """The benchmarks whose headline is computed from their JSON (records.HEADLINES), by the JSON's name."""
 
 
@@ -55,7 +55,7 @@ def expect_rows() -> list[list[str]]:
 
 def test_every_readme_figure_is_in_the_record_it_links():
     rows = expect_rows()
-    assert 1 <= len(rows) <= 4
+    assert 1 <= len(rows) <= 5  # the demo's two, the two learning rows, TRL side by side (issue 98)
     recs = records.load_all()
     cells = 0
     for row in rows:
@@ -400,3 +400,19 @@ def test_a_figure_the_records_do_not_hold_is_named():
     selection["expect"][0]["cells"]["GPU"]["figure"] = "no such label"
     with pytest.raises(ValueError, match=r"expect\[0\]\.GPU: record 'gpu_loop_h200_run11' has no headline figure"):
         records.expect_table(records.load_all(), selection)
+
+
+def test_the_vs_trl_headline_by_hand():
+    """vs_trl's record: ours ÷ TRL for each table figure it has, the steps or a side's error,
+    the three agent EMs (one not measured) and the paired differences that exist."""
+    d = {"diff": 0.035, "ci_low": -0.02, "ci_high": 0.09, "n": 200}
+    result = {"sides": {"ours": {"steps": 4}, "trl": {"steps": 1}},
+              "ratios": {"steps_per_hour": 3.84, "step_s": 0.26, "tokens_per_s": None, "peak_rss_gib": 0.5},
+              "eval": {"n": 200, "em": {"start": {"em": 0.36}, "ours": {"em": 0.395}}, "ours_minus_start": d}}
+    assert records.vs_trl_headline(result) == {
+        "ours ÷ TRL, GRPO steps per hour": "3.84x", "ours ÷ TRL, seconds per step": "0.26x",
+        "ours ÷ TRL, peak memory": "0.50x", "GRPO steps: ours / TRL": "4 / 1",
+        "agent EM on 200 questions: start / ours / TRL": "36.0 / 39.5 / not measured",
+        "ours − start, agent EM": "+3.5 [\u22122.0, +9.0]"}
+    failed = {"sides": {"ours": {"steps": 3}, "trl": {"error": "boom"}}, "ratios": {}, "eval": None}
+    assert records.vs_trl_headline(failed) == {"GRPO steps: ours / TRL": "3 / error"}
