@@ -54,8 +54,9 @@ Could not be made equal, and why:
   end the turn before the `<|im_end|>` that TRL's tool suffix follows; so TRL's turns end at the
   template's `<|im_end|>` or the per-turn limit, and whatever the model writes after
   `</tool_call>` or `</answer>` is sampled, kept and trained (ours: the frame's `<|im_end|>` is
-  context). The SFT start writes `<|im_end|>` right after the tag: hermes demonstrations end
-  each model turn with it (`protocol.turn_end_ids`), as a chat-format SFT trains it.
+  context). The SFT start learns to write `<|im_end|>` right after the tag: hermes
+  demonstrations end each model turn with it (`protocol.turn_end_ids`), as a chat-format SFT
+  does.
 - **Turns.** TRL ends a trajectory at the first turn without a tool call; ours answers an
   invalid turn with feedback and goes on (max_turns counts both the same otherwise).
 - **Tool-response framing.** The same text (Qwen2.5's `<|im_start|>user\\n<tool_response>\\n..
