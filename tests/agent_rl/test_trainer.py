@@ -598,7 +598,7 @@ def test_the_sync_collector_waits_out_an_outage_and_collects_again(monkeypatch):
 @pytest.mark.ray
 def test_a_retriever_killed_mid_run_does_not_teach_the_policy(tiny_kb, few_shot_prompt, model_dir, tmp_path):
     """A real GRPO run whose retriever (its own server process) is killed after step 1 and
-    started again on the same port once a search of step 2 has found it dead: step 2's failed
+    started again on the same port once the trainer waits for its /health: step 2's failed
     searches are counted and left out of the update, the trainer waits for /health, and step 3
     searches again. Few-shot questions make the untrained model search."""
     import socket
@@ -622,15 +622,27 @@ def test_a_retriever_killed_mid_run_does_not_teach_the_policy(tiny_kb, few_shot_
     wait_healthy(url, timeout=300, proc=procs[0])
 
     def restart():
-        # A listener on the dead server's port closes the first connection unanswered (a failed
-        # search), then the real server starts again: the outage is met however long step 2's
-        # first turn takes on a loaded host (a fixed delay let the server come back first).
+        # A listener on the dead server's port closes every connection unanswered (failed
+        # searches) until the trainer's outage rule asks for /health; then the real server
+        # starts again. The outage lasts exactly until the trainer waits, however long step 2
+        # takes on a loaded host (a fixed delay let the server come back too soon, a listener
+        # that closed only the first connection left too few failures for the outage rule).
+        deadline = time.monotonic() + 300
         with socket.create_server(("127.0.0.1", port)) as dead:
-            dead.settimeout(300)
-            try:
-                dead.accept()[0].close()
-            except TimeoutError:  # no search came: the assertions below say so
-                pass
+            while time.monotonic() < deadline:  # past it (no /health came) the assertions below say so
+                dead.settimeout(max(0.1, deadline - time.monotonic()))
+                try:
+                    conn = dead.accept()[0]
+                except TimeoutError:
+                    break
+                with conn:
+                    conn.settimeout(5)
+                    try:
+                        head = conn.recv(64)
+                    except OSError:
+                        head = b""
+                if head.startswith(b"GET /health"):
+                    break
         procs.append(start_server(index, tiny_kb / "corpus.jsonl", port=port)[0])
 
     def on_step(step: int, metrics: dict) -> None:
