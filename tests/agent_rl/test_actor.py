@@ -148,6 +148,26 @@ def test_fused_logprob_and_entropy_gradients(monkeypatch, keep_bytes):
     assert torch.allclose(ent, -(ref.exp() * ref).sum(-1))
 
 
+@pytest.mark.parametrize("keep_bytes", [1 << 30, 0], ids=["keep-logits", "recompute-logits"])
+def test_bf16_logprob_gradients_match_the_fp64_reference(monkeypatch, keep_bytes):
+    """The bf16 backward (its CPU matmuls laid out with the reduced dimension contiguous in
+    both operands, the fast kernels) gives fp64 autograd's gradients within bf16 rounding."""
+    monkeypatch.setattr(fw, "KEEP_LOGITS_BYTES", keep_bytes)
+    monkeypatch.setattr(fw, "LOGIT_CHUNK", 3)
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(7, 16, generator=g, requires_grad=True)
+    w = torch.randn(50, 16, generator=g, requires_grad=True)
+    t = torch.randint(0, 50, (7,), generator=g)
+    lp, ent = fw.token_logprobs(h, w, t, torch.bfloat16, with_entropy=True)
+    (1.3 * lp + 0.7 * ent).sum().backward()
+    h64, w64 = h.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    ref = torch.log_softmax(h64 @ w64.T, -1)
+    (1.3 * ref.gather(1, t[:, None]).squeeze(1) - 0.7 * (ref.exp() * ref).sum(-1)).sum().backward()
+    for got, want in ((h.grad, h64.grad), (w.grad, w64.grad)):
+        assert got.dtype == torch.float32 and got.shape == want.shape
+        assert (got.double() - want).abs().max() <= 0.03 * want.abs().max(), (got, want)
+
+
 @pytest.fixture(scope="module")
 def plain_model(model_dir):
     """The full model through plain transformers (default attention), fp32."""

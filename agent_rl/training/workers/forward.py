@@ -259,6 +259,11 @@ class _TokenLogProb(torch.autograd.Function):
             g_logp = torch.zeros_like(lse)
         n, vocab = hidden.shape[0], weight.shape[0]
         w = weight.to(cd)
+        # CPU bf16/fp16 matmuls are fast only when both operands run along the reduced
+        # dimension (as the forward's h @ W^T does): dz @ W as dz @ (W^T contiguous)^T and
+        # dz^T @ h from contiguous transposes, 10-20x faster on an AVX2 host (bf16 emulated)
+        nt = cd != torch.float32 and hidden.device.type == "cpu"
+        w_k = w.T.contiguous() if nt and need_h else None
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = None
         rows = min(n, LOGIT_CHUNK)
@@ -285,9 +290,9 @@ class _TokenLogProb(torch.autograd.Function):
             p.scatter_add_(1, targets[s:e, None], g_logp[s:e, None])
             dz = p if cd == acc else low.copy_(p)  # the logits are not needed any more
             if need_h:
-                grad_h[s:e] = (dz @ w).to(hidden.dtype)
+                grad_h[s:e] = (dz @ w_k.T if nt else dz @ w).to(hidden.dtype)
             if need_w:
-                part = dz.T @ h
+                part = dz.T.contiguous() @ h.T.contiguous().T if nt else dz.T @ h
                 grad_w = part.to(acc) if grad_w is None else grad_w.add_(part)
         return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None
 
