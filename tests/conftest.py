@@ -17,12 +17,13 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-from data_prep.hardware import passive_threads  # noqa: E402  (standard library only)
+from data_prep.hardware import no_ray_prestart, passive_threads  # noqa: E402  (standard library only)
 
 # Two workers whose tests start engines, trainers and Ray actors of two OpenMP threads each share
 # two cores: a thread that spins while it waits burns the time slice a working one needs. Set
 # before torch loads here, and inherited by every process the tests start (Ray's too).
 passive_threads()
+no_ray_prestart()  # the tests' own Ray nodes too (ray.init, `ray start`)
 
 
 import heavy  # noqa: E402  (tests/helpers, on pytest's pythonpath)

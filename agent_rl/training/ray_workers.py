@@ -60,6 +60,9 @@ def init_ray(address: str | None) -> bool:
     if address:
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
     else:
+        from data_prep.hardware import no_ray_prestart
+
+        no_ray_prestart()
         ray.init(include_dashboard=False, runtime_env=runtime_env, log_to_driver=True)
     return True
 

@@ -4,6 +4,7 @@ the same per-token results, in batch order, as 1 rank, and run a collective upda
 from __future__ import annotations
 
 import functools
+import os
 import math
 import operator
 
@@ -114,3 +115,37 @@ def test_a_group_is_asked_by_the_method_not_its_name():
     assert _checked(operator.attrgetter("fsdp"))(type("W", (), {"fsdp": True})()) is True
     with pytest.raises(TypeError, match="ActorWorker.update_policy, not 'update_policy'"):
         _checked("update_policy")
+
+
+@pytest.mark.ray
+def test_a_local_ray_node_starts_no_idle_workers_ahead():
+    """init_ray's own node (RAY_* of no_ray_prestart, read by the raylet): no worker process
+    before the first actor, one with it; Ray's default would start one per CPU ahead, which
+    our actors (the job's runtime_env) never use."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = """if True:
+        import os, time, psutil, ray
+        from agent_rl.training.ray_workers import init_ray
+        def workers():  # worker processes by title (ray::IDLE, ray::A); not the node's agents
+            names = [p.name() for p in psutil.Process().children(recursive=True)]
+            return sorted(n for n in names if n.startswith("ray::") and not n.endswith("Agent"))
+        init_ray(None)
+        time.sleep(3)
+        before = workers()
+        @ray.remote
+        class A:
+            def ping(self):
+                return os.getpid()
+        a = A.remote()
+        ray.get(a.ping.remote())
+        print("workers", before, workers())
+        ray.shutdown()
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") or k == "RAY_memory_usage_threshold"}
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "workers [] ['ray::A']" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
