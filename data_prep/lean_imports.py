@@ -1,22 +1,30 @@
-"""Imports a third-party library makes at start-up for a feature nothing here uses, skipped.
+"""Imports third-party libraries make at start-up for features nothing here uses, skipped.
 
-transformers imports scikit-learn whenever it is installed (sentence-transformers, a
-dependency, brings it in), and with it scipy and pandas, for one feature: the dynamic
-confidence threshold of assisted decoding (`transformers.generation.candidate_generator`'s
-`roc_curve`), which no code here uses. The import happens as soon as a model class resolves
-(`AutoModelForCausalLM`), so every process that loads a model pays a few seconds of CPU for
-it: the trainer's Ray actors, the engines, each command and each test process. On a 2-core
-machine those seconds are the test suite's and every run's start-up.
+- transformers imports scikit-learn whenever it is installed (sentence-transformers, a
+  dependency, brings it in), and with it scipy and pandas, for the dynamic confidence
+  threshold of assisted decoding (`transformers.generation.candidate_generator`'s
+  `roc_curve`); and scipy.optimize for the matching of object-detection losses
+  (`transformers.loss.loss_for_object_detection`). Both happen as soon as a model class
+  resolves (`AutoModelForCausalLM`).
+- vLLM imports scipy.signal for one way of resampling audio (`vllm.multimodal.audio`).
 
-`install()` makes transformers see scikit-learn as absent: it patches
-`transformers.utils.import_utils.is_sklearn_available` right after that module loads (a
-meta-path finder wraps its loader, so nothing is imported early). scikit-learn itself stays
-importable: sentence-transformers and anything else that imports it directly gets it. Both
-packages call `install()` when they are imported (`data_prep/__init__.py`,
-`agent_rl/__init__.py`), so a Ray actor or a subprocess that runs any of our code has it in
-place before transformers loads, with no entry point in between. `AGENT_RL_LEAN_IMPORTS=0`
-turns it off. tests/data_prep/test_lean_imports.py checks both ways, so a transformers release
-that stops importing scikit-learn this way fails it and this module can go.
+So every process that loads a model or an engine paid seconds of CPU for them: the trainer's
+Ray actors, the engines, each command and each test process. On a 2-core machine those
+seconds are the test suite's and every run's start-up (measured on an AVX2 host: torch +
+`AutoModelForCausalLM` 9.7-10.2 s with scikit-learn, 6.7-7.3 s without; by `-X importtime`,
+scipy was 3.5 s of a vLLM engine's 28 s of imports).
+
+`install()` makes transformers see scikit-learn and scipy as absent: it patches
+`transformers.utils.import_utils.is_sklearn_available` and `is_scipy_available` right after
+that module loads; and while `vllm.multimodal.audio` runs its own imports, scipy is absent
+to that thread (vLLM falls back to its placeholder, which raises only if audio is resampled
+with scipy). A meta-path finder wraps those modules' loaders, so nothing is imported early.
+scikit-learn and scipy themselves stay importable: sentence-transformers and anything else
+that imports them directly gets them. Both packages call `install()` when they are imported
+(`data_prep/__init__.py`, `agent_rl/__init__.py`), so a Ray actor or a subprocess that runs
+any of our code has it in place before transformers or vLLM loads, with no entry point in
+between. `AGENT_RL_LEAN_IMPORTS=0` turns it off. tests/data_prep/test_lean_imports.py checks
+both ways, so a release that stops importing them this way fails it.
 
 Standard library only: it runs when `data_prep` is imported.
 """
@@ -27,6 +35,7 @@ import importlib.abc
 import importlib.machinery
 import os
 import sys
+import threading
 from types import ModuleType
 from typing import Any
 
@@ -34,32 +43,63 @@ SWITCH_ENV = "AGENT_RL_LEAN_IMPORTS"
 """0 / false / no: install() does nothing."""
 
 TARGET = "transformers.utils.import_utils"
-"""The module whose availability check is patched once it has run."""
+"""The module whose availability checks are patched once it has run."""
+
+CHECKS = ("is_sklearn_available", "is_scipy_available")
+"""transformers' checks that answer False."""
+
+QUIET = {"vllm.multimodal.audio": "scipy"}
+"""module -> a package that is absent to the module's own imports (the thread running them)."""
 
 
-def _no_sklearn() -> bool:
+def _absent() -> bool:
     return False
 
 
 def _patch(module: ModuleType) -> None:
-    module.is_sklearn_available = _no_sklearn
-    utils = sys.modules.get("transformers.utils")  # re-exports it, once its import of TARGET returns
-    if utils is not None and hasattr(utils, "is_sklearn_available"):
-        utils.is_sklearn_available = _no_sklearn
+    utils = sys.modules.get("transformers.utils")  # re-exports them, once its import of TARGET returns
+    for name in CHECKS:
+        setattr(module, name, _absent)
+        if utils is not None and hasattr(utils, name):
+            setattr(utils, name, _absent)
+
+
+_blocked = threading.local()
+
+
+class _Blocker(importlib.abc.MetaPathFinder):
+    """Raises ImportError for `_blocked.package` (and its submodules) in the thread that set it."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        package = getattr(_blocked, "package", None)
+        if package and (fullname == package or fullname.startswith(package + ".")):
+            raise ModuleNotFoundError(f"{fullname} is skipped while a module that only may use it loads "
+                                      "(data_prep/lean_imports.py)", name=fullname)
+        return None
 
 
 class _PatchingLoader(importlib.abc.Loader):
-    """TARGET's own loader, then the patch; anything else is asked of the original loader."""
+    """A module's own loader, with TARGET's patch after it runs or QUIET's package absent while
+    it runs; anything else is asked of the original loader."""
 
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
+    def __init__(self, inner: Any, fullname: str) -> None:
+        self.inner, self.fullname = inner, fullname
 
     def create_module(self, spec: Any) -> ModuleType | None:
         return self.inner.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
-        self.inner.exec_module(module)
-        _patch(module)
+        quiet = QUIET.get(self.fullname)
+        if quiet is None:
+            self.inner.exec_module(module)
+            _patch(module)
+            return
+        before = getattr(_blocked, "package", None)
+        _blocked.package = quiet
+        try:
+            self.inner.exec_module(module)
+        finally:
+            _blocked.package = before
 
     def __getattr__(self, name: str) -> Any:  # get_source, get_data, ... for inspect and friends
         return getattr(self.inner, name)
@@ -67,11 +107,11 @@ class _PatchingLoader(importlib.abc.Loader):
 
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != TARGET:
+        if fullname != TARGET and fullname not in QUIET:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is not None and spec.loader is not None:
-            spec.loader = _PatchingLoader(spec.loader)
+            spec.loader = _PatchingLoader(spec.loader, fullname)
         return spec
 
 
@@ -80,11 +120,11 @@ def enabled() -> bool:
 
 
 def install() -> None:
-    """Idempotent; cheap (no import). Where transformers' check has already loaded, patch it now
-    (what was imported because of it stays)."""
+    """Idempotent; cheap (no import). Where transformers' checks have already loaded, patch them
+    now (what was imported because of them stays)."""
     if not enabled():
         return
     if TARGET in sys.modules:
         _patch(sys.modules[TARGET])
-    elif not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
+    if not any(isinstance(f, _Finder) for f in sys.meta_path):
+        sys.meta_path[:0] = [_Finder(), _Blocker()]

@@ -1,6 +1,6 @@
-"""data_prep.lean_imports: a process of ours loads a transformers model without scikit-learn,
-which stays importable; with the switch off transformers imports it again (so a release that
-stops doing so fails here, and the module can go)."""
+"""data_prep.lean_imports: a process of ours loads a transformers model without scikit-learn or
+scipy and vLLM's audio module without scipy, and both stay importable; with the switch off
+transformers and vLLM import them again (so a release that stops doing so fails here)."""
 
 from __future__ import annotations
 
@@ -20,10 +20,14 @@ import agent_rl  # a Ray actor or a subprocess of ours imports our code before t
 from transformers import AutoModelForCausalLM
 AutoModelForCausalLM.from_pretrained  # resolving the class loads transformers.generation
 before = "sklearn" in sys.modules
+scipy_transformers = "scipy" in sys.modules
+import vllm.multimodal.audio  # resamples audio with scipy.signal where it loads
+scipy_vllm = "scipy" in sys.modules
 import inspect, transformers.utils.import_utils as iu
 source = len(inspect.getsource(iu)) > 0  # the wrapped loader still answers inspect
-import sklearn.metrics  # still importable for whoever imports it directly
-print(json.dumps({"sklearn_before": before, "source": source, "sklearn_after": "sklearn" in sys.modules}))
+import sklearn.metrics, scipy.signal  # still importable for whoever imports them directly
+print(json.dumps({"sklearn_before": before, "scipy_transformers": scipy_transformers, "scipy_vllm": scipy_vllm,
+                  "source": source, "sklearn_after": "sklearn" in sys.modules}))
 """
 
 
@@ -35,8 +39,9 @@ def _probe(switch: str) -> dict:
 
 
 @pytest.mark.parametrize("switch, imported", [("1", False), ("0", True)])
-def test_a_model_class_loads_without_scikit_learn_unless_switched_off(switch, imported):
-    assert _probe(switch) == {"sklearn_before": imported, "source": True, "sklearn_after": True}
+def test_a_model_class_and_vllm_load_without_scikit_learn_or_scipy_unless_switched_off(switch, imported):
+    assert _probe(switch) == {"sklearn_before": imported, "scipy_transformers": imported, "scipy_vllm": imported,
+                              "source": True, "sklearn_after": True}
 
 
 def test_install_after_transformers_loaded_patches_it_in_place(monkeypatch):
@@ -50,9 +55,31 @@ def test_install_after_transformers_loaded_patches_it_in_place(monkeypatch):
     fake.is_sklearn_available = lambda: True
     monkeypatch.setitem(sys.modules, lean_imports.TARGET, fake)
     lean_imports.install()
-    assert fake.is_sklearn_available() is False
+    assert fake.is_sklearn_available() is False and fake.is_scipy_available() is False
     monkeypatch.delitem(sys.modules, lean_imports.TARGET)
     monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not isinstance(f, lean_imports._Finder)])
     lean_imports.install()
     lean_imports.install()
     assert sum(isinstance(f, lean_imports._Finder) for f in sys.meta_path) == 1
+
+
+def test_a_package_is_absent_only_to_the_thread_loading_the_module():
+    """Another thread importing scipy while vLLM's audio module loads gets it."""
+    import threading
+
+    from data_prep import lean_imports
+
+    blocker = lean_imports._Blocker()
+    lean_imports._blocked.package = "scipy"
+    try:
+        with pytest.raises(ModuleNotFoundError, match="scipy.signal is skipped"):
+            blocker.find_spec("scipy.signal", None)
+        assert blocker.find_spec("scipyx", None) is None
+        other: list = []
+        thread = threading.Thread(target=lambda: other.append(blocker.find_spec("scipy.signal", None)))
+        thread.start()
+        thread.join()
+        assert other == [None]
+    finally:
+        lean_imports._blocked.package = None
+    assert blocker.find_spec("scipy.signal", None) is None
