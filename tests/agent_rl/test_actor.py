@@ -148,10 +148,13 @@ def test_fused_logprob_and_entropy_gradients(monkeypatch, keep_bytes):
     assert torch.allclose(ent, -(ref.exp() * ref).sum(-1))
 
 
+@pytest.mark.parametrize("fallback", [True, False], ids=["aten-layout", "plain-layout"])
 @pytest.mark.parametrize("keep_bytes", [1 << 30, 0], ids=["keep-logits", "recompute-logits"])
-def test_bf16_logprob_gradients_match_the_fp64_reference(monkeypatch, keep_bytes):
-    """The bf16 backward (its CPU matmuls laid out with the reduced dimension contiguous in
-    both operands, the fast kernels) gives fp64 autograd's gradients within bf16 rounding."""
+def test_bf16_logprob_gradients_match_the_fp64_reference(monkeypatch, keep_bytes, fallback):
+    """The bf16 backward gives fp64 autograd's gradients within bf16 rounding, with its CPU
+    matmuls laid out for ATen's fallback kernels (reduced dimension contiguous in both
+    operands: hosts without oneDNN bf16) and in the plain layout (oneDNN's hosts)."""
+    monkeypatch.setattr(fw, "_cpu_low_precision_fallback", lambda dtype: fallback)
     monkeypatch.setattr(fw, "KEEP_LOGITS_BYTES", keep_bytes)
     monkeypatch.setattr(fw, "LOGIT_CHUNK", 3)
     g = torch.Generator().manual_seed(1)

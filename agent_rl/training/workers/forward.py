@@ -205,6 +205,21 @@ KEEP_LOGITS_BYTES = 1 << 30
 (in the matmul dtype: bf16 under autocast); beyond, the backward recomputes them per chunk."""
 
 
+@functools.cache
+def _cpu_low_precision_fallback(dtype: torch.dtype) -> bool:
+    """Whether CPU matmuls in `dtype` (bf16, fp16) fall back to ATen's own kernels (no oneDNN
+    support on this CPU, e.g. AVX2 only). Those are fast only when both operands run along
+    the reduced dimension, as the forward's h @ W^T does: the backward then computes dz @ W as
+    dz @ (W^T contiguous)^T and dz^T @ h from contiguous transposes. On an AVX2 host a
+    256 x 49152 x 576 bf16 dz @ W took 27.9 s, laid out so 1.0 s. Where oneDNN runs them
+    (native bf16), the plain layout is kept."""
+    if dtype == torch.bfloat16:
+        return not torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    if dtype == torch.float16:
+        return not torch.ops.mkldnn._is_mkldnn_fp16_supported()
+    return False
+
+
 class _TokenLogProb(torch.autograd.Function):
     """logp[i] = log_softmax(h[i] @ W^T)[t[i]] and entropy[i], in fp32, chunk by chunk.
 
@@ -259,10 +274,7 @@ class _TokenLogProb(torch.autograd.Function):
             g_logp = torch.zeros_like(lse)
         n, vocab = hidden.shape[0], weight.shape[0]
         w = weight.to(cd)
-        # CPU bf16/fp16 matmuls are fast only when both operands run along the reduced
-        # dimension (as the forward's h @ W^T does): dz @ W as dz @ (W^T contiguous)^T and
-        # dz^T @ h from contiguous transposes, 10-20x faster on an AVX2 host (bf16 emulated)
-        nt = cd != torch.float32 and hidden.device.type == "cpu"
+        nt = hidden.device.type == "cpu" and _cpu_low_precision_fallback(cd)
         w_k = w.T.contiguous() if nt and need_h else None
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = None
