@@ -431,10 +431,14 @@ def run_trl_side(spec: dict) -> int:
     for i, dt in enumerate(clock.step_s):
         g = i // per_gen
         batch = reward.batches[g] if g < len(reward.batches) else {}
-        length = logs.get(g * per_gen + 1, {}).get("completions/mean_length", 0.0)
+        logged = logs.get(g * per_gen + 1, {})
+        length = logged.get("completions/mean_length", 0.0)
+        # the share of completions cut at the length limit (TRL's own figure): a side whose
+        # samples are cut is paid less for the same policy (the EM gap's first suspect)
         steps.append({"step": i + 1, "step_s": dt, "gen_s": gen_s[g] / per_gen if g < len(gen_s) else 0.0,
                       "reward": batch.get("reward"), "em": batch.get("em"),
-                      "sampled_tokens": length * completions / per_gen})
+                      "sampled_tokens": length * completions / per_gen,
+                      "clipped_ratio": logged.get("completions/clipped_ratio")})
     (out / "side.json").write_text(json.dumps({
         "steps": steps, "train_s": clock.trained_s, "first_prompt_equal": first_equal, "model": str(model_dir),
         "generation": spec["generation"], "tool_calls": tool.calls, "tool_failures": tool.failures,

@@ -228,6 +228,7 @@ def test_both_sides_train_from_one_start_and_land_in_one_table(tiny_policy, tmp_
         s = res["sides"][side]
         assert s["steps"] == 1 and s["steps_per_hour"] > 0 and s["peak_rss_gib"] > 0.1, (side, s)
         assert s["gen_s"] > 0 and s["tokens_per_s"] > 0 and s["rows"][0]["em"] is not None, (side, s)
+    assert 0.0 <= res["sides"]["trl"]["rows"][0]["clipped_ratio"] <= 1.0  # TRL's own cut-at-the-limit share
     assert set(res["ratios"]) == {"step_s", "gen_s", "update_s", "steps_per_hour", "tokens_per_s", "peak_rss_gib"}
     ev = res["eval"]
     assert set(ev["em"]) == {"ours", "trl"} and ev["ours_minus_trl"]["n"] == ev["n"] == 2
