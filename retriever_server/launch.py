@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -26,7 +27,8 @@ def start_server(index_dir: str | os.PathLike | Sequence[str | os.PathLike], cor
     """Run `python -m retriever_server` on `host:port` (a free port if None); returns (process, base_url).
 
     index_dir may be a list (dense + bm25 for hybrid). Output goes to log_path (a temp file by
-    default; its path is `proc.log_path`)."""
+    default, which `stop_server` removes when the server ends cleanly; its path is
+    `proc.log_path`)."""
     port = port or free_port(host)
     dirs = [index_dir] if isinstance(index_dir, (str, os.PathLike)) else list(index_dir)
     # --parent-pid: the server exits when this process dies, even by SIGKILL (retriever_server.watchdog)
@@ -35,7 +37,8 @@ def start_server(index_dir: str | os.PathLike | Sequence[str | os.PathLike], cor
     for d in dirs:
         cmd += ["--index", str(d)]
     cmd += [str(a) for a in extra_args]
-    if log_path is None:
+    temp_log = log_path is None
+    if temp_log:
         fd, log_path = tempfile.mkstemp(prefix="retriever-", suffix=".log")
         os.close(fd)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -45,6 +48,7 @@ def start_server(index_dir: str | os.PathLike | Sequence[str | os.PathLike], cor
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     log.close()
     proc.log_path = str(log_path)  # type: ignore[attr-defined]
+    proc.temp_log = temp_log  # type: ignore[attr-defined]
     return proc, f"http://{host}:{port}"
 
 
@@ -77,7 +81,9 @@ def wait_healthy(base_url: str, timeout: float = 120.0, proc: subprocess.Popen |
 
 
 def stop_server(proc: subprocess.Popen, timeout: float = 15.0) -> int:
-    """SIGTERM (graceful), then SIGKILL after `timeout`; returns the exit code."""
+    """SIGTERM (graceful), then SIGKILL after `timeout`; returns the exit code. The temp log
+    start_server made goes with a server that ended cleanly (0 or our SIGTERM); any other end
+    keeps it for its reader."""
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -85,6 +91,8 @@ def stop_server(proc: subprocess.Popen, timeout: float = 15.0) -> int:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout)
+    if getattr(proc, "temp_log", False) and proc.returncode in (0, -signal.SIGTERM):
+        Path(proc.log_path).unlink(missing_ok=True)
     return proc.returncode
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -193,6 +194,25 @@ def test_api_key_required_when_set(flat_index, tiny_corpus):
         assert r.status_code == 200 and r.json()["result"][0][0]["document"]["id"] == "n9"
     finally:
         stop_server(proc)
+    # the temp log start_server made goes with a server that ended cleanly
+    assert proc.temp_log and not Path(proc.log_path).exists()
+
+
+def test_a_server_that_failed_keeps_its_temp_log(tmp_path):
+    """stop_server removes start_server's temp log only after a clean end: a server that
+    exited with an error keeps what it wrote for whoever reads it; a log the caller named stays."""
+    import subprocess
+    import sys
+
+    from retriever_server.launch import stop_server
+
+    for code, temp, kept in ((3, True, True), (0, True, False), (0, False, True)):
+        log = tmp_path / f"{code}-{temp}.log"
+        log.write_text("started\n")
+        proc = subprocess.Popen([sys.executable, "-c", f"raise SystemExit({code})"])
+        proc.wait(60)  # it ended by itself (a crash, or a clean exit)
+        proc.log_path, proc.temp_log = str(log), temp
+        assert stop_server(proc) == code and log.exists() is kept, (code, temp)
 
 
 @pytest.mark.parametrize("backend,precision", [("onnx", "int8"), ("torch", "bf16")])
