@@ -141,6 +141,26 @@ def tiny_policy(model_dir, tmp_path_factory) -> Path:
     return model_io.truncated_copy(model_dir, tmp_path_factory.mktemp("tiny_policy") / "model", num_layers=2)
 
 
+@pytest.fixture(scope="session")
+def tiny_kb(tmp_path_factory):
+    """A small generated knowledge base (corpus.jsonl, train/test parquet). Read-only."""
+    from data_prep.synthetic import generate_kb
+
+    out = tmp_path_factory.mktemp("kb")
+    generate_kb(out, seed=0, n_entities=60)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_bm25(tiny_kb, tmp_path_factory):
+    """A real BM25 index of tiny_kb (a server loads it without an encoder). Read-only."""
+    from data_prep.indexing import build_index
+
+    out = tmp_path_factory.mktemp("bm25") / "index"
+    build_index(tiny_kb / "corpus.jsonl", out, kind="bm25", progress=False)
+    return out
+
+
 @pytest.fixture
 def small_disk():
     """`run(code, limit)`: run Python `code` in a child process that may write at most `limit`

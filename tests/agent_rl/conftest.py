@@ -84,16 +84,6 @@ def hf_logprobs():
     return _hf_logprobs
 
 
-@pytest.fixture(scope="session")
-def tiny_kb(tmp_path_factory):
-    """A small generated knowledge base (corpus.jsonl, train/test parquet)."""
-    from data_prep.synthetic import generate_kb
-
-    out = tmp_path_factory.mktemp("kb")
-    generate_kb(out, seed=0, n_entities=60)
-    return out
-
-
 def _serve(kb: Path, index_dir: Path, kind: str):
     """Build a `kind` index of the KB and run a real retriever server over it; yields its URL."""
     try:

@@ -596,7 +596,7 @@ def test_the_sync_collector_waits_out_an_outage_and_collects_again(monkeypatch):
 
 
 @pytest.mark.ray
-def test_a_retriever_killed_mid_run_does_not_teach_the_policy(tiny_kb, few_shot_prompt, model_dir, tmp_path):
+def test_a_retriever_killed_mid_run_does_not_teach_the_policy(tiny_kb, tiny_bm25, few_shot_prompt, model_dir, tmp_path):
     """A real GRPO run whose retriever (its own server process) is killed after step 1 and
     started again on the same port once the trainer waits for its /health: step 2's failed
     searches are counted and left out of the update, the trainer waits for /health, and step 3
@@ -606,7 +606,6 @@ def test_a_retriever_killed_mid_run_does_not_teach_the_policy(tiny_kb, few_shot_
 
     import pandas as pd
 
-    from data_prep.indexing import build_index
     from retriever_server.launch import free_port, start_server, stop_server, wait_healthy
 
     rows = pd.read_parquet(tiny_kb / "test.parquet").head(4)
@@ -614,8 +613,7 @@ def test_a_retriever_killed_mid_run_does_not_teach_the_policy(tiny_kb, few_shot_
     qa.write_text("".join(json.dumps({"id": f"q{i}", "question": few_shot_prompt(r.question),
                                       "golden_answers": list(r.golden_answers)}) + "\n"
                           for i, r in enumerate(rows.itertuples())))
-    index = tmp_path / "bm25"
-    build_index(tiny_kb / "corpus.jsonl", index, kind="bm25", progress=False)
+    index = tiny_bm25
     port = free_port()
     procs = [start_server(index, tiny_kb / "corpus.jsonl", port=port)[0]]
     url = f"http://127.0.0.1:{port}"

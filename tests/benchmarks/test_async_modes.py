@@ -67,22 +67,14 @@ def test_an_arm_trains_on_the_kb_given_and_the_commands_overrides_win(tmp_path, 
 
 
 @pytest.mark.ray
-def test_the_modes_train_one_after_another_and_land_in_one_table(tiny_policy, tmp_path):
+def test_the_modes_train_one_after_another_and_land_in_one_table(tiny_policy, tiny_kb, tiny_bm25, tmp_path):
     """sync and async (one_step_off's arm is the same path with another mode: the GPU stage runs
     all three; the suite keeps its minutes), each from the same policy on the KB given."""
-    from data_prep.synthetic import generate_kb
-
-    from data_prep.indexing import build_index
-
-    kb = tmp_path / "kb"
-    generate_kb(kb, seed=0, n_entities=60)
-    # a real index the server loads without an encoder (the command builds a flat one when absent)
-    build_index(kb / "corpus.jsonl", tmp_path / "index", kind="bm25", progress=False)
     out = tmp_path / "modes.json"
     # a step per arm is what the assertions need: the budget ends each arm after its first step
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "async_modes.py"), "--minutes", "0.05",
-                           "--modes", "sync,async", "--search", "local", "--sft", str(tiny_policy), "--kb", str(kb),
-                           "--index", str(tmp_path / "index"), "--val-every", "1", "--val-n", "4",
+                           "--modes", "sync,async", "--search", "local", "--sft", str(tiny_policy), "--kb", str(tiny_kb),
+                           "--index", str(tiny_bm25), "--val-every", "1", "--val-n", "4",
                            "--workdir", str(tmp_path / "work"), "--json", str(out), *TINY],
                           capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -206,19 +206,13 @@ TINY = ["data.train_batch_size=2", "data.max_response_length=64", "data.max_obs_
 
 
 @pytest.mark.ray  # our side is agent-rl-train
-def test_both_sides_train_from_one_start_and_land_in_one_table(tiny_policy, tmp_path):
+def test_both_sides_train_from_one_start_and_land_in_one_table(tiny_policy, tiny_kb, tiny_bm25, tmp_path):
     """The real command on a 2-block policy and a 60-entity KB: a retriever process on a real
     index, our agent-rl-train and TRL's GRPOTrainer a step each, both final models evaluated by
     agent-rl-eval on the same questions; the JSON, the table, the PNG and the record."""
-    from data_prep.indexing import build_index
-    from data_prep.synthetic import generate_kb
-
-    kb = tmp_path / "kb"
-    generate_kb(kb, seed=0, n_entities=60)
-    build_index(kb / "corpus.jsonl", tmp_path / "index", kind="bm25")  # a real index; BM25 serves without an encoder
     out = tmp_path / "vs_trl.json"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vs_trl.py"), "--minutes", "0.01",
-                           "--sft", str(tiny_policy), "--kb", str(kb), "--index", str(tmp_path / "index"),
+                           "--sft", str(tiny_policy), "--kb", str(tiny_kb), "--index", str(tiny_bm25),
                            "--eval-n", "2", "--no-start-eval", "--workdir", str(tmp_path / "work"), "--json", str(out),
                            *TINY], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
