@@ -324,6 +324,16 @@ def build_parser(with_index_args: bool = False) -> argparse.ArgumentParser:
     return parser
 
 
+def uses_torch(args: argparse.Namespace) -> bool:
+    """Whether the command's work may load torch (an encoder, the model): its hardware line then
+    names torch's kernels, threads and GPU; the others' line says `torch=unused`."""
+    if args.command == "index":
+        return args.kind != "bm25"
+    if args.command == "kbcheck":
+        return bool(args.index)  # its --index dirs may be dense
+    return args.command == "model"
+
+
 def main(argv: list[str] | None = None) -> int:
     from data_prep.hardware import offline_env, passive_threads
 
@@ -336,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser(with_index_args=argv[:1] == ["index"]).parse_args(argv)
         from data_prep.hardware import announce
 
-        announce()
+        announce(torch_facts=uses_torch(args))
         return int(args.func(args) or 0)
     except DataPrepError as e:
         print(f"error: {e}", file=sys.stderr)

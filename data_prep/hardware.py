@@ -262,20 +262,28 @@ def torch_capability() -> str:
     return torch.backends.cpu.get_cpu_capability()
 
 
-def hardware_info(**chosen: str) -> dict:
+def hardware_info(*, torch_facts: bool = True, **chosen: str) -> dict:
     """The facts every figure must carry (benchmark JSON, reports): CPU, ISA, threads, GPU,
-    native bf16 and the dtypes chosen (passed as keyword args, e.g. engine='float32 (auto: ...)')."""
-    import torch
+    native bf16 and the dtypes chosen (passed as keyword args, e.g. engine='float32 (auto: ...)').
 
+    `torch_facts=False`, for a command whose work never loads torch (a data conversion, a BM25
+    index or server): torch's CPU kernels, threads and GPU are not asked (importing torch only to
+    name them cost such a command 2-3 s of its 3-4 on a 2-core host) and the line says
+    `torch=unused`."""
     info = cpu_info()
     ok, why = native_bf16("cpu")
+    threads: int | None = None
+    if torch_facts:
+        import torch
+
+        threads = torch.get_num_threads()
     return {
         "cpu": info.model,
         "isa": info.isa,
-        "torch_cpu_capability": torch_capability(),
-        "threads": torch.get_num_threads(),
+        "torch_cpu_capability": torch_capability() if torch_facts else "unused",
+        "threads": threads,
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "gpu": gpu_name(),
+        "gpu": gpu_name() if torch_facts else None,
         "native_bf16": ok,
         "native_bf16_why": why,
         "vnni": has_vnni(info),
@@ -285,12 +293,13 @@ def hardware_info(**chosen: str) -> dict:
     }
 
 
-def hardware_line(**chosen: str) -> str:
+def hardware_line(*, torch_facts: bool = True, **chosen: str) -> str:
     """One line for the start of every command's output (see hardware_info)."""
-    h = hardware_info(**chosen)
-    parts = [f"cpu={h['cpu']!r}", f"isa={h['isa']}", f"torch={h['torch_cpu_capability']}",
-             f"threads={h['threads']}", f"gpu={h['gpu'] or 'none'}",
-             f"native_bf16={'yes' if h['native_bf16'] else 'no'} ({h['native_bf16_why']})"]
+    h = hardware_info(torch_facts=torch_facts, **chosen)
+    parts = [f"cpu={h['cpu']!r}", f"isa={h['isa']}", f"torch={h['torch_cpu_capability']}"]
+    if torch_facts:
+        parts += [f"threads={h['threads']}", f"gpu={h['gpu'] or 'none'}"]
+    parts.append(f"native_bf16={'yes' if h['native_bf16'] else 'no'} ({h['native_bf16_why']})")
     if h["emulation"]:
         parts.append("emulating=" + ",".join(f"{k}={v}" for k, v in h["emulation"].items()))
     parts += [f"{k}={v}" for k, v in chosen.items()]
@@ -316,10 +325,10 @@ def matmul_flops(dtype: str = "float32", n: int = 512, seconds: float = 0.5, dev
             return 2 * n**3 * reps / dt_s
 
 
-def announce(**chosen: str) -> str:
+def announce(*, torch_facts: bool = True, **chosen: str) -> str:
     """Print the hardware line to stderr (every command does so at start) and return it."""
     import sys
 
-    line = hardware_line(**chosen)
+    line = hardware_line(torch_facts=torch_facts, **chosen)
     print(line, file=sys.stderr, flush=True)
     return line

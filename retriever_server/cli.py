@@ -65,6 +65,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def uses_torch(settings: Settings) -> bool:
+    """Whether the server may load torch (a dense index's encoder, torch's GPU search): one over
+    BM25 indexes alone does not, and its hardware line says `torch=unused`. An index dir that
+    cannot be read counts as dense (loading it then says what is wrong)."""
+    from data_prep.indexing import read_meta
+
+    if settings.kind == "bm25":
+        return False
+    try:
+        return any(read_meta(d)["kind"] != "bm25" for d in settings.index)
+    except (OSError, ValueError, KeyError, TypeError):
+        return True
+
+
 def main(argv: list[str] | None = None) -> int:
     from data_prep.hardware import offline_env, passive_threads
 
@@ -93,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from data_prep.hardware import announce
 
-    announce()
+    announce(torch_facts=uses_torch(settings))
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     import uvicorn

@@ -59,7 +59,21 @@ def test_user_errors_exit_1_without_traceback(tmp_path):
         # every command starts with the hardware line; the user's error comes right after it
         err = "".join(l for l in p.stderr.splitlines(True) if not l.startswith("[hardware] "))
         assert err.startswith("error: ") and "Traceback" not in p.stderr, p.stderr
+        # none of these loads torch, so its line does not import it to name it (uses_torch)
+        assert p.stderr.startswith("[hardware] ") and " torch=unused " in p.stderr.splitlines()[0], p.stderr
     assert not (tmp_path / "o.jsonl").exists() and not (tmp_path / "o.parquet").exists()
+
+
+@pytest.mark.parametrize("argv,torch", [
+    (["synthetic", "--out", "kb"], False), (["qa", "--input", "a", "--out", "b"], False),
+    (["split", "a", "--out-rest", "b", "--out-held", "c"], False), (["kbcheck", "--kb", "kb"], False),
+    (["index", "--corpus", "c", "--out", "i", "--kind", "bm25"], False),
+    (["index", "--corpus", "c", "--out", "i", "--kind", "flat"], True),
+    (["kbcheck", "--kb", "kb", "--index", "i"], True), (["model", "--out", "m"], True)])
+def test_the_hardware_line_asks_torch_only_where_the_command_may_load_it(argv, torch):
+    from data_prep.cli import build_parser, uses_torch
+
+    assert uses_torch(build_parser(with_index_args=argv[0] == "index").parse_args(argv)) is torch
 
 
 def test_qa_and_overlap(tmp_path):

@@ -60,6 +60,25 @@ def test_server_sets_passive_threads_before_faiss_loads():
     assert out.stdout.strip().splitlines()[-1] == "PASSIVE", out.stdout + out.stderr
 
 
+def test_a_bm25_server_names_torch_unused_and_a_dense_or_unreadable_one_asks_torch(tmp_path):
+    """The hardware line asks torch only where the server may load it (cli.uses_torch)."""
+    import json
+
+    from retriever_server.cli import uses_torch
+
+    for name, kind in (("bm25", "bm25"), ("flat", "flat")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "meta.json").write_text(json.dumps({"kind": kind}))
+    corpus = tmp_path / "c.jsonl"
+
+    def settings(*dirs: str, kind: str = "auto") -> Settings:
+        return Settings(index=[str(tmp_path / d) for d in dirs], corpus=str(corpus), kind=kind)
+
+    assert not uses_torch(settings("bm25")) and not uses_torch(settings("flat", "bm25", kind="bm25"))
+    assert uses_torch(settings("flat")) and uses_torch(settings("flat", "bm25"))
+    assert uses_torch(settings("missing"))  # loading it says what is wrong, with the full line
+
+
 def test_mmap_index_is_the_default_and_can_be_turned_off():
     from retriever_server.cli import build_parser
 
