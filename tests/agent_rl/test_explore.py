@@ -221,7 +221,8 @@ def test_explore_command_end_to_end(tiny_policy, tiny_kb, retriever_url, tmp_pat
     from pathlib import Path
 
     short = tmp_path / "short.yaml"  # one turn of 24 tokens: the command's path, not the model's skill
-    short.write_text("max_turns: 1\nactor_rollout_ref:\n  rollout:\n    max_tokens_per_turn: 24\n")
+    # on the transformers backend (vLLM's contract; starts in seconds): the subject is the command
+    short.write_text("max_turns: 1\nactor_rollout_ref:\n  rollout:\n    max_tokens_per_turn: 24\n    engine_mode: hf\n")
     out_json = tmp_path / "explore.json"
     console = Path(sys.executable).with_name("agent-rl-eval")
     proc = subprocess.run([str(console), "explore", f"a={tiny_policy}", "--data", str(tiny_kb / "train.parquet"),
