@@ -868,15 +868,13 @@ def test_lora_merged_weights_are_base_plus_scaled_ba(lora_worker, tiny_policy):
 def test_a_full_weight_model_is_not_lora_without_importing_peft(lora_worker):
     """is_lora answers from peft only when peft is loaded (no model can be a PeftModel before):
     a full-weight actor's start does not import it. The LoRA worker above is one."""
-    import subprocess
-    import sys
+    from fresh import run_fresh
 
     from agent_rl.training.workers import model_io
 
     assert model_io.is_lora(lora_worker.model)
-    code = ("import sys, torch; from agent_rl.training.workers import model_io; "
-            "assert not model_io.is_lora(torch.nn.Linear(2, 2)); assert 'peft' not in sys.modules, 'peft imported'")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = run_fresh("import sys, torch; from agent_rl.training.workers import model_io; "
+                    "assert not model_io.is_lora(torch.nn.Linear(2, 2)); assert 'peft' not in sys.modules, 'peft imported'")
     assert out.returncode == 0, out.stderr[-2000:]
 
 

@@ -134,12 +134,10 @@ def test_hardware_line_names_cpu_isa_and_choices(monkeypatch):
 def test_a_line_without_torch_facts_does_not_import_torch():
     """A command whose work never loads torch (a data conversion, a BM25 server) must not pay its
     import (2-3 s of a 2-core host) for the hardware line; the line says torch=unused."""
-    import subprocess
-    import sys
+    from fresh import run_fresh
 
-    code = ("import sys; from data_prep.hardware import hardware_line; line = hardware_line(torch_facts=False); "
-            "assert 'torch' not in sys.modules, 'torch imported'; print(line)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = run_fresh("import sys; from data_prep.hardware import hardware_line; line = hardware_line(torch_facts=False); "
+                    "assert 'torch' not in sys.modules, 'torch imported'; print(line)")
     assert out.returncode == 0, out.stderr
     line = out.stdout.strip()
     assert line.startswith("[hardware] cpu=") and " torch=unused native_bf16=" in line and "threads=" not in line

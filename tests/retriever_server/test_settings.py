@@ -49,14 +49,12 @@ def test_cli_refuses_bad_settings_and_missing_paths(tmp_path, capsys):
 def test_server_sets_passive_threads_before_faiss_loads():
     """OpenMP reads OMP_WAIT_POLICY once, when faiss loads it: the CLI module must not import
     faiss (or torch) before main() has set it."""
-    import subprocess
-    import sys
+    from fresh import run_fresh
 
-    code = ("import os, sys; os.environ.pop('OMP_WAIT_POLICY', None); import retriever_server.cli as c; "
-            "assert 'faiss' not in sys.modules and 'torch' not in sys.modules; "
-            "rc = c.main(['--index', '/nonexistent', '--corpus', '/nonexistent', '--port', '0']); "
-            "print(os.environ.get('OMP_WAIT_POLICY'))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    out = run_fresh("import os, sys; os.environ.pop('OMP_WAIT_POLICY', None); import retriever_server.cli as c; "
+                    "assert 'faiss' not in sys.modules and 'torch' not in sys.modules; "
+                    "rc = c.main(['--index', '/nonexistent', '--corpus', '/nonexistent', '--port', '0']); "
+                    "print(os.environ.get('OMP_WAIT_POLICY'))")
     assert out.stdout.strip().splitlines()[-1] == "PASSIVE", out.stdout + out.stderr
 
 
