@@ -112,6 +112,50 @@ def dense_retriever_url(tiny_kb, tmp_path_factory):
     yield from _serve(tiny_kb, tmp_path_factory.mktemp("index") / "flat", "flat")
 
 
+# ----------------------------------------------------------------------------- a policy that searches
+SEARCH_TURN = " <search> birth year </search>"
+"""What `searching_policy` writes as its first turn, whatever the question."""
+
+
+@pytest.fixture(scope="session")
+def searching_policy(tiny_policy, tiny_kb, tmp_path_factory) -> Path:
+    """tiny_policy taught to open every answer with SEARCH_TURN (a few AdamW steps on the tiny
+    KB's train questions in the trainer's prompt, the search_r1 protocol's chat template): a
+    2-block model whose rollouts search on every prompt, for runs whose subject is what the
+    trainer does with searches (the untrained model searches only with few-shot prompts on the
+    full model). Checked here: greedy decoding writes the turn for held-out questions."""
+    import pandas as pd
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agent_rl.rollout.protocol import get_protocol
+    from agent_rl.training.workers import model_io
+
+    tok = AutoTokenizer.from_pretrained(tiny_policy)
+    model = AutoModelForCausalLM.from_pretrained(tiny_policy, dtype=torch.float32)
+    protocol = get_protocol("search_r1")
+    target = tok.encode(SEARCH_TURN, add_special_tokens=False)
+    prompts = [protocol.prompt_ids(tok, q) for q in pd.read_parquet(tiny_kb / "train.parquet").question[:8]]
+    torch.manual_seed(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for step in range(8):
+        loss = 0.0
+        for p in prompts[step % 2 * 4:step % 2 * 4 + 4]:  # logits for the target's positions only
+            logits = model(torch.tensor([p + target]), logits_to_keep=len(target) + 1).logits[0, :-1]
+            loss = loss + torch.nn.functional.cross_entropy(logits, torch.tensor(target)) / 4
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.eval()
+    for q in pd.read_parquet(tiny_kb / "test.parquet").question[:2]:
+        p = protocol.prompt_ids(tok, q)
+        with torch.no_grad():
+            out = model.generate(torch.tensor([p]), max_new_tokens=len(target), do_sample=False,
+                                 pad_token_id=tok.eos_token_id)
+        assert tok.decode(out[0, len(p):]) == SEARCH_TURN, (tok.decode(out[0, len(p):]), float(loss))
+    return model_io.save_hf(model, tmp_path_factory.mktemp("searching_policy") / "model", tiny_policy)
+
+
 # ----------------------------------------------------------------------------- few-shot prompts
 FEW_SHOT = [
     ("In which city was Tomas Verlin born?", "Tomas Verlin", "Tomas Verlin was born in Kradholt in 1901.", "Kradholt"),
