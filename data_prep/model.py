@@ -7,6 +7,7 @@ from its config and load the de-quantized state dict into it (docs/architecture.
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import time
@@ -63,12 +64,15 @@ def prepare_model(out: str | Path, force: bool = False, check: bool = True) -> P
 def _write_model(gguf: Path, tmp: Path, check: bool) -> None:
     """The GGUF dequantized into an HF safetensors directory at `tmp`, checked by a generation."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     src, name = str(gguf.parent), gguf.name
     tok = AutoTokenizer.from_pretrained(src, gguf_file=name)
     gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=name, dtype=torch.float32)
-    config = AutoConfig.from_pretrained(src, gguf_file=name)
+    # the config the loader read, without the GGUF quantizer's tag (AutoConfig.from_pretrained of
+    # a GGUF parses the whole file again: ~7 s)
+    config = copy.deepcopy(gguf_model.config)
+    del config.quantization_config
     config.dtype = "float32"
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(gguf_model.state_dict(), strict=False)

@@ -49,8 +49,8 @@ def two_servers(tmp_path_factory):
     corpus = d / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"id": str(i), "contents": f'"{t}"\n{b}'}) + "\n"
                               for i, (t, b) in enumerate(PASSAGES)))
-    build_index(corpus, d / "flat", kind="flat", progress=False)
-    procs = [start_server(d / "flat", corpus, extra_args=["--log-level", "warning"]) for _ in range(2)]
+    build_index(corpus, d / "bm25", kind="bm25", progress=False)  # the client is the subject, not the encoder
+    procs = [start_server(d / "bm25", corpus, extra_args=["--log-level", "warning"]) for _ in range(2)]
     try:
         for proc, url in procs:
             wait_healthy(url, timeout=180, proc=proc)

@@ -15,6 +15,8 @@ def test_prepared_model_loads_and_generates(model_dir):
     assert (model_dir / "model.safetensors").exists()
     cfg = json.loads((model_dir / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["tie_word_embeddings"] is True
+    # a plain fp32 model: no trace of the GGUF quantizer that read it (data_prep.model copies its config)
+    assert "quantization_config" not in cfg and cfg["dtype"] == "float32"
     tok = AutoTokenizer.from_pretrained(model_dir)
     assert tok.chat_template and "<|im_start|>" in tok.chat_template
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
