@@ -86,15 +86,29 @@ def step(worker: ActorWorker, batch: TokenBatch) -> dict:
     return {"grad": grad, "metrics": metrics, "params": params}
 
 
-def _rank_main(rank: int, world: int, port: int, model: str, strategy: str, out: str) -> None:
+STRATEGIES = ("replicas", "fsdp")
+
+
+def _rank_main(rank: int, world: int, ports: list[int], model: str, outs: list[str]) -> None:
+    """One rank of each strategy in turn (a process group each): one pair of processes for both."""
     torch.set_num_threads(1)
-    worker = ActorWorker(make_cfg(model, strategy), total_steps=2, rank=rank, world_size=world,
-                         init_method=f"tcp://127.0.0.1:{port}")
-    result = step(worker, shard(make_batch(), rank, world))
-    worker.save(out + ".ckpt")  # collective under FSDP
-    if rank == 0:
-        torch.save(result, out)
-    torch.distributed.destroy_process_group()
+    for strategy, port, out in zip(STRATEGIES, ports, outs):
+        worker = ActorWorker(make_cfg(model, strategy), total_steps=2, rank=rank, world_size=world,
+                             init_method=f"tcp://127.0.0.1:{port}")
+        result = step(worker, shard(make_batch(), rank, world))
+        worker.save(out + ".ckpt")  # collective under FSDP
+        if rank == 0:
+            torch.save(result, out)
+        torch.distributed.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tiny_policy, tmp_path_factory) -> dict[str, str]:
+    """strategy -> rank 0's view (and beside it the group's checkpoint) after one step of 2 ranks."""
+    d = tmp_path_factory.mktemp("two_ranks")
+    outs = [str(d / f"{s}.pt") for s in STRATEGIES]
+    mp.spawn(_rank_main, args=(2, [wdist.free_port() for _ in STRATEGIES], str(tiny_policy), outs), nprocs=2, join=True)
+    return dict(zip(STRATEGIES, outs))
 
 
 @pytest.fixture(scope="module")
@@ -109,12 +123,11 @@ def adam_moments(worker: ActorWorker) -> torch.Tensor:
     return torch.cat([state[p]["exp_avg"].flatten() for p in worker.optim.params])
 
 
-@pytest.mark.parametrize("strategy", ["replicas", "fsdp"])
-def test_two_workers_equal_one(tiny_policy, single, strategy, tmp_path):
-    out = tmp_path / "rank0.pt"
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_two_workers_equal_one(tiny_policy, single, two_ranks, strategy):
+    out = two_ranks[strategy]
     shards = [shard(make_batch(), r, 2) for r in range(2)]
     assert all(len(s) for s in shards) and len(shards[0]) + len(shards[1]) == 8
-    mp.spawn(_rank_main, args=(2, wdist.free_port(), str(tiny_policy), strategy, str(out)), nprocs=2, join=True)
     two = torch.load(out, weights_only=False)
     single_worker, single = single
 
