@@ -169,7 +169,7 @@ async def run(args, policy: Path, work: Path, url: str) -> dict:
                tokens_per_traj=sum(len(t.prompt_ids) + len(t.response_ids) for t in trajs) / len(trajs))
     out["rollout_ratio_to_plain"] = out["rollout_tok_s"] / out["plain_tok_s"]
 
-    batch = make_batch(n, (150, 350), (200, 600))
+    batch = make_batch(n, *args.update_lengths)
     warm = make_batch(2, (20, 40), (30, 60), seed=5)
     batch, warm = rl_fields(worker, batch), rl_fields(worker, warm)
     secs = measure({"update": worker.update_policy, "bare": lambda b: bare_step(worker, b),
@@ -209,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="qwen2.5-3b", choices=sorted(model_io.SHAPES), help="the policy's architecture")
-    ap.add_argument("--quick", action="store_true", help="8 trajectories of short turns, 4 update sequences, 1 rep")
+    ap.add_argument("--quick", action="store_true",
+                    help="8 trajectories of short turns, 4 short update sequences, 1 rep (a rehearsal)")
     ap.add_argument("--trajectories", type=int, default=64, help="rollout trajectories (one engine batch)")
     ap.add_argument("--tokens-per-turn", type=int, default=256, help="a turn's token budget")
     ap.add_argument("--update-sequences", type=int, default=32, help="sequences of the update batch")
@@ -220,8 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the result here too")
     records.add_args(ap)
     args = ap.parse_args(argv)
+    # update sequences: prompt and response lengths drawn from these ranges (Search-R1-shaped)
+    args.update_lengths = ((150, 350), (200, 600))
     if args.quick:
         args.trajectories, args.tokens_per_turn, args.update_sequences, args.reps = 8, 32, 4, 1
+        args.update_lengths = ((30, 60), (40, 120))
     host = hardware_line()
     with kb_retriever("bench-scale-") as (work, url):
         policy = model_io.shaped_copy(prepare_model(ROOT / "artifacts" / "model"), work / "policy", args.shape)
