@@ -421,6 +421,10 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
     t_all = time.perf_counter()
+    # the shared-memory figures load the largest size's flat and IVF-PQ indexes: kept from their measurement
+    n_sh, d_sh = max(sizes), max(dims)
+    shared_kinds = [k for k in ("flat", "ivfpq") if k in kinds and not args.no_shared]
+    kept: dict[str, Path] = {}
     try:
         for dim in dims:
             space = Space(dim)
@@ -428,17 +432,18 @@ def main(argv=None) -> int:
                 for kind in kinds:
                     if kind == "hnsw" and n > args.hnsw_max:
                         continue
-                    rows += measure(space, kind, n, work, nq, single, min_s)[0]
+                    keep = (n, dim) == (n_sh, d_sh) and kind in shared_kinds
+                    measured, path = measure(space, kind, n, work, nq, single, min_s, keep=keep)
+                    rows += measured
+                    if keep:
+                        kept[kind] = path
         if args.big:
             space = Space(384)
             for kind in args.big_kinds.split(","):
                 rows += measure(space, kind, args.big, work, nq, single, min_s)[0]
         # --- one copy shared through the page cache: 1 vs 2 processes, copied vs memory-mapped
-        n_sh, d_sh = max(sizes), max(dims)
-        space = Space(d_sh)
         shared = []
-        for kind in [k for k in ("flat", "ivfpq") if k in kinds and not args.no_shared]:
-            _, path = measure(space, kind, n_sh, work, nq, single, min_s, keep=True)
+        for kind, path in kept.items():
             qfile, tfile = work / f"q_{n_sh}_{d_sh}.npy", work / f"t_{n_sh}_{d_sh}.npy"
             for mmap in (False, True):
                 for procs in (1, 2):
