@@ -196,11 +196,11 @@ def poll_health(url: str, seconds: float) -> int:
     return 0
 
 
-def corpus_and_questions(d: Path) -> tuple[Path, Path, list[str]]:
+def corpus_and_questions(d: Path, n_entities: int) -> tuple[Path, Path, list[str]]:
     from benchmarks.retriever import kb_corpus
     from data_prep.indexing import build_index
 
-    corpus, qa = kb_corpus(d, n_entities=300)
+    corpus, qa = kb_corpus(d, n_entities=n_entities)
     build_index(corpus, d / "flat", kind="flat", progress=False)
     return corpus, d / "flat", [r["question"] for r in qa]
 
@@ -209,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=20.0, help="load duration (default 20)")
     ap.add_argument("--clients", type=int, default=16, help="normal concurrent clients (default 16)")
+    ap.add_argument("--entities", type=int, default=300,
+                    help="entities of the generated KB whose passages the server's flat index holds (default 300)")
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--index", help=argparse.SUPPRESS)
@@ -231,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     from retriever_server.launch import free_port, wait_healthy
 
     with tempfile.TemporaryDirectory(prefix="faults-") as tmp:
-        corpus, index, questions = corpus_and_questions(Path(tmp))
+        corpus, index, questions = corpus_and_questions(Path(tmp), args.entities)
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         log = open(Path(tmp) / "server.log", "wb")

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_short_fault_run_has_no_hang(tmp_path):
     out = tmp_path / "faults.json"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "retriever_faults.py"), "--seconds", "4",
-                           "--clients", "4", "--json", str(out),
+                           "--clients", "4", "--entities", "60", "--json", str(out),
                            "--record-dir", str(tmp_path / "record")], capture_output=True, text=True, timeout=400, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     res = json.loads(out.read_text())
