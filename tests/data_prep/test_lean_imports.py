@@ -21,8 +21,11 @@ from transformers import AutoModelForCausalLM
 AutoModelForCausalLM.from_pretrained  # resolving the class loads transformers.generation
 before = "sklearn" in sys.modules
 scipy_transformers = "scipy" in sys.modules
-import vllm.multimodal.audio  # resamples audio with scipy.signal where it loads
-scipy_vllm = "scipy" in sys.modules
+if scipy_transformers:  # switched off: loaded already, so vLLM's own import of it cannot show (nor cost vLLM's import)
+    scipy_vllm = True
+else:
+    import vllm.multimodal.audio  # resamples audio with scipy.signal where it loads
+    scipy_vllm = "scipy" in sys.modules
 import inspect, transformers.utils.import_utils as iu
 source = len(inspect.getsource(iu)) > 0  # the wrapped loader still answers inspect
 import sklearn.metrics, scipy.signal  # still importable for whoever imports them directly
