@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from agent_rl.rollout.retrieval_client import RetrieverClient, server_base_url
+from local_ray import ray_up
 
 
 def test_retriever_urls_accept_search_r1_and_base_forms():
@@ -41,14 +42,11 @@ def _batch():
 def test_two_ranks_match_one_rank(tiny_policy):
     """On the 2-block copy of the embedded policy (the subject is rows, order and the collective
     update, not what the model knows): each rank loads it and takes an Adam step."""
-    import ray
-
     from agent_rl.config import TrainConfig, load_config
     from agent_rl.training.ray_workers import WorkerGroup
     from agent_rl.training.workers.actor import ActorWorker
 
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False)
+    ray_up()
     # fp32 on every host kind (`auto` picks bf16 where it is native): the check is rows and
     # order, and bf16 rounds two packings' log-probs differently by more than its 1e-4
     cfg = load_config(TrainConfig, None, [f"actor_rollout_ref.model.path={tiny_policy}", "actor_rollout_ref.rollout.n=1",
@@ -77,16 +75,13 @@ def test_two_ranks_match_one_rank(tiny_policy):
 def test_fsdp_group_exports_full_weights_from_rank0(tiny_policy):
     """Under FSDP the export gathers shards collectively: every rank must join rank 0's export
     (rank 0 alone waited for ever: seen while bringing up the GPU path, docs/gpu.md). Gloo here."""
-    import ray
-
     from agent_rl.config import TrainConfig, load_config
     from agent_rl.training.ray_workers import WorkerGroup
     from agent_rl.training.weight_sync import unpack_weights
     from agent_rl.training.workers import model_io
     from agent_rl.training.workers.actor import ActorWorker
 
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False)
+    ray = ray_up()
     cfg = load_config(TrainConfig, None, [f"actor_rollout_ref.model.path={tiny_policy}", "actor_rollout_ref.rollout.n=1",
                                           "actor_rollout_ref.actor.strategy=fsdp",
                                           "actor_rollout_ref.actor.bf16_autocast=false"])

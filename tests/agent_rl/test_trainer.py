@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from agent_rl.training.metrics import read_jsonl
+from local_ray import ray_address, ray_up
 
 ROOT = Path(__file__).resolve().parents[2]
 PARAM = "model.layers.0.self_attn.q_proj.weight"
@@ -77,14 +78,6 @@ HF_ENGINE = "actor_rollout_ref.rollout.engine_mode=hf"
 whose subject is the trainer's lifecycle; the GRPO and PPO runs above keep vLLM."""
 
 
-def _ray():
-    import ray
-
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False)
-    return ray
-
-
 def _weights(path: Path):
     from safetensors import safe_open
 
@@ -96,7 +89,7 @@ def run_in_process(est: str, kb: Path, url: str, run_dir: Path, model: Path, ext
     from agent_rl.config import TrainConfig, load_config
     from agent_rl.training.trainer import RayTrainer
 
-    _ray()
+    ray_up()
     args = [*overrides(kb, url, run_dir, est, model), *(extra or [])]
     cfg = load_config(TrainConfig, ROOT / f"configs/train/demo_{est}_cpu.yaml", args)
     trainer = RayTrainer(cfg)
@@ -224,11 +217,10 @@ def kill_after_first_checkpoint(cmd: list[str], run_dir: Path, log: Path) -> dic
 @pytest.mark.ray
 def test_killed_run_resumes_from_its_checkpoint_on_the_same_data_order(grpo_run, tiny_kb, retriever, tiny_policy,
                                                                       tmp_path):
-    ray = _ray()
     run_dir = tmp_path / "killed"
     cmd = [sys.executable, "-m", "agent_rl.training.cli", "--config", "configs/train/demo_grpo_cpu.yaml",
            *overrides(tiny_kb, retriever, run_dir, "grpo", tiny_policy), HF_ENGINE,
-           f"trainer.ray_address={ray.get_runtime_context().gcs_address}"]  # join the test's cluster
+           f"trainer.ray_address={ray_address()}"]  # join the test's cluster
     env = kill_after_first_checkpoint(cmd, run_dir, tmp_path / "first.log")
     assert (run_dir / "checkpoints" / "latest").read_text() == "global_step_1"
     before = read_jsonl(run_dir)
@@ -649,7 +641,7 @@ def test_a_retriever_killed_mid_run_does_not_teach_the_policy(tiny_kb, tiny_bm25
     from agent_rl.config import TrainConfig, load_config
     from agent_rl.training.trainer import RayTrainer
 
-    _ray()
+    ray_up()
     run_dir = tmp_path / "run"
     cfg = load_config(TrainConfig, ROOT / "configs/train/demo_grpo_cpu.yaml", [
         *overrides(tiny_kb, url, run_dir, "grpo", searching_policy), HF_ENGINE, f"data.train_files=[{qa}]",
@@ -706,12 +698,11 @@ def test_async_run_killed_mid_step_continues_its_trajectories_and_trains_every_p
     step 1's checkpoint), started again: the groups the checkpoint held in flight are
     continued (their sampled tokens are trained, not regenerated) and every prompt of the
     epoch is trained exactly once."""
-    ray = _ray()
     run_dir = tmp_path / "async"
     cmd = [sys.executable, "-m", "agent_rl.training.cli", "--config", "configs/train/demo_grpo_cpu.yaml",
            *overrides(tiny_kb, retriever, run_dir, "grpo", tiny_policy), "trainer.mode=async", *AHEAD, HF_ENGINE,
            "data.train_data_num=6", "trainer.total_training_steps=null", "trainer.total_epochs=1",
-           f"trainer.ray_address={ray.get_runtime_context().gcs_address}"]
+           f"trainer.ray_address={ray_address()}"]
     env = kill_after_first_checkpoint(cmd, run_dir, tmp_path / "first.log")
     before = read_jsonl(run_dir)
     assert [r["step"] for r in before] == [1]

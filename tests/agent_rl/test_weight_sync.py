@@ -7,6 +7,7 @@ import torch
 
 from agent_rl.training.weight_sync import pack_weights, unpack_weights
 from agent_rl.training.workers.actor import ActorWorker
+from local_ray import ray_up
 
 
 def test_pack_unpack_round_trip_keeps_names_shapes_dtypes_and_values():
@@ -35,8 +36,6 @@ def sync_setup(model_dir, tmp_path_factory):
     weights visibly) and a real fp32 vLLM engine in a rollout worker."""
     import functools
 
-    import ray
-
     from agent_rl.config import TrainConfig, load_config
     from agent_rl.training.ray_workers import WorkerGroup, make_rollout_worker
     from agent_rl.training.weight_sync import WeightSync
@@ -59,8 +58,7 @@ def sync_setup(model_dir, tmp_path_factory):
             "retriever.url=[]",
         ],
     )
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False)
+    ray = ray_up()
     rollout = make_rollout_worker(cfg)
     actor = WorkerGroup(cfg, functools.partial(ActorWorker, cfg.actor_rollout_ref, 10), 1)
     yield cfg, rollout, actor, WeightSync(actor, rollout)

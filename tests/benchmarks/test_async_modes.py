@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import async_modes  # noqa: E402
+from local_ray import ray_address  # noqa: E402
 
 TINY = ["data.train_batch_size=2", "data.max_response_length=64", "data.max_obs_length=48",
         "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.max_tokens_per_turn=32",
@@ -72,10 +73,12 @@ def test_the_modes_train_one_after_another_and_land_in_one_table(tiny_policy, ti
     all three; the suite keeps its minutes), each from the same policy on the KB given."""
     out = tmp_path / "modes.json"
     # a step per arm is what the assertions need: the budget ends each arm after its first step
+    # each arm's agent-rl-train joins this process's Ray node (test_vs_trl's command starts its own)
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "async_modes.py"), "--minutes", "0.05",
                            "--modes", "sync,async", "--search", "local", "--sft", str(tiny_policy), "--kb", str(tiny_kb),
                            "--index", str(tiny_bm25), "--val-every", "1", "--val-n", "4",
-                           "--workdir", str(tmp_path / "work"), "--json", str(out), *TINY],
+                           "--workdir", str(tmp_path / "work"), "--json", str(out), *TINY,
+                           f"trainer.ray_address={ray_address()}"],
                           capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads(out.read_text())
