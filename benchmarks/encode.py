@@ -8,7 +8,7 @@ present, else the generated knowledge base's) in batches of 256, twice:
   256, each batch encoded as one call (what `Encoder.encode_passages` did before);
 - by tokens: one `encode_passages` call, which now sorts by token count.
 It prints passages/s of each, the ratio, the padding of each batching (padded slots / real
-tokens) on these passages and on a whole index shard (16,384 passages, tokenizer only), and
+tokens) on these passages and on a whole index shard (16,384 passages, `--shard`; tokenizer only), and
 the largest difference between the two sets of vectors (batch shapes change the arithmetic
 order only). Run it on quiet cores: nothing else may compute beside it.
 """
@@ -52,6 +52,8 @@ def main(argv=None) -> int:
     ap.add_argument("--corpus", help=f"corpus jsonl (default: {WIKI} when present, else the generated KB)")
     ap.add_argument("--backend", choices=("torch", "onnx"), default=None, help="encoder backend (default: the index default)")
     ap.add_argument("--precision", default=None, help="encoder precision (default: auto)")
+    ap.add_argument("--shard", type=int, default=SHARD,
+                    help=f"passages of the shard whose padding is computed, tokenizer only (default {SHARD:,}: the index's)")
     ap.add_argument("--json", help="write the results here")
     records.add_args(ap)
     args = ap.parse_args(argv)
@@ -75,8 +77,8 @@ def main(argv=None) -> int:
     enc = Encoder("minilm", backend=args.backend, precision=args.precision)
     print(hardware_line(encoder=f"{enc.backend}/{enc.precision}"), flush=True)
     with PassageStore(corpus) as store:  # the strings the index build encodes, read once
-        head = list(store.iter_contents(0, min(len(store), max(args.passages, SHARD))))
-    texts, shard = head[:args.passages], head[:SHARD]
+        head = list(store.iter_contents(0, min(len(store), max(args.passages, args.shard))))
+    texts, shard = head[:args.passages], head[:args.shard]
     lengths, shard_lengths = enc.tokenize.lengths(texts), enc.tokenize.lengths(shard)
     enc.encode_passages(texts[:BATCH // 4], progress=False)  # warm-up (ONNX session, allocator)
 
@@ -97,11 +99,11 @@ def main(argv=None) -> int:
         "padding_by_chars": padding(batches([len(x) for x in texts]), lengths),
         "padding_by_tokens": padding(batches(lengths), lengths),
         "shard_padding_by_chars": padding(batches([len(x) for x in shard]), shard_lengths),
-        "shard_padding_by_tokens": padding(batches(shard_lengths), shard_lengths),
+        "shard_padding_by_tokens": padding(batches(shard_lengths), shard_lengths), "shard": len(shard),
         "max_abs_diff": float(np.abs(by_chars - by_tokens).max()),
     }
     print(f"\n{len(texts)} passages of {corpus.name} (mean {res['mean_tokens']:.0f} tokens), batches of {BATCH}")
-    print("| batching | passages/s | padded / real tokens | on a 16,384-passage shard |")
+    print(f"| batching | passages/s | padded / real tokens | on a {len(shard):,}-passage shard |")
     print("|---|---|---|---|")
     print(f"| by characters (before) | {res['psg_per_s_by_chars']:.1f} | {res['padding_by_chars']:.2f} | "
           f"{res['shard_padding_by_chars']:.2f} |")
