@@ -42,17 +42,18 @@ def test_heavy_fixtures_make_a_test_slow(request):
 def test_the_slow_and_timed_tests_form_two_lanes_that_run_first(request):
     """Under xdist (`make test`: `-n 2 --dist loadgroup`) the tests that start Ray (the `ray` mark
     or a Ray fixture) form the `ray` lane; the others slow by hand or by an engine fixture, and the
-    `timed` ones, the `serial` lane; both are kept in their order and moved to the front; a test
-    slow only by a retriever fixture is slow but in neither; without xdist nothing is grouped or
-    moved."""
+    `timed` ones, the `serial` lane; both are moved to the front, in their order except that the
+    modules none of whose tests need the prepared model come first (whole modules); a test slow
+    only by a retriever fixture is slow but in neither; without xdist nothing is grouped or moved."""
     from pathlib import Path
 
     here = Path(__file__).with_name("conftest.py")
     conftest = next(p for p in request.config.pluginmanager.get_plugins() if getattr(p, "__file__", None) == str(here))
 
     class Item:
-        def __init__(self, name, fixtures=(), marks=()):
+        def __init__(self, name, fixtures=(), marks=(), module="test_m"):
             self.name, self.fixturenames, self.marks = name, list(fixtures), [getattr(pytest.mark, m).mark for m in marks]
+            self.nodeid = f"tests/{module}.py::{name}"
             self.stash = pytest.Stash()
 
         def get_closest_marker(self, name):
@@ -85,6 +86,14 @@ def test_the_slow_and_timed_tests_form_two_lanes_that_run_first(request):
     items = collect(xdist=False)
     assert [i.name for i in items] == ["a", "b", "r", "g", "c", "d", "e", "h", "f"]
     assert not any(m.name == "xdist_group" for i in items for m in i.marks)
+
+    # a lane module with a test that needs the model (by any fixture above it: model_dir in the
+    # closure) goes after the lane modules that need none; its other tests stay beside it
+    items = [Item("m1", fixtures=["tiny_policy", "model_dir"], marks=["slow"], module="test_model"),
+             Item("o", module="test_model"), Item("m2", marks=["slow"], module="test_model"),
+             Item("n1", marks=["slow"], module="test_free"), Item("n2", marks=["ray"], module="test_free")]
+    conftest.pytest_collection_modifyitems(Config(True), items)
+    assert [i.name for i in items] == ["n1", "n2", "m1", "m2", "o"]
 
 
 def _under_xdist(request) -> str:
