@@ -59,8 +59,11 @@ def pytest_collection_modifyitems(config, items):
     # in each lane the modules none of whose tests need the prepared model first (a module's
     # tests stay together, so its fixtures are built once): in a clean clone one worker prepares
     # the model (~50 s on one core) while the other runs these instead of waiting for it
-    needs_model = {item.nodeid.split("::")[0] for item in lanes if "model_dir" in item.fixturenames}
-    lanes.sort(key=lambda item: item.nodeid.split("::")[0] in needs_model)
+    def module(item):
+        return item.nodeid.split("::")[0]
+
+    needs_model = {module(item) for item in lanes if "model_dir" in item.fixturenames}
+    lanes.sort(key=lambda item: module(item) in needs_model)
     for item in lanes:
         item.add_marker(pytest.mark.xdist_group(item.stash[LANE]))
     in_lane = set(map(id, lanes))

@@ -115,9 +115,7 @@ def test_a_local_ray_node_starts_no_idle_workers_ahead():
     """init_ray's own node (RAY_* of no_ray_prestart, read by the raylet): no worker process
     before the first actor, one with it; Ray's default would start one per CPU ahead, which
     our actors (the job's runtime_env) never use."""
-    import subprocess
-    import sys
-    from pathlib import Path
+    from fresh import run_fresh
 
     code = """if True:
         import os, time, psutil, ray
@@ -138,7 +136,6 @@ def test_a_local_ray_node_starts_no_idle_workers_ahead():
         ray.shutdown()
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") or k == "RAY_memory_usage_threshold"}
-    root = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    out = run_fresh(code, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "workers [] ['ray::A']" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]

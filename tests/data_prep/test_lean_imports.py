@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from fresh import run_fresh
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,7 +36,7 @@ print(json.dumps({"sklearn_before": before, "scipy_transformers": scipy_transfor
 
 def _probe(switch: str) -> dict:
     env = {**os.environ, "AGENT_RL_LEAN_IMPORTS": switch, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    out = run_fresh(PROBE, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
