@@ -98,7 +98,8 @@ questions with its 95% interval. A PNG of reward and EM per step of both sides g
 JSON. `--probe-trl-vllm` first tries one TRL step with vLLM colocate on this host and records
 the outcome (its error in one line). `--strategy-kb DIR` (a lookalike KB: `agent-rl-prep
 synthetic --kind lookalike --seed 7`) adds each side's better-strategy share of searches
-(benchmarks/strategy.py) before and after, on its test questions.
+(benchmarks/strategy.py) before and after, on its test questions (when it is `--kb` itself, read
+from the main evaluation's trajectories).
 """
 
 from __future__ import annotations
@@ -682,8 +683,10 @@ def strategy_share(eval_dir: Path, questions: dict[str, dict]) -> dict:
     return {"counts": counts, "share": better_share(counts)}
 
 
-def strategy(models: dict[str, Path], args, rollout: list[str], work: Path) -> dict:
-    """Each model's better-strategy share on the lookalike KB `--strategy-kb` (its own retriever)."""
+def strategy(models: dict[str, Path], args, rollout: list[str], work: Path, main_eval: dict | None = None) -> dict:
+    """Each model's better-strategy share on the lookalike KB `--strategy-kb` (its own retriever).
+    When that is the training KB (`--kb`) at `--eval-n` questions, the shares are read from the
+    main evaluation `main_eval` (the same greedy runs on the same questions), not evaluated twice."""
     import pandas as pd
 
     from benchmarks.kb_server import serve_index
@@ -691,9 +694,13 @@ def strategy(models: dict[str, Path], args, rollout: list[str], work: Path) -> d
     kb = Path(args.strategy_kb)
     rows = pd.read_parquet(kb / "test.parquet").to_dict("records")
     questions = {str(r["id"]): r for r in rows}
-    index = kb.with_name(f"{kb.name}_index_flat")  # beside its KB, as benchmarks/kb_headroom.py keeps it
-    with serve_index(index, kb / "corpus.jsonl", log_path=work / "strategy_retriever.log") as url:
-        ev = evaluate(models, url, kb, args, rollout, work / "strategy_eval", args.strategy_n)
+    same = main_eval is not None and kb.resolve() == Path(args.kb).resolve() and args.strategy_n == args.eval_n
+    if same:
+        ev = main_eval
+    else:
+        index = kb.with_name(f"{kb.name}_index_flat")  # beside its KB, as benchmarks/kb_headroom.py keeps it
+        with serve_index(index, kb / "corpus.jsonl", log_path=work / "strategy_retriever.log") as url:
+            ev = evaluate(models, url, kb, args, rollout, work / "strategy_eval", args.strategy_n)
     per = {name: strategy_share(Path(d), questions) for name, d in ev["dirs"].items()}
     return {"kb": str(kb), "n": ev["n"], "better_share": {k: v["share"] for k, v in per.items()},
             "counts": {k: v["counts"] for k, v in per.items()}, "em": {k: v["em"] for k, v in ev["em"].items()}}
@@ -803,7 +810,7 @@ def main(argv: list[str] | None = None) -> int:
             sides[side] = side_summary(rows, train_s, ran["wall_s"], ran["peak_rss"])
         rollout = rollout_overrides([*HERMES, *EM_ONLY, *args.overrides])
         ev = evaluate(models, url, kb, args, rollout, work / "eval", args.eval_n) if len(models) > 1 else None
-    strat = strategy(models, args, rollout, work) if args.strategy_kb and len(models) > 1 else None
+    strat = strategy(models, args, rollout, work, ev) if args.strategy_kb and len(models) > 1 else None
     sides = {s: sides.get(s, {"error": "not run"}) for s in SIDES}
     result = {"hardware": hardware_info(), "hardware_line": host, "minutes": args.minutes, "sft": str(sft),
               "trl_generation": generation, "first_prompt_equal": first_equal, "sides": sides,

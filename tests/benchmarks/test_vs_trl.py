@@ -197,6 +197,31 @@ def test_the_strategy_reads_hermes_search_queries():
     assert vs_trl.hermes_queries(text) == ["Orla Venn Varnholt birth year", "Orla Venn"]
 
 
+
+def test_the_strategy_on_the_training_kb_reads_the_main_evaluation(tmp_path, monkeypatch):
+    """--strategy-kb equal to --kb at --eval-n questions: the shares come from the main
+    evaluation's directories (no second retriever, no second evaluation); another n evaluates."""
+    import pandas as pd
+
+    import benchmarks.kb_server
+
+    kb = tmp_path / "kb"
+    kb.mkdir()
+    pd.DataFrame([{"id": "1", "hop_attributes": ["Varnholt"]}]).to_parquet(kb / "test.parquet")
+
+    def no_server(*a, **k):
+        raise AssertionError("evaluated again")
+
+    monkeypatch.setattr(benchmarks.kb_server, "serve_index", no_server)
+    monkeypatch.setattr(vs_trl, "strategy_share", lambda d, q: {"counts": {"d": str(d)}, "share": 0.25})
+    main = {"n": 200, "dirs": {"start": "e/start", "ours": "e/ours"}, "em": {"start": {"em": 0.3}, "ours": {"em": 0.4}}}
+    args = SimpleNamespace(strategy_kb=str(kb), kb=str(kb), strategy_n=200, eval_n=200)
+    got = vs_trl.strategy({"start": Path("s"), "ours": Path("o")}, args, [], tmp_path, main)
+    assert got["better_share"] == {"start": 0.25, "ours": 0.25} and got["n"] == 200
+    assert got["counts"]["ours"] == {"d": "e/ours"} and got["em"] == {"start": 0.3, "ours": 0.4}
+    with pytest.raises(AssertionError, match="evaluated again"):
+        vs_trl.strategy({}, SimpleNamespace(**{**vars(args), "strategy_n": 50}), [], tmp_path, main)
+
 TINY = ["data.train_batch_size=2", "data.max_response_length=64", "data.max_obs_length=48",
         "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.max_tokens_per_turn=32",
         "actor_rollout_ref.rollout.dtype=float32", "actor_rollout_ref.rollout.kv_cache_space_gb=0.25",
