@@ -182,7 +182,8 @@ def generic_headline(result: dict) -> dict[str, str]:
 
 def vs_trl_headline(result: dict) -> dict[str, str]:
     """benchmarks/vs_trl.py's figures: ours ÷ TRL per figure of its table, each side's steps (or
-    its error), the agent EM of the start and both final models and the paired differences."""
+    its error), the agent EM of the start and both final models and the paired differences, the
+    better-strategy share of searches (with `--strategy-kb`) and TRL's vLLM colocate probe."""
     sides, ratio, ev = result["sides"], result.get("ratios") or {}, result.get("eval") or {}
     out = {f"ours ÷ TRL, {label}": f"{ratio[key]:.2f}x" for key, label in
            (("steps_per_hour", "GRPO steps per hour"), ("step_s", "seconds per step"),
@@ -196,6 +197,13 @@ def vs_trl_headline(result: dict) -> dict[str, str]:
                        ("trl_minus_start", "TRL − start, agent EM")):
         if ev.get(key):
             out[label] = paired(ev[key])
+    share = (result.get("strategy") or {}).get("better_share") or {}
+    if share:
+        out["better-strategy share of searches: start / ours / TRL"] = " / ".join(
+            "n/a" if share.get(k) is None else f"{100 * share[k]:.1f}%" if k in share else "not measured"
+            for k in ("start", "ours", "trl"))
+    if result.get("trl_vllm_probe"):
+        out["TRL with vLLM colocate on this host"] = result["trl_vllm_probe"]["outcome"]
     return out
 
 

@@ -416,3 +416,8 @@ def test_the_vs_trl_headline_by_hand():
         "ours − start, agent EM": "+3.5 [\u22122.0, +9.0]"}
     failed = {"sides": {"ours": {"steps": 3}, "trl": {"error": "boom"}}, "ratios": {}, "eval": None}
     assert records.vs_trl_headline(failed) == {"GRPO steps: ours / TRL": "3 / error"}
+    probed = {**failed, "strategy": {"better_share": {"start": 17 / 139, "ours": 0.2, "trl": None}},
+              "trl_vllm_probe": {"outcome": "failed: boom", "log": "x"}}
+    assert records.vs_trl_headline(probed) == {
+        "GRPO steps: ours / TRL": "3 / error", "better-strategy share of searches: start / ours / TRL":
+        "12.2% / 20.0% / n/a", "TRL with vLLM colocate on this host": "failed: boom"}
