@@ -16,11 +16,14 @@ setup:
 demo: setup
 	$(PY) -m agent_rl.demo
 
+# --max-worker-restart=0: a test that kills its worker (a native abort) fails once and ends the
+# run; xdist would otherwise hand its lane to fresh workers that rebuild the session's engines
+# and run it again, up to 8 times (a crashing run of the suite idled there instead of ending).
 test: setup
-	$(PY) -m pytest -q -x --timeout=1800 -n 2 --dist loadgroup tests
+	$(PY) -m pytest -q -x --timeout=1800 -n 2 --dist loadgroup --max-worker-restart=0 tests
 
 test-fast: setup
-	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow" tests
+	$(PY) -m pytest -q -n 2 --dist loadgroup --max-worker-restart=0 -m "not slow" tests
 
 clean:
 	rm -rf artifacts runs

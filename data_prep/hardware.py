@@ -92,6 +92,35 @@ def _isa_capped() -> str | None:
     return None
 
 
+def amx_capped() -> str | None:
+    """The emulation switch that puts AMX out of reach (an ISA cap below AVX-512, or a oneDNN cap
+    without AMX), or None.
+
+    Then `hide_amx` makes torch report no AMX tiles, as on a host that has none."""
+    onednn = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    if _isa_capped():
+        return _isa_capped()
+    return f"ONEDNN_MAX_CPU_ISA={onednn}" if onednn.startswith("AVX512") and "AMX" not in onednn else None
+
+
+def hide_amx() -> bool:
+    """Under an ISA cap (`amx_capped`), torch answers that the CPU has no AMX tiles; True if it
+    did anything.
+
+    vLLM's CPU backend picks AMX kernels by `torch.cpu._is_amx_tile_supported()` (from cpuid),
+    whatever the caps say: on an AMX host run with `ONEDNN_MAX_CPU_ISA=AVX2`, a bf16 engine's
+    small linear layers went to sgl-kernel's AMX GEMM, whose oneDNN micro-kernel the cap forbids,
+    and the engine aborted. A real AVX2 host takes the oneDNN path there, and so does this one.
+    Called where vLLM's worker loads (agent_rl/rollout/vllm_worker.py), before its weights are
+    packed."""
+    if amx_capped() is None:
+        return False
+    import torch
+
+    torch.cpu._is_amx_tile_supported = lambda: False
+    return True
+
+
 def passive_threads() -> None:
     """Idle OpenMP threads sleep instead of spinning (OMP_WAIT_POLICY=PASSIVE unless set).
 

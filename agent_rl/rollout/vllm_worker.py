@@ -9,9 +9,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from data_prep.hardware import hide_amx
 from data_prep.quiet import install
 
 install()  # with engine_mode=mp this module loads in vLLM's own process, where no entry point ran
+hide_amx()  # under the AVX2 emulation switches vLLM must not pick AMX kernels (data_prep.hardware)
 
 
 def _reload_in_worker(worker: Any, weights: Any, tie_word_embeddings: bool) -> float:

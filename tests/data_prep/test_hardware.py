@@ -85,6 +85,26 @@ def test_onednn_avx512_cap_is_not_an_emulation(monkeypatch):
     assert hw.native_bf16("cpu")[0] is True
 
 
+
+@pytest.mark.parametrize("env, capped", [
+    ({}, None), ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}, None), ({"ONEDNN_MAX_CPU_ISA": "ALL"}, None),
+    ({hw.OVERRIDE_ENV: "0"}, None),  # the dtype switch alone leaves the kernels as they are
+    ({"ONEDNN_MAX_CPU_ISA": "AVX2"}, "ONEDNN_MAX_CPU_ISA=AVX2"),
+    ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, "ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16"),
+    ({"ATEN_CPU_CAPABILITY": "avx2"}, "ATEN_CPU_CAPABILITY=avx2"),
+])
+def test_amx_is_hidden_under_an_isa_cap_only(monkeypatch, env, capped):
+    """Under a cap that forbids AMX, torch reports no AMX tiles (what vLLM's CPU kernels ask), so
+    an emulated AVX2 run takes a real AVX2 host's kernels; without one, torch's answer stands."""
+    import torch
+
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)  # as on an AMX host
+    assert hw.amx_capped() == capped
+    assert hw.hide_amx() is (capped is not None)
+    assert torch.cpu._is_amx_tile_supported() is (capped is None)
+
 def test_encoder_precision_int8_only_with_vnni(monkeypatch):
     monkeypatch.delenv(hw.ENCODER_PRECISION_ENV, raising=False)  # the rule itself, not a forced run
     monkeypatch.setattr(hw, "cpu_info", lambda: SAPPHIRE)
