@@ -380,6 +380,7 @@ def test_the_data_file_drives_the_readme_table_and_the_demo_sentences(tmp_path):
     (lambda d: d["expect"][0]["cells"].update(TPU={"record": "x", "figure": "y"}), r"expect\[0\]: column 'TPU'"),
     (lambda d: d["expect"][0]["cells"]["GPU"].update(figures=["a"]), r"expect\[0\]\.GPU: name one headline label"),
     (lambda d: d["demo_quotes"][0].update(where="kb102"), r"demo_quotes\[0\]"),
+    (lambda d: d["suite"][1].pop("where"), r"suite\[1\]: an entry is \{record, where\}"),
 ])
 def test_a_mistake_in_the_data_file_is_named(tmp_path, edit, match):
     """A placeholder its case does not fill, a missing case, an unknown column, a cell with both
