@@ -98,9 +98,8 @@ def amx_capped() -> str | None:
 
     Then `hide_amx` makes torch report no AMX tiles, as on a host that has none."""
     onednn = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
-    if _isa_capped():
-        return _isa_capped()
-    return f"ONEDNN_MAX_CPU_ISA={onednn}" if onednn.startswith("AVX512") and "AMX" not in onednn else None
+    no_amx = f"ONEDNN_MAX_CPU_ISA={onednn}" if onednn.startswith("AVX512") and "AMX" not in onednn else None
+    return _isa_capped() or no_amx
 
 
 def hide_amx() -> bool:
